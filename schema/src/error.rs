@@ -1,0 +1,111 @@
+//! The one error type of `fencing-schema`.
+
+use tokio_postgres::error::SqlState;
+
+use crate::{SQLSTATE_INVALID_ARGUMENT, SQLSTATE_REFUSED};
+
+/// What can go wrong when migrating or calling the fencing functions.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database was migrated by a newer release: this binary must not touch it.
+    #[error(
+        "the database's fencing schema is at version {found}, newer than version {known} that this binary knows; \
+         upgrade fencing-gateway before using this database"
+    )]
+    SchemaTooNew {
+        /// The highest version recorded in `fencing.schema_migrations`.
+        found: i32,
+        /// The highest version embedded in this binary.
+        known: i32,
+    },
+
+    /// The database lacks migrations this binary needs.
+    #[error(
+        "the database's fencing schema is at version {}, this binary needs version {expected}; \
+         run `fencing-gateway migrate`",
+        found.map_or_else(|| "none".to_owned(), |v| v.to_string())
+    )]
+    SchemaOutdated {
+        /// The highest version recorded, if any.
+        found: Option<i32>,
+        /// The version this binary needs.
+        expected: i32,
+    },
+
+    /// A migration file ran but did not record its version, so it would run again.
+    #[error(
+        "migration {version} ({name}) ran but did not record itself in fencing.schema_migrations"
+    )]
+    MigrationUnrecorded {
+        /// The migration's version.
+        version: i32,
+        /// The migration's name.
+        name: &'static str,
+    },
+
+    /// A migration file failed; its transaction was rolled back.
+    #[error("apply migration {version} ({name})")]
+    MigrationFailed {
+        /// The migration's version.
+        version: i32,
+        /// The migration's name.
+        name: &'static str,
+        /// What Postgres said.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// A fencing function refused a write (SQLSTATE `ZF409`).
+    #[error("write refused by the fence: {message}")]
+    Refused {
+        /// Postgres's message, naming the resource, the presented and the current term.
+        message: String,
+    },
+
+    /// A fencing function refused an argument (SQLSTATE `22023`).
+    #[error("invalid argument: {message}")]
+    InvalidArgument {
+        /// Postgres's message, naming the argument and the bound it broke.
+        message: String,
+    },
+
+    /// A function answered in a shape this binary does not know (a schema from another release).
+    #[error("unexpected reply from the fence store: {message}")]
+    UnexpectedReply {
+        /// What was unexpected.
+        message: String,
+    },
+
+    /// The store could not be reached or failed otherwise.
+    #[error("fence store")]
+    Store(#[source] tokio_postgres::Error),
+}
+
+impl Error {
+    /// True when the store itself failed (unreachable, closed connection, timeout), as opposed to
+    /// a decision or a bad argument.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(self, Error::Store(_))
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    /// The one place our documented SQLSTATEs become variants.
+    fn from(error: tokio_postgres::Error) -> Self {
+        let Some(db) = error.as_db_error() else {
+            return Error::Store(error);
+        };
+        let code = db.code();
+        if code == &SqlState::from_code(SQLSTATE_REFUSED) {
+            Error::Refused {
+                message: db.message().to_owned(),
+            }
+        } else if code == &SqlState::from_code(SQLSTATE_INVALID_ARGUMENT) {
+            Error::InvalidArgument {
+                message: db.message().to_owned(),
+            }
+        } else {
+            Error::Store(error)
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The embedded migrations and the runner that applies them.
+//!
+//! The files in `schema/migrations/` are the source of truth; they are embedded here
+//! unchanged, so a DBA applying them with psql and the binary applying them agree.
+//! Each file records its own version in `fencing.schema_migrations` as its last statement.
+
+use tokio_postgres::Client;
+use tracing::info;
+
+use crate::Error;
+
+/// One migration file.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// The number the file name starts with.
+    pub version: i32,
+    /// The rest of the file name, without extension.
+    pub name: &'static str,
+    /// The file's text, applied as one transaction.
+    pub sql: &'static str,
+}
+
+/// Every migration this binary knows, in the order they apply.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "init",
+    sql: include_str!("../migrations/0001_init.sql"),
+}];
+
+/// The schema version this binary expects to find.
+pub const LATEST_VERSION: i32 = 1;
+
+/// The advisory lock key migrations are serialised on: "fencing" in ASCII.
+pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;
+
+/// What one call of [`migrate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// The versions this call applied, in order; empty when the schema was current.
+    pub applied: Vec<i32>,
+    /// The schema version after the call.
+    pub version: i32,
+}
+
+/// Applies every pending migration in order.
+///
+/// Each migration runs in its own transaction that first takes a transaction-scoped advisory
+/// lock, then re-reads the applied versions, so any number of processes may call this at once:
+/// one applies each file, the others wait and then find it applied. A database whose schema is
+/// newer than this binary knows is refused with [`Error::SchemaTooNew`] before anything runs.
+pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS {
+        let transaction = client.transaction().await.map_err(Error::Store)?;
+        transaction
+            .execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY])
+            .await
+            .map_err(Error::Store)?;
+        let current = schema_version(&transaction).await?;
+        if let Some(found) = current.filter(|found| *found > LATEST_VERSION) {
+            return Err(Error::SchemaTooNew {
+                found,
+                known: LATEST_VERSION,
+            });
+        }
+        if current.is_some_and(|found| found >= migration.version) {
+            continue;
+        }
+        transaction
+            .batch_execute(migration.sql)
+            .await
+            .map_err(|source| Error::MigrationFailed {
+                version: migration.version,
+                name: migration.name,
+                source,
+            })?;
+        let recorded = transaction
+            .query_opt(
+                "SELECT 1 FROM fencing.schema_migrations WHERE version = $1",
+                &[&migration.version],
+            )
+            .await
+            .map_err(Error::Store)?;
+        if recorded.is_none() {
+            return Err(Error::MigrationUnrecorded {
+                version: migration.version,
+                name: migration.name,
+            });
+        }
+        transaction.commit().await.map_err(Error::Store)?;
+        info!(
+            version = migration.version,
+            name = migration.name,
+            "applied migration"
+        );
+        applied.push(migration.version);
+    }
+    let version = check_schema_version(client).await?;
+    Ok(MigrationReport { applied, version })
+}
+
+/// The highest applied migration version, or `None` when the schema is not installed.
+pub async fn schema_version(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<i32>, Error> {
+    let installed: bool = client
+        .query_one(
+            "SELECT to_regclass('fencing.schema_migrations') IS NOT NULL",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::Store)?;
+    if !installed {
+        return Ok(None);
+    }
+    client
+        .query_one("SELECT max(version) FROM fencing.schema_migrations", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::Store)
+}
+
+/// Returns the schema version when it is exactly the one this binary expects, else the reason.
+pub async fn check_schema_version(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<i32, Error> {
+    match schema_version(client).await? {
+        Some(found) if found == LATEST_VERSION => Ok(found),
+        Some(found) if found > LATEST_VERSION => Err(Error::SchemaTooNew {
+            found,
+            known: LATEST_VERSION,
+        }),
+        found => Err(Error::SchemaOutdated {
+            found,
+            expected: LATEST_VERSION,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::migrations::{LATEST_VERSION, MIGRATIONS};
+
+    #[test]
+    fn migrations_are_numbered_in_order_and_record_themselves() {
+        for (index, migration) in MIGRATIONS.iter().enumerate() {
+            let expected = i32::try_from(index + 1).expect("few migrations");
+            assert_eq!(
+                migration.version, expected,
+                "versions start at 1 and have no gaps"
+            );
+            let record = format!("VALUES ({}, '{}')", migration.version, migration.name);
+            assert!(
+                migration.sql.contains(&record),
+                "migration {} must record itself with {record}",
+                migration.version
+            );
+            assert!(
+                !migration.sql.to_ascii_uppercase().contains("\nCOMMIT"),
+                "migration files must not manage their own transaction"
+            );
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(LATEST_VERSION));
+    }
+}

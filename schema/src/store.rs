@@ -1,0 +1,260 @@
+//! Typed calls of the SQL functions in schema `fencing`.
+//!
+//! Each function here is one statement that calls one SQL function and decodes its row:
+//! the decisions themselves stay in SQL, so the gateway, the election library and a DBA's
+//! trigger can never disagree.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::{GenericClient, Row};
+
+use crate::Error;
+
+/// The row `fencing.acquire` and `fencing.renew` return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseReply {
+    /// True when the caller holds the lease after the call.
+    pub ok: bool,
+    /// The valid holder: the caller when `ok`, else whoever holds it, or `None` when nobody does.
+    pub holder: Option<String>,
+    /// The term of the caller's lease when `ok`, else of the last period (`None` for a key never
+    /// acquired).
+    pub term: Option<i64>,
+    /// When the lease expires by the store's clock.
+    pub expires_at: Option<SystemTime>,
+    /// How long the lease has left by the store's clock, rounded down; zero when nobody holds it.
+    /// A holder's deadline is the instant it sent the request plus this, minus its safety margin.
+    pub remaining: Duration,
+}
+
+/// A row of `fencing.leases`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The lease key.
+    pub key: String,
+    /// The last holder; it holds the lease while `remaining` is not zero.
+    pub owner: String,
+    /// The term of the last leadership period.
+    pub term: i64,
+    /// When the current period started.
+    pub acquired_at: SystemTime,
+    /// When the lease was last acquired or renewed.
+    pub renewed_at: SystemTime,
+    /// When the lease expires (or expired) by the store's clock.
+    pub expires_at: SystemTime,
+    /// How long the lease has left by the store's clock, rounded down.
+    pub remaining: Duration,
+}
+
+/// A row of `fencing.fences`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRow {
+    /// The resource name.
+    pub resource: String,
+    /// The highest term admitted for it (0 when bound but never written).
+    pub max_term: i64,
+    /// The lease key it is bound to, if any.
+    pub lease_key: Option<String>,
+    /// When the row last changed.
+    pub updated_at: SystemTime,
+}
+
+/// Why `fencing.try_admit` admitted or refused a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The write may go ahead.
+    Admitted,
+    /// The term is lower than the resource's maximum, or than its bound lease's current term.
+    Stale,
+    /// The resource is bound and the term is higher than its lease's current term.
+    FutureTerm,
+    /// The resource is bound and its lease's current period has ended.
+    NotLeader,
+}
+
+impl Outcome {
+    fn parse(label: &str) -> Option<Outcome> {
+        match label {
+            "admitted" => Some(Outcome::Admitted),
+            "stale" => Some(Outcome::Stale),
+            "future_term" => Some(Outcome::FutureTerm),
+            "not_leader" => Some(Outcome::NotLeader),
+            _ => None,
+        }
+    }
+}
+
+/// The row `fencing.try_admit` returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// Why the write was admitted or refused.
+    pub outcome: Outcome,
+    /// The resource's maximum after the call.
+    pub max_term: i64,
+    /// The lease the resource is bound to, if any.
+    pub lease_key: Option<String>,
+    /// That lease's current term, when bound and the lease exists.
+    pub lease_term: Option<i64>,
+}
+
+impl Admission {
+    /// True when the write may go ahead.
+    pub fn is_admitted(&self) -> bool {
+        self.outcome == Outcome::Admitted
+    }
+
+    /// The term a refused writer should know about: the bound lease's term, else the maximum.
+    pub fn current_term(&self) -> i64 {
+        self.lease_term.unwrap_or(self.max_term)
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn ms(value: i64) -> Duration {
+    Duration::from_millis(u64::try_from(value).unwrap_or(0))
+}
+
+fn lease_reply(row: &Row) -> Result<LeaseReply, Error> {
+    Ok(LeaseReply {
+        ok: row.try_get("ok").map_err(Error::Store)?,
+        holder: row.try_get("holder").map_err(Error::Store)?,
+        term: row.try_get("term").map_err(Error::Store)?,
+        expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+        remaining: ms(row
+            .try_get::<_, Option<i64>>("remaining_ms")
+            .map_err(Error::Store)?
+            .unwrap_or(0)),
+    })
+}
+
+/// Calls `fencing.acquire(key, owner, ttl)`.
+pub async fn acquire(
+    client: &impl GenericClient,
+    key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<LeaseReply, Error> {
+    let row = client
+        .query_one(
+            "SELECT ok, holder, term, expires_at, remaining_ms
+               FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond')",
+            &[&key, &owner, &ttl_ms(ttl)],
+        )
+        .await?;
+    lease_reply(&row)
+}
+
+/// Calls `fencing.renew(key, owner, ttl)`.
+pub async fn renew(
+    client: &impl GenericClient,
+    key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<LeaseReply, Error> {
+    let row = client
+        .query_one(
+            "SELECT ok, holder, term, expires_at, remaining_ms
+               FROM fencing.renew($1, $2, $3::bigint * interval '1 millisecond')",
+            &[&key, &owner, &ttl_ms(ttl)],
+        )
+        .await?;
+    lease_reply(&row)
+}
+
+/// Calls `fencing.release(key, owner)`: true when the caller held the lease and now does not.
+pub async fn release(client: &impl GenericClient, key: &str, owner: &str) -> Result<bool, Error> {
+    let row = client
+        .query_one("SELECT fencing.release($1, $2)", &[&key, &owner])
+        .await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
+/// Reads one lease row, with the time it has left by the store's clock.
+pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<LeaseRow>, Error> {
+    let row = client
+        .query_opt(
+            "SELECT key, owner, term, acquired_at, renewed_at, expires_at,
+                    fencing.remaining_ms(expires_at, clock_timestamp()) AS remaining_ms
+               FROM fencing.leases WHERE key = $1",
+            &[&key],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(LeaseRow {
+        key: row.try_get("key").map_err(Error::Store)?,
+        owner: row.try_get("owner").map_err(Error::Store)?,
+        term: row.try_get("term").map_err(Error::Store)?,
+        acquired_at: row.try_get("acquired_at").map_err(Error::Store)?,
+        renewed_at: row.try_get("renewed_at").map_err(Error::Store)?,
+        expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+        remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+    }))
+}
+
+/// Reads one fence row.
+pub async fn get_fence(
+    client: &impl GenericClient,
+    resource: &str,
+) -> Result<Option<FenceRow>, Error> {
+    let row = client
+        .query_opt(
+            "SELECT resource, max_term, lease_key, updated_at FROM fencing.fences WHERE resource = $1",
+            &[&resource],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(FenceRow {
+        resource: row.try_get("resource").map_err(Error::Store)?,
+        max_term: row.try_get("max_term").map_err(Error::Store)?,
+        lease_key: row.try_get("lease_key").map_err(Error::Store)?,
+        updated_at: row.try_get("updated_at").map_err(Error::Store)?,
+    }))
+}
+
+/// Calls `fencing.try_admit(resource, term, hold_lock)`: the fence decision, without raising.
+pub async fn try_admit(
+    client: &impl GenericClient,
+    resource: &str,
+    term: i64,
+    hold_lock: bool,
+) -> Result<Admission, Error> {
+    let row = client
+        .query_one(
+            "SELECT outcome, max_term, lease_key, lease_term FROM fencing.try_admit($1, $2, $3)",
+            &[&resource, &term, &hold_lock],
+        )
+        .await?;
+    let label: String = row.try_get("outcome").map_err(Error::Store)?;
+    let outcome = Outcome::parse(&label).ok_or_else(|| Error::UnexpectedReply {
+        message: format!("fencing.try_admit returned the unknown outcome {label:?}"),
+    })?;
+    Ok(Admission {
+        outcome,
+        max_term: row.try_get("max_term").map_err(Error::Store)?,
+        lease_key: row.try_get("lease_key").map_err(Error::Store)?,
+        lease_term: row.try_get("lease_term").map_err(Error::Store)?,
+    })
+}
+
+/// Calls `fencing.admit(resource, term)`: the resource's maximum, or [`Error::Refused`].
+pub async fn admit(client: &impl GenericClient, resource: &str, term: i64) -> Result<i64, Error> {
+    let row = client
+        .query_one("SELECT fencing.admit($1, $2)", &[&resource, &term])
+        .await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
+/// Calls `fencing.bind(resource, lease_key)`: the resource's maximum.
+pub async fn bind(
+    client: &impl GenericClient,
+    resource: &str,
+    lease_key: &str,
+) -> Result<i64, Error> {
+    let row = client
+        .query_one("SELECT fencing.bind($1, $2)", &[&resource, &lease_key])
+        .await?;
+    row.try_get(0).map_err(Error::Store)
+}

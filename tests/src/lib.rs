@@ -1,0 +1,70 @@
+//! The test harness of fencing-gateway: a real PostgreSQL started from the system binaries,
+//! fresh migrated databases, and the workspace's binaries as real processes.
+//!
+//! # Layout
+//!
+//! - [`pg`]: [`pg::PgCluster`] starts a throwaway cluster (initdb + pg_ctl in a temp dir on a
+//!   free loopback port, as an unprivileged user when the tests run as root) and removes it when
+//!   dropped or when the test process ends, however it ends. [`pg::TestDb`] is a fresh database in
+//!   the cluster shared by one test binary, migrated by the production migration code.
+//! - [`workspace_bin`] finds a binary of the workspace (built by `cargo test --workspace`).
+
+#![allow(clippy::unwrap_used)]
+
+pub mod pg;
+
+use std::path::PathBuf;
+
+/// The path of a binary built from this workspace, next to the running test binary.
+///
+/// `cargo test --workspace` builds every binary that a package's integration tests need before
+/// running any test, so the gateway binary is there when the README's test command is used.
+pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
+    let test_exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
+    let profile_dir = test_exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "cannot locate the target directory from {}",
+                test_exe.display()
+            )
+        })?;
+    let path = profile_dir.join(name);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} is not built: run the tests with `cargo test --workspace`, or `cargo build --workspace` first",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The SQLSTATE of a database error, if it is one.
+pub fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
+    error.as_db_error().map(|db| db.code().code())
+}
+
+/// The message of a database error, or the error's text.
+pub fn message(error: &tokio_postgres::Error) -> String {
+    error
+        .as_db_error()
+        .map_or_else(|| error.to_string(), |db| db.message().to_owned())
+}
+
+/// Every row of `query`, each rendered as text in order: compare two of these to prove that
+/// nothing changed.
+pub async fn snapshot(client: &tokio_postgres::Client, query: &str) -> Vec<String> {
+    let wrapped = format!("SELECT row_to_json(q)::text FROM ({query}) q");
+    match client.query(&wrapped, &[]).await {
+        Ok(rows) => rows.iter().map(|row| row.get::<_, String>(0)).collect(),
+        Err(error) => panic!("snapshot {query}: {error}"),
+    }
+}
+
+/// The leases and fences tables, in key order: what a refused call must leave unchanged.
+pub async fn fencing_state(client: &tokio_postgres::Client) -> Vec<String> {
+    let mut state = snapshot(client, "SELECT * FROM fencing.leases ORDER BY key").await;
+    state.extend(snapshot(client, "SELECT * FROM fencing.fences ORDER BY resource").await);
+    state
+}

@@ -1,0 +1,484 @@
+//! A throwaway PostgreSQL for tests, started from the system's server binaries.
+//!
+//! [`PgCluster::start`] runs `initdb` into a fresh temp dir and starts the server with `pg_ctl`
+//! on a free loopback port, tuned for tests (`fsync=off`). PostgreSQL refuses to run as root, so
+//! when the tests run as root the cluster runs as an unprivileged user (`postgres`, or the one
+//! named in `FENCING_PG_USER`) that owns the temp dir.
+//!
+//! Cleanup does not depend on the test process ending well. Each cluster has a supervisor, a
+//! small shell in its own process group that blocks reading a pipe whose only writer is the test
+//! process. When the test process ends, however it ends (success, panic, SIGKILL), the kernel
+//! closes the pipe, and the supervisor stops the server and removes the temp dir.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio_postgres::{Client, NoTls};
+
+/// The superuser every test cluster is initialised with.
+pub const SUPERUSER: &str = "postgres";
+
+/// The unprivileged account a cluster runs as when the tests run as root.
+#[derive(Debug, Clone)]
+struct RunAs {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+/// A PostgreSQL cluster owned by the test process.
+#[derive(Debug)]
+pub struct PgCluster {
+    /// Where initdb, pg_ctl and postgres live.
+    bin_dir: PathBuf,
+    /// The temp dir holding everything of this cluster; removed at the end.
+    root: PathBuf,
+    /// The data directory, inside `root`.
+    data_dir: PathBuf,
+    /// The server log, inside `root`: shown when the server fails to start.
+    log_file: PathBuf,
+    /// The loopback port the server listens on; it keeps it across restarts.
+    port: u16,
+    /// Set when the tests run as root.
+    run_as: Option<RunAs>,
+    /// The supervisor; its stdin is the pipe whose closing removes the cluster.
+    supervisor: Mutex<Option<Child>>,
+}
+
+impl PgCluster {
+    /// Starts a new cluster. It is stopped and removed when dropped or when the process ends.
+    pub fn start() -> Result<PgCluster> {
+        let bin_dir = find_bin_dir()?;
+        let run_as = run_as()?;
+        let root = make_root(run_as.as_ref())?;
+        let data_dir = root.join("data");
+        let log_file = root.join("server.log");
+        let mut cluster = PgCluster {
+            bin_dir,
+            root,
+            data_dir,
+            log_file,
+            port: 0,
+            run_as,
+            supervisor: Mutex::new(None),
+        };
+        // The supervisor is started first, so the temp dir is removed even if initdb fails.
+        cluster.spawn_supervisor()?;
+        cluster.initdb()?;
+        let mut last_error = None;
+        for _ in 0..5 {
+            cluster.port = free_port()?;
+            cluster.write_settings()?;
+            match cluster.start_server() {
+                Ok(()) => return Ok(cluster),
+                // Another process may have taken the port between our probe and the start.
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow!("the server did not start")))
+    }
+
+    /// The cluster every test of this test binary shares, started on first use.
+    pub fn shared() -> &'static PgCluster {
+        static SHARED: OnceLock<PgCluster> = OnceLock::new();
+        SHARED.get_or_init(|| match PgCluster::start() {
+            Ok(cluster) => cluster,
+            Err(error) => panic!("cannot start the test PostgreSQL: {error:#}"),
+        })
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The path of one of the PostgreSQL binaries this cluster uses (`psql`, `pg_ctl`, ...).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.bin_dir.join(name)
+    }
+
+    /// The temp dir holding the cluster's files; it is gone once the cluster is.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The server's data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// A libpq URL for `database` as the superuser.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// The postmaster's pid, read from `postmaster.pid`, while the server runs.
+    pub fn postmaster_pid(&self) -> Option<i32> {
+        let text = fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    /// Starts the server again after [`PgCluster::stop`] or [`PgCluster::crash`], on the same port.
+    pub fn start_server(&self) -> Result<()> {
+        let output = self
+            .pg_command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .arg("-l")
+            .arg(&self.log_file)
+            .args(["-w", "-t", "60", "start"])
+            .output()
+            .context("run pg_ctl start")?;
+        if !output.status.success() {
+            bail!(
+                "pg_ctl start failed: {}\n--- server log ---\n{}",
+                describe(&output),
+                fs::read_to_string(&self.log_file).unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops the server cleanly (`pg_ctl stop -m fast`): sessions are disconnected.
+    pub fn stop(&self) -> Result<()> {
+        self.pg_ctl_stop("fast")
+    }
+
+    /// Stops the server the way a crash would (`pg_ctl stop -m immediate`): no checkpoint, so
+    /// the next start replays the WAL.
+    pub fn crash(&self) -> Result<()> {
+        self.pg_ctl_stop("immediate")
+    }
+
+    fn pg_ctl_stop(&self, mode: &str) -> Result<()> {
+        let output = self
+            .pg_command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", mode, "-w", "-t", "60", "stop"])
+            .output()
+            .context("run pg_ctl stop")?;
+        if !output.status.success() {
+            bail!("pg_ctl stop -m {mode} failed: {}", describe(&output));
+        }
+        Ok(())
+    }
+
+    /// A command for one of the server binaries, run as the cluster's user, with the caller's
+    /// libpq environment removed so it cannot point the tools elsewhere.
+    fn pg_command(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin_dir.join(program));
+        for variable in [
+            "PGDATA",
+            "PGHOST",
+            "PGHOSTADDR",
+            "PGPORT",
+            "PGUSER",
+            "PGDATABASE",
+            "PGOPTIONS",
+        ] {
+            command.env_remove(variable);
+        }
+        command.current_dir(&self.root).stdin(Stdio::null());
+        if let Some(user) = &self.run_as {
+            command.uid(user.uid).gid(user.gid);
+        }
+        command
+    }
+
+    fn initdb(&self) -> Result<()> {
+        let output = self
+            .pg_command("initdb")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
+            .output()
+            .context("run initdb")?;
+        if !output.status.success() {
+            bail!("initdb failed: {}", describe(&output));
+        }
+        Ok(())
+    }
+
+    /// Appends the test settings to `postgresql.conf` (the last value of a setting wins).
+    fn write_settings(&self) -> Result<()> {
+        let settings = format!(
+            "\n# fencing-tests\n\
+             port = {port}\n\
+             listen_addresses = '127.0.0.1'\n\
+             unix_socket_directories = '{socket_dir}'\n\
+             fsync = off\n\
+             full_page_writes = off\n\
+             max_connections = 300\n\
+             shared_buffers = 64MB\n\
+             log_min_messages = warning\n\
+             log_min_error_statement = panic\n",
+            port = self.port,
+            socket_dir = self.root.display(),
+        );
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(self.data_dir.join("postgresql.conf"))
+            .context("open postgresql.conf")?;
+        file.write_all(settings.as_bytes())
+            .context("write postgresql.conf")?;
+        Ok(())
+    }
+
+    fn spawn_supervisor(&mut self) -> Result<()> {
+        // Blocks until the pipe closes, then stops the server and removes everything.
+        let script = r#"cat >/dev/null
+if [ -f "$2/postmaster.pid" ]; then "$1" -D "$2" -m immediate -w -t 30 stop >/dev/null 2>&1; fi
+rm -rf "$3""#;
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", script, "fencing-pg-supervisor"])
+            .arg(self.bin_dir.join("pg_ctl"))
+            .arg(&self.data_dir)
+            .arg(&self.root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own process group: a Ctrl-C to the test run does not stop it before it cleans.
+            .process_group(0);
+        if let Some(user) = &self.run_as {
+            command.uid(user.uid).gid(user.gid);
+        }
+        let child = command
+            .spawn()
+            .context("spawn the cluster supervisor (sh)")?;
+        *self
+            .supervisor
+            .get_mut()
+            .map_err(|_| anyhow!("supervisor lock poisoned"))? = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let Ok(slot) = self.supervisor.get_mut() else {
+            return;
+        };
+        if let Some(mut child) = slot.take() {
+            // Closing stdin lets the supervisor stop the server and remove the temp dir.
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A fresh database in the shared cluster, migrated by the production migration code.
+#[derive(Debug)]
+pub struct TestDb {
+    /// The database's name.
+    pub name: String,
+    cluster: &'static PgCluster,
+}
+
+impl TestDb {
+    /// A new database with the fencing schema installed by [`fencing_schema::migrate`].
+    pub async fn new() -> TestDb {
+        let db = TestDb::empty().await;
+        let mut client = db.connect().await;
+        if let Err(error) = fencing_schema::migrate(&mut client).await {
+            panic!("migrate {}: {error:#}", db.name);
+        }
+        db
+    }
+
+    /// A new empty database: no fencing schema.
+    pub async fn empty() -> TestDb {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let cluster = PgCluster::shared();
+        let name = format!("test_{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let admin = connect(&cluster.url("postgres")).await;
+        if let Err(error) = admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+        {
+            panic!("create database {name}: {error}");
+        }
+        TestDb { name, cluster }
+    }
+
+    /// The cluster this database lives in.
+    pub fn cluster(&self) -> &'static PgCluster {
+        self.cluster
+    }
+
+    /// The libpq URL of this database.
+    pub fn url(&self) -> String {
+        self.cluster.url(&self.name)
+    }
+
+    /// A new connection to this database.
+    pub async fn connect(&self) -> Client {
+        connect(&self.url()).await
+    }
+
+    /// `n` new connections to this database.
+    pub async fn connect_many(&self, n: usize) -> Vec<Client> {
+        let mut clients = Vec::with_capacity(n);
+        for _ in 0..n {
+            clients.push(self.connect().await);
+        }
+        clients
+    }
+}
+
+/// Connects to `url`, driving the connection on a spawned task; panics when it cannot.
+pub async fn connect(url: &str) -> Client {
+    match try_connect(url).await {
+        Ok(client) => client,
+        Err(error) => panic!("connect to {url}: {error}"),
+    }
+}
+
+/// Connects to `url`, driving the connection on a spawned task.
+pub async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        // The connection's end is seen by the client's next call; nothing to do here.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Finds the PostgreSQL server binaries: `FENCING_PG_BIN_DIR`, then `pg_ctl` on PATH, then
+/// `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+pub fn find_bin_dir() -> Result<PathBuf> {
+    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    if let Some(dir) = std::env::var_os("FENCING_PG_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+        bail!(
+            "FENCING_PG_BIN_DIR={} holds no initdb and pg_ctl",
+            dir.display()
+        );
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            // pg_ctl finds postgres next to itself, so follow a link to the real directory.
+            if let Ok(pg_ctl) = fs::canonicalize(dir.join("pg_ctl"))
+                && let Some(real_dir) = pg_ctl.parent()
+                && has_server(real_dir)
+            {
+                return Ok(real_dir.to_path_buf());
+            }
+        }
+    }
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output()
+        && output.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let dir = entry.path().join("bin");
+            has_server(&dir).then_some((version, dir))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, dir)) = versions.pop() {
+        return Ok(dir);
+    }
+    bail!(
+        "no PostgreSQL server binaries found (looked in FENCING_PG_BIN_DIR, on PATH, in pg_config --bindir \
+         and /usr/lib/postgresql/*/bin); install them, e.g. `apt-get install postgresql` on Debian or Ubuntu"
+    )
+}
+
+/// The account to run the cluster as: none unless we are root.
+fn run_as() -> Result<Option<RunAs>> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let name = std::env::var("FENCING_PG_USER").unwrap_or_else(|_| "postgres".to_owned());
+    let user = nix::unistd::User::from_name(&name)
+        .with_context(|| format!("look up user {name}"))?
+        .ok_or_else(|| {
+            anyhow!(
+                "the tests run as root and PostgreSQL refuses to run as root, but there is no user {name:?} \
+                 to run it as: install the postgresql package (it creates `postgres`), or name an \
+                 unprivileged user in FENCING_PG_USER"
+            )
+        })?;
+    if user.uid.is_root() {
+        bail!("FENCING_PG_USER={name} is root; PostgreSQL refuses to run as root");
+    }
+    Ok(Some(RunAs {
+        name,
+        uid: user.uid.as_raw(),
+        gid: user.gid.as_raw(),
+    }))
+}
+
+/// A new private directory for one cluster, owned by the account that runs it.
+fn make_root(run_as: Option<&RunAs>) -> Result<PathBuf> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    // As root, the temp dir must be one the cluster's user can reach: /tmp always is.
+    let base = if run_as.is_some() {
+        PathBuf::from("/tmp")
+    } else {
+        std::env::temp_dir()
+    };
+    let root = base.join(format!(
+        "fencing-pg-{}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        rand::random::<u32>()
+    ));
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&root)
+        .with_context(|| format!("create {}", root.display()))?;
+    if let Some(user) = run_as {
+        nix::unistd::chown(
+            &root,
+            Some(nix::unistd::Uid::from_raw(user.uid)),
+            Some(nix::unistd::Gid::from_raw(user.gid)),
+        )
+        .with_context(|| format!("give {} to user {}", root.display(), user.name))?;
+    }
+    Ok(root)
+}
+
+/// A loopback port that was free a moment ago.
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("probe for a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "{}; stdout: {}; stderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )
+}

@@ -1,0 +1,14 @@
+//! The fencing SQL schema against a real PostgreSQL: migrations, invariants S1-S4, the guard
+//! trigger and bad input. One test binary, so one cluster serves every test; each test gets its
+//! own fresh database.
+
+#![allow(clippy::unwrap_used)]
+
+mod bad_input;
+mod guard;
+mod harness;
+mod migrations;
+mod s1_lease_exclusion;
+mod s2_lease_model;
+mod s3_admitted_terms;
+mod s4_bound_resource;

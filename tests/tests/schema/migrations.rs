@@ -1,0 +1,223 @@
+//! The migration runner: idempotent, safe from many processes at once, and refusing a schema
+//! newer than the binary.
+
+use std::process::Stdio;
+
+use fencing_schema::{
+    Error, LATEST_VERSION, MIGRATIONS, check_schema_version, migrate, schema_version,
+};
+use fencing_tests::pg::TestDb;
+use fencing_tests::workspace_bin;
+use tokio_postgres::Client;
+
+/// Every object of schema `fencing`, with function bodies hashed, and the recorded versions:
+/// two databases with equal snapshots have the same schema.
+async fn snapshot(client: &Client) -> String {
+    let row = client
+        .query_one(
+            "SELECT coalesce(string_agg(x, E'\\n' ORDER BY x), '') FROM (
+                SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid)) AS x
+                  FROM pg_proc p WHERE p.pronamespace = 'fencing'::regnamespace
+                UNION ALL
+                SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
+                 WHERE c.relnamespace = 'fencing'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped
+                UNION ALL
+                SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid)
+                  FROM pg_constraint WHERE connamespace = 'fencing'::regnamespace
+                UNION ALL
+                SELECT 'migration ' || version || ' ' || name FROM fencing.schema_migrations
+             ) objects",
+            &[],
+        )
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+async fn reference_snapshot() -> String {
+    let db = TestDb::new().await;
+    snapshot(&db.connect().await).await
+}
+
+async fn recorded_versions(client: &Client) -> Vec<i32> {
+    client
+        .query(
+            "SELECT version FROM fencing.schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+fn all_versions() -> Vec<i32> {
+    MIGRATIONS.iter().map(|m| m.version).collect()
+}
+
+#[tokio::test]
+async fn migrate_twice_applies_each_file_once_and_changes_nothing_the_second_time() {
+    let db = TestDb::empty().await;
+    let mut client = db.connect().await;
+    assert_eq!(schema_version(&client).await.unwrap(), None);
+
+    let first = migrate(&mut client).await.unwrap();
+    assert_eq!(first.applied, all_versions());
+    assert_eq!(first.version, LATEST_VERSION);
+    let after_first = snapshot(&client).await;
+
+    let second = migrate(&mut client).await.unwrap();
+    assert!(
+        second.applied.is_empty(),
+        "second run applied {:?}",
+        second.applied
+    );
+    assert_eq!(second.version, LATEST_VERSION);
+    assert_eq!(snapshot(&client).await, after_first);
+    assert_eq!(recorded_versions(&client).await, all_versions());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_from_eight_processes_at_once_leaves_one_correct_schema() {
+    let db = TestDb::empty().await;
+    let gateway = workspace_bin("fencing-gateway").unwrap();
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::process::Command::new(&gateway)
+                .args(["migrate", "--database-url", &db.url()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut applied_by = 0;
+    for child in children {
+        let output = child.wait_with_output().await.unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "a concurrent migrate failed: {}\nstdout: {stdout}\nstderr: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if stdout.contains("applied migrations") {
+            applied_by += 1;
+        } else {
+            assert!(stdout.contains("is current"), "unexpected output: {stdout}");
+        }
+    }
+    assert_eq!(applied_by, 1, "exactly one process applies the migrations");
+
+    let client = db.connect().await;
+    assert_eq!(recorded_versions(&client).await, all_versions());
+    assert_eq!(snapshot(&client).await, reference_snapshot().await);
+    assert_eq!(check_schema_version(&client).await.unwrap(), LATEST_VERSION);
+}
+
+#[tokio::test]
+async fn a_schema_newer_than_the_binary_is_refused_and_left_alone() {
+    let db = TestDb::new().await;
+    let mut client = db.connect().await;
+    let newer = LATEST_VERSION + 1;
+    client
+        .execute(
+            "INSERT INTO fencing.schema_migrations (version, name) VALUES ($1, 'from_the_future')",
+            &[&newer],
+        )
+        .await
+        .unwrap();
+    let before = snapshot(&client).await;
+
+    match migrate(&mut client).await {
+        Err(Error::SchemaTooNew { found, known }) => {
+            assert_eq!((found, known), (newer, LATEST_VERSION));
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert!(matches!(
+        check_schema_version(&client).await,
+        Err(Error::SchemaTooNew { .. })
+    ));
+    assert_eq!(snapshot(&client).await, before);
+
+    let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
+        .args(["migrate", "--database-url", &db.url()])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "at version {newer}, newer than version {LATEST_VERSION}"
+        )),
+        "stderr: {stderr}"
+    );
+    assert_eq!(snapshot(&client).await, before);
+}
+
+#[tokio::test]
+async fn a_database_without_the_schema_is_reported_outdated() {
+    let db = TestDb::empty().await;
+    let client = db.connect().await;
+    match check_schema_version(&client).await {
+        Err(Error::SchemaOutdated {
+            found: None,
+            expected,
+        }) => assert_eq!(expected, LATEST_VERSION),
+        other => panic!("expected SchemaOutdated, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn files_applied_by_hand_with_psql_are_the_same_schema_and_known_to_the_runner() {
+    let db = TestDb::empty().await;
+    let migrations_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/migrations");
+    let mut files: Vec<_> = std::fs::read_dir(&migrations_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
+        .collect();
+    files.sort();
+    assert_eq!(
+        files.len(),
+        MIGRATIONS.len(),
+        "every file is embedded and every embedded file is a file"
+    );
+    for file in &files {
+        let output = tokio::process::Command::new(db.cluster().bin("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "--single-transaction",
+                "-d",
+                &db.url(),
+                "-f",
+            ])
+            .arg(file)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "psql -f {} failed: {}",
+            file.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let mut client = db.connect().await;
+    let report = migrate(&mut client).await.unwrap();
+    assert!(
+        report.applied.is_empty(),
+        "the runner re-applied {:?}",
+        report.applied
+    );
+    assert_eq!(snapshot(&client).await, reference_snapshot().await);
+}

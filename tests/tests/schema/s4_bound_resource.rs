@@ -1,0 +1,199 @@
+//! S4: a resource bound to a lease key admits only that lease's current term: a forged or
+//! future token cannot poison the fence, and a zombie's older term is refused the moment a new
+//! term is granted, before the new leader has written anything.
+
+use std::time::Duration;
+
+use fencing_schema::store::{self, Outcome};
+use fencing_schema::{Error, SQLSTATE_REFUSED};
+use fencing_tests::pg::TestDb;
+use fencing_tests::{fencing_state, sqlstate};
+use tokio_postgres::Client;
+
+const LEASE: &str = "s4-lease";
+const RESOURCE: &str = "s4-account";
+const TTL: Duration = Duration::from_secs(60);
+
+/// Calls `fencing.admit` and expects a refusal that changes nothing.
+async fn expect_refused(client: &Client, term: i64, expected: Outcome) {
+    let before = fencing_state(client).await;
+    let decision = store::try_admit(client, RESOURCE, term, true)
+        .await
+        .unwrap();
+    assert_eq!(decision.outcome, expected, "term {term}: {decision:?}");
+    match store::admit(client, RESOURCE, term).await {
+        Err(Error::Refused { message }) => {
+            assert!(message.contains(RESOURCE), "names the resource: {message}");
+            assert!(
+                message.contains(&format!("presented term {term}")),
+                "names the presented term: {message}"
+            );
+            assert!(
+                message.contains(&format!("current term {}", decision.current_term())),
+                "names the current term: {message}"
+            );
+        }
+        other => panic!("term {term}: expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        fencing_state(client).await,
+        before,
+        "a refused term {term} changes nothing"
+    );
+}
+
+#[tokio::test]
+async fn s4_bound_resource_refuses_future_and_forged_terms_and_the_old_term_once_a_new_one_is_granted()
+ {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    assert_eq!(store::bind(&client, RESOURCE, LEASE).await.unwrap(), 0);
+
+    // No lease yet: no term is current, so every term is a future one.
+    expect_refused(&client, 1, Outcome::FutureTerm).await;
+
+    let a = store::acquire(&client, LEASE, "leader-a", TTL)
+        .await
+        .unwrap();
+    assert_eq!(a.term, Some(1));
+    // A forged or future token cannot poison the fence.
+    expect_refused(&client, 2, Outcome::FutureTerm).await;
+    expect_refused(&client, i64::MAX, Outcome::FutureTerm).await;
+    assert_eq!(store::admit(&client, RESOURCE, 1).await.unwrap(), 1);
+    assert_eq!(
+        store::admit(&client, RESOURCE, 1).await.unwrap(),
+        1,
+        "the leader writes again"
+    );
+
+    // A's period ends; B is granted term 2 and has not written.
+    assert!(store::release(&client, LEASE, "leader-a").await.unwrap());
+    let b = store::acquire(&client, LEASE, "leader-b", TTL)
+        .await
+        .unwrap();
+    assert_eq!(b.term, Some(2));
+    let fence = store::get_fence(&client, RESOURCE).await.unwrap().unwrap();
+    assert_eq!(fence.max_term, 1, "B has not written yet");
+    // The zombie's term is refused already, although the fence's maximum is still its term.
+    expect_refused(&client, 1, Outcome::Stale).await;
+    expect_refused(&client, 3, Outcome::FutureTerm).await;
+    assert_eq!(store::admit(&client, RESOURCE, 2).await.unwrap(), 2);
+
+    // B's period ends and nobody follows: its term is no longer held, so nothing is admitted.
+    assert!(store::release(&client, LEASE, "leader-b").await.unwrap());
+    expect_refused(&client, 2, Outcome::NotLeader).await;
+}
+
+#[tokio::test]
+async fn s4_bound_resource_refuses_the_old_term_after_expiry_and_takeover() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::bind(&client, RESOURCE, LEASE).await.unwrap();
+    let a = store::acquire(&client, LEASE, "leader-a", Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(store::admit(&client, RESOURCE, 1).await.unwrap(), 1);
+
+    // A stops renewing (paused, partitioned); its lease runs out by the store's clock.
+    let expires_at = a.expires_at.unwrap();
+    while !client
+        .query_one("SELECT clock_timestamp() >= $1", &[&expires_at])
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    expect_refused(&client, 1, Outcome::NotLeader).await;
+    let b = store::acquire(&client, LEASE, "leader-b", TTL)
+        .await
+        .unwrap();
+    assert_eq!(b.term, Some(2));
+    expect_refused(&client, 1, Outcome::Stale).await;
+}
+
+/// Granting a new term never waits for the old leader's open transactions (the election stays
+/// live), but the new leader's first admission waits until they end, so the old leader's
+/// already-admitted write commits before any write of the new term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_new_term_is_granted_at_once_and_its_first_write_waits_for_the_old_terms_open_transaction()
+ {
+    let db = TestDb::new().await;
+    let mut old_leader = db.connect().await;
+    let new_leader = db.connect().await;
+    let observer = db.connect().await;
+    store::bind(&observer, RESOURCE, LEASE).await.unwrap();
+    store::acquire(&observer, LEASE, "leader-a", Duration::from_millis(300))
+        .await
+        .unwrap();
+
+    let transaction = old_leader.transaction().await.unwrap();
+    assert_eq!(store::admit(&transaction, RESOURCE, 1).await.unwrap(), 1);
+
+    // A's lease expires while its transaction is open; B is granted term 2 without waiting.
+    let granted = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let reply = store::acquire(&observer, LEASE, "leader-b", TTL)
+                .await
+                .unwrap();
+            if reply.ok {
+                return reply;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("acquire is never blocked by an open transaction of the old term");
+    assert_eq!(granted.term, Some(2));
+
+    let new_pid: i32 = new_leader
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let first_write = tokio::spawn(async move { store::admit(&new_leader, RESOURCE, 2).await });
+    // Wait until the new leader's admission is blocked on the old transaction's lock.
+    let mut blocked = false;
+    for _ in 0..500 {
+        let row = observer
+            .query_one(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                &[&new_pid],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, Option<bool>>(0) == Some(true) {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        blocked,
+        "the new term's first admission waits for the old term's open transaction"
+    );
+    assert!(!first_write.is_finished());
+
+    transaction.commit().await.unwrap();
+    assert_eq!(first_write.await.unwrap().unwrap(), 2);
+    let error = old_leader
+        .query_one("SELECT fencing.admit($1, 1)", &[&RESOURCE])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), Some(SQLSTATE_REFUSED));
+}
+
+#[tokio::test]
+async fn unbound_resource_admits_any_term_at_or_above_its_maximum() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    assert_eq!(store::admit(&client, "free", 5).await.unwrap(), 5);
+    assert_eq!(store::admit(&client, "free", 5).await.unwrap(), 5);
+    assert_eq!(store::admit(&client, "free", 9).await.unwrap(), 9);
+    let before = fencing_state(&client).await;
+    assert!(matches!(
+        store::admit(&client, "free", 8).await,
+        Err(Error::Refused { .. })
+    ));
+    assert_eq!(fencing_state(&client).await, before);
+}
