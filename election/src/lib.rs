@@ -1,7 +1,75 @@
-//! Leader election on the PostgreSQL lease row of `fencing-schema`.
+//! Leader election on the PostgreSQL lease row of `fencing-schema`, whose term is a fencing
+//! token.
 //!
-//! Not built yet: this crate will hold the elector runtime (acquire, renew at ttl/3 with
-//! jitter, step down when renewal fails or the local deadline passes) described in
-//! `ARCHITECTURE.md`. It depends on `fencing-schema` for the lease calls and never on HTTP crates.
+//! An [`Elector`] holds one lease key for one owner. Started, it runs one background task that
+//! acquires the lease (with exponential backoff and full jitter while a follower), renews it
+//! every `ttl/3` or so while leader, and steps down the moment a renewal fails, errors, times
+//! out, or its local deadline passes. The deadline is the monotonic instant it sent the last
+//! successful acquire or renew, plus the `remaining_ms` the store returned, minus a safety
+//! margin (invariant S7): expiry is decided by the store's clock, never by this process's wall
+//! clock.
+//!
+//! Leader code gets, from the [`ElectorHandle`]:
+//! - a watchable [`LeaderState`] and a stream of [`Event`]s;
+//! - a [`Leadership`] per term, with a cancellation token cancelled the instant leadership ends,
+//!   and [`ElectorHandle::spawn_leader_work`] to run work only while leader;
+//! - the current term for stamping writes, and [`ElectorHandle::write_fenced`], which refuses
+//!   to send while not leader and abandons the send when leadership ends;
+//! - [`ElectorHandle::shutdown`], which stops leader work and releases the lease.
+//!
+//! This crate knows nothing about HTTP: [`FencingToken`] gives the header name and value to put
+//! on a request made with any client.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fencing_election::{Elector, FencingToken};
+//!
+//! # async fn example(pool: deadpool_postgres::Pool) -> Result<(), fencing_election::Error> {
+//! let elector = Elector::builder(pool, "billing-reconciler")
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?
+//!     .start();
+//!
+//! // Runs only while this process leads; cancelled the instant it stops leading.
+//! elector.spawn_leader_work(|leadership| async move {
+//!     loop {
+//!         // Check just before any action others can see.
+//!         let Ok(term) = leadership.check() else { return };
+//!         println!("reconciling as leader of term {term}");
+//!         tokio::time::sleep(Duration::from_secs(1)).await;
+//!     }
+//! });
+//!
+//! // A write through the gateway, stamped with the current term; refused while not leader.
+//! let sent = elector
+//!     .write_fenced(|token: FencingToken| async move {
+//!         // e.g. client.post(url).header(FencingToken::HEADER, token.header_value()).send().await
+//!         token.term()
+//!     })
+//!     .await;
+//! # let _ = sent;
+//! elector.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Layout
+//!
+//! - [`config`]: the builder, its defaults and the validation that refuses unsafe settings.
+//! - [`state`]: what leader code sees: [`LeaderState`], [`Event`], [`Leadership`], [`FencingToken`].
+//! - `runtime`: the background task.
+//! - [`metrics`]: the names of the metrics it records.
+//! - [`Error`]: this crate's one error type.
 
-pub use fencing_schema::store::LeaseReply;
+pub mod config;
+mod error;
+pub mod metrics;
+mod runtime;
+pub mod state;
+
+pub use config::{Elector, ElectorBuilder};
+pub use error::Error;
+pub use runtime::ElectorHandle;
+pub use state::{Event, FencingToken, LeaderState, Leadership, LossReason};

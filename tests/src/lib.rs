@@ -7,11 +7,14 @@
 //!   free loopback port, as an unprivileged user when the tests run as root) and removes it when
 //!   dropped or when the test process ends, however it ends. [`pg::TestDb`] is a fresh database in
 //!   the cluster shared by one test binary, migrated by the production migration code.
+//! - [`process`]: [`process::ElectorProcess`] runs the election example as a real process and
+//!   reads its JSON lines.
 //! - [`workspace_bin`] finds a binary of the workspace (built by `cargo test --workspace`).
 
 #![allow(clippy::unwrap_used)]
 
 pub mod pg;
+pub mod process;
 
 use std::path::PathBuf;
 
@@ -38,6 +41,32 @@ pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
         path.display()
     );
     Ok(path)
+}
+
+/// The path of an example built from this workspace (`cargo test --workspace` builds them).
+pub fn workspace_example(name: &str) -> anyhow::Result<PathBuf> {
+    let gateway = workspace_bin_dir()?;
+    let path = gateway.join("examples").join(name);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} is not built: run the tests with `cargo test --workspace`, or `cargo build --workspace --examples` first",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn workspace_bin_dir() -> anyhow::Result<PathBuf> {
+    let test_exe = std::env::current_exe()?;
+    test_exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(std::path::Path::to_path_buf)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "cannot locate the target directory from {}",
+                test_exe.display()
+            )
+        })
 }
 
 /// The SQLSTATE of a database error, if it is one.

@@ -1,0 +1,226 @@
+//! An elector process that prints its state changes and leader-work ticks as JSON lines.
+//!
+//! ```text
+//! cargo run -p fencing-election --example elector -- \
+//!     --database-url postgres://postgres@127.0.0.1:5432/app --key demo [--owner NAME] \
+//!     [--ttl-ms 10000] [--renew-ms N] [--margin-ms N] [--query-timeout-ms N] [--tick-ms 100]
+//! ```
+//!
+//! Every line has `event` and `at_ms`, milliseconds on this process's monotonic clock since it
+//! started; leader lines and ticks carry `deadline_ms` on the same clock. SIGTERM or SIGINT shut
+//! it down gracefully: leader work stops, the lease is released, then it exits.
+//! The integration tests run it as a real process to pause, kill and stop it.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fencing_election::{Elector, Event, LeaderState};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+
+struct Args {
+    database_url: String,
+    key: String,
+    owner: Option<String>,
+    ttl: Duration,
+    renew: Option<Duration>,
+    margin: Option<Duration>,
+    query_timeout: Option<Duration>,
+    tick: Duration,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        database_url: String::new(),
+        key: String::new(),
+        owner: None,
+        ttl: Duration::from_secs(10),
+        renew: None,
+        margin: None,
+        query_timeout: None,
+        tick: Duration::from_millis(100),
+    };
+    let mut words = std::env::args().skip(1);
+    while let Some(flag) = words.next() {
+        let value = words
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value"))?;
+        let ms = || {
+            value
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|e| format!("{flag}: {e}"))
+        };
+        match flag.as_str() {
+            "--database-url" => args.database_url = value.clone(),
+            "--key" => args.key = value.clone(),
+            "--owner" => args.owner = Some(value.clone()),
+            "--ttl-ms" => args.ttl = ms()?,
+            "--renew-ms" => args.renew = Some(ms()?),
+            "--margin-ms" => args.margin = Some(ms()?),
+            "--query-timeout-ms" => args.query_timeout = Some(ms()?),
+            "--tick-ms" => args.tick = ms()?,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.database_url.is_empty() || args.key.is_empty() {
+        return Err("--database-url and --key are required".to_owned());
+    }
+    Ok(args)
+}
+
+/// A JSON string literal.
+fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn ms_since(origin: Instant, instant: Instant) -> u128 {
+    instant.saturating_duration_since(origin).as_millis()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("elector: {message}");
+            return ExitCode::from(64);
+        }
+    };
+    let origin = Instant::now();
+    let at = move || ms_since(origin, Instant::now());
+
+    let pg_config = match args.database_url.parse::<tokio_postgres::Config>() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("elector: --database-url: {error}");
+            return ExitCode::from(64);
+        }
+    };
+    let manager = Manager::from_config(
+        pg_config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = match Pool::builder(manager).max_size(2).build() {
+        Ok(pool) => pool,
+        Err(error) => {
+            eprintln!("elector: build the pool: {error}");
+            return ExitCode::from(70);
+        }
+    };
+    let mut builder = Elector::builder(pool, args.key).ttl(args.ttl);
+    if let Some(owner) = args.owner {
+        builder = builder.owner(owner);
+    }
+    if let Some(renew) = args.renew {
+        builder = builder.renew_interval(renew);
+    }
+    if let Some(margin) = args.margin {
+        builder = builder.safety_margin(margin);
+    }
+    if let Some(query_timeout) = args.query_timeout {
+        builder = builder.query_timeout(query_timeout);
+    }
+    let elector = match builder.build() {
+        Ok(elector) => elector,
+        Err(error) => {
+            eprintln!("elector: {error}");
+            return ExitCode::from(64);
+        }
+    };
+    let (mut terminate, mut interrupt) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
+        _ => {
+            eprintln!("elector: cannot install signal handlers");
+            return ExitCode::from(70);
+        }
+    };
+    println!(
+        r#"{{"event":"started","at_ms":{},"owner":{},"pid":{}}}"#,
+        at(),
+        quote(elector.owner()),
+        std::process::id()
+    );
+    let handle = elector.start();
+
+    let mut state = handle.state();
+    tokio::spawn(async move {
+        while state.changed().await.is_ok() {
+            let current = *state.borrow_and_update();
+            match current {
+                LeaderState::Leader { term, deadline } => println!(
+                    r#"{{"event":"leader","at_ms":{},"term":{term},"deadline_ms":{}}}"#,
+                    at(),
+                    ms_since(origin, deadline)
+                ),
+                LeaderState::Follower => println!(r#"{{"event":"follower","at_ms":{}}}"#, at()),
+            }
+        }
+    });
+
+    let mut events = handle.events();
+    tokio::spawn(async move {
+        while let Ok(event) = events.recv().await {
+            match event {
+                Event::Elected { term } => {
+                    println!(r#"{{"event":"elected","at_ms":{},"term":{term}}}"#, at())
+                }
+                Event::Lost { term, reason } => println!(
+                    r#"{{"event":"lost","at_ms":{},"term":{term},"reason":{}}}"#,
+                    at(),
+                    quote(reason.as_label())
+                ),
+                Event::HolderChanged { holder, term } => println!(
+                    r#"{{"event":"holder_changed","at_ms":{},"holder":{},"term":{}}}"#,
+                    at(),
+                    holder.as_deref().map_or_else(|| "null".to_owned(), quote),
+                    term.map_or_else(|| "null".to_owned(), |t| t.to_string())
+                ),
+            }
+        }
+    });
+
+    let tick = args.tick;
+    handle.spawn_leader_work(move |leadership| async move {
+        loop {
+            // Checked immediately before the visible action, on this process's monotonic clock.
+            let Ok(term) = leadership.check() else { return };
+            println!(
+                r#"{{"event":"tick","at_ms":{},"term":{term},"deadline_ms":{}}}"#,
+                at(),
+                ms_since(origin, leadership.deadline())
+            );
+            tokio::time::sleep(tick).await;
+        }
+    });
+
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    let released = handle.shutdown().await;
+    println!(
+        r#"{{"event":"shutdown","at_ms":{},"released":{released}}}"#,
+        at()
+    );
+    ExitCode::SUCCESS
+}

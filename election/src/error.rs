@@ -1,0 +1,16 @@
+//! The one error type of `fencing-election`.
+
+/// What can go wrong when configuring an elector or acting as leader.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A setting cannot be safe; the message names it and the bound it breaks.
+    #[error("invalid elector setting: {0}")]
+    InvalidSetting(String),
+
+    /// This process does not lead (or its leadership ended while the action ran).
+    #[error("not the leader of lease {key:?}")]
+    NotLeader {
+        /// The lease key.
+        key: String,
+    },
+}

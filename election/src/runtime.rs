@@ -1,0 +1,501 @@
+//! The elector's background task and the handle that owns it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Object;
+use fencing_schema::store::{self, LeaseReply};
+use rand::Rng;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+use tokio_postgres::NoTls;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::Error;
+use crate::config::{Elector, RENEW_JITTER};
+use crate::metrics as names;
+use crate::state::{Event, FencingToken, LeaderState, Leadership, LossReason};
+
+/// How many events a slow subscriber may fall behind before it misses some.
+const EVENT_CAPACITY: usize = 64;
+/// The first backoff step after a store error while a follower.
+const BACKOFF_BASE: Duration = Duration::from_millis(25);
+
+/// A running elector. Dropping it stops the elector (leader work is cancelled and the lease
+/// released in the background); [`ElectorHandle::shutdown`] does the same and waits.
+#[derive(Debug)]
+pub struct ElectorHandle {
+    shared: Arc<Shared>,
+    /// Cancelled to stop the elector task.
+    shutdown: CancellationToken,
+    /// The leader work spawned through this handle, waited for (bounded) on shutdown.
+    leader_work: TaskTracker,
+    task: Option<JoinHandle<bool>>,
+}
+
+/// What the task publishes and the handle reads.
+#[derive(Debug)]
+struct Shared {
+    key: Arc<str>,
+    owner: String,
+    state: watch::Sender<LeaderState>,
+    leadership: watch::Sender<Option<Leadership>>,
+    events: broadcast::Sender<Event>,
+}
+
+impl Shared {
+    fn publish(&self, event: Event) {
+        // No subscriber is fine: events are for whoever listens.
+        let _ = self.events.send(event);
+    }
+}
+
+pub(crate) fn start(elector: Elector) -> ElectorHandle {
+    names::describe();
+    let key: Arc<str> = Arc::from(elector.key.as_str());
+    let shared = Arc::new(Shared {
+        key: Arc::clone(&key),
+        owner: elector.owner.clone(),
+        state: watch::channel(LeaderState::Follower).0,
+        leadership: watch::channel(None).0,
+        events: broadcast::channel(EVENT_CAPACITY).0,
+    });
+    let shutdown = CancellationToken::new();
+    let leader_work = TaskTracker::new();
+    let span = info_span!("elector", key = %elector.key, owner = %elector.owner);
+    let runtime = Runtime {
+        shared: Arc::clone(&shared),
+        shutdown: shutdown.clone(),
+        leader_work: leader_work.clone(),
+        metric_labels: [("key", elector.key.clone())],
+        elector,
+    };
+    let task = tokio::spawn(runtime.run().instrument(span));
+    ElectorHandle {
+        shared,
+        shutdown,
+        leader_work,
+        task: Some(task),
+    }
+}
+
+impl ElectorHandle {
+    /// The lease key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The owner identity this elector acquires as.
+    pub fn owner(&self) -> &str {
+        &self.shared.owner
+    }
+
+    /// The leadership state, updated on every election, renewal and loss.
+    pub fn state(&self) -> watch::Receiver<LeaderState> {
+        self.shared.state.subscribe()
+    }
+
+    /// Leadership changes from now on.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.shared.events.subscribe()
+    }
+
+    /// The current leadership period, if this process leads and its deadline has not passed.
+    pub fn leadership(&self) -> Option<Leadership> {
+        self.shared
+            .leadership
+            .borrow()
+            .clone()
+            .filter(Leadership::is_valid)
+    }
+
+    /// The term to stamp writes with, if this process leads right now.
+    pub fn current_term(&self) -> Option<i64> {
+        self.leadership().map(|leadership| leadership.term())
+    }
+
+    /// Waits until this process leads; `None` once the elector is shut down.
+    pub async fn wait_for_leadership(&self) -> Option<Leadership> {
+        wait_for_leadership(self.shared.leadership.subscribe(), &self.shutdown).await
+    }
+
+    /// Runs `work` for every leadership period of this process, under that period's
+    /// [`Leadership`]: it starts when the period starts and is stopped (dropped at its next
+    /// await) the instant the period ends. Shutdown waits for it, bounded by the grace period.
+    pub fn spawn_leader_work<F, Fut>(&self, mut work: F)
+    where
+        F: FnMut(Leadership) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let leadership = self.shared.leadership.subscribe();
+        let shutdown = self.shutdown.clone();
+        self.leader_work.spawn(async move {
+            while let Some(period) = wait_for_leadership(leadership.clone(), &shutdown).await {
+                // Work that finishes early waits for the period's end before the next one.
+                let _ = period.run(work(period.clone())).await;
+                period.ended().await;
+            }
+        });
+    }
+
+    /// Calls `send` with the current fencing token, only while this process leads; the send is
+    /// dropped if leadership ends before it completes. Use it for writes through the gateway:
+    /// put `FencingToken::HEADER: token.header_value()` on the request.
+    pub async fn write_fenced<F, Fut, T>(&self, send: F) -> Result<T, Error>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let leadership = self.leadership().ok_or_else(|| Error::NotLeader {
+            key: self.key().to_owned(),
+        })?;
+        let token = leadership.fencing_token()?;
+        leadership.run(send(token)).await
+    }
+
+    /// Stops the elector: cancels leader work and waits for it (bounded by the shutdown
+    /// grace), then releases the lease so a follower takes over at once. Returns true when the
+    /// lease was released by this call.
+    pub async fn shutdown(mut self) -> bool {
+        self.shutdown.cancel();
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or(false),
+            None => false,
+        }
+    }
+}
+
+impl Drop for ElectorHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn wait_for_leadership(
+    mut leadership: watch::Receiver<Option<Leadership>>,
+    shutdown: &CancellationToken,
+) -> Option<Leadership> {
+    loop {
+        if let Some(period) = leadership
+            .borrow_and_update()
+            .clone()
+            .filter(Leadership::is_valid)
+        {
+            return Some(period);
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            changed = leadership.changed() => changed.ok()?,
+        }
+    }
+}
+
+/// Why a store call did not answer.
+enum CallError {
+    TimedOut,
+    /// What went wrong, for logs and the loss reason.
+    Failed(String),
+}
+
+#[derive(Clone, Copy)]
+enum LeaseCall {
+    Acquire,
+    Renew,
+}
+
+/// The background task's state.
+struct Runtime {
+    elector: Elector,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    leader_work: TaskTracker,
+    metric_labels: [(&'static str, String); 1],
+}
+
+impl Runtime {
+    /// Follows and leads until shut down; returns whether the lease was released at the end.
+    async fn run(self) -> bool {
+        loop {
+            let Some((reply, sent)) = self.acquire().await else {
+                self.leader_work.close();
+                return false;
+            };
+            match self.lead(&reply, sent).await {
+                LossReason::Shutdown => return self.finish_leading().await,
+                _ => continue,
+            }
+        }
+    }
+
+    /// Tries to acquire until it succeeds (returning the reply and when it was sent) or the
+    /// elector is shut down.
+    async fn acquire(&self) -> Option<(LeaseReply, Instant)> {
+        let mut failures: u32 = 0;
+        let mut last_seen: Option<(Option<String>, Option<i64>)> = None;
+        loop {
+            if self.shutdown.is_cancelled() {
+                return None;
+            }
+            let sent = Instant::now();
+            let delay = match self
+                .call(LeaseCall::Acquire, sent + self.elector.query_timeout)
+                .await
+            {
+                Ok(reply) if reply.ok => return Some((reply, sent)),
+                Ok(reply) => {
+                    failures = 0;
+                    let seen = (reply.holder.clone(), reply.term);
+                    if last_seen.as_ref() != Some(&seen) {
+                        debug!(holder = ?seen.0, term = ?seen.1, "lease held by another owner");
+                        self.shared.publish(Event::HolderChanged {
+                            holder: seen.0.clone(),
+                            term: seen.1,
+                        });
+                        last_seen = Some(seen);
+                    }
+                    self.retry_delay()
+                }
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    match error {
+                        CallError::TimedOut => warn!(failures, "acquire timed out"),
+                        CallError::Failed(error) => warn!(failures, %error, "acquire failed"),
+                    }
+                    self.backoff(failures)
+                }
+            };
+            tokio::select! {
+                () = self.shutdown.cancelled() => return None,
+                () = sleep(delay) => {}
+            }
+        }
+    }
+
+    /// Leads from a successful acquire until the period ends; returns why it ended. Leader work
+    /// is cancelled and the state is Follower again when this returns.
+    async fn lead(&self, reply: &LeaseReply, sent: Instant) -> LossReason {
+        let Some(term) = reply.term else {
+            return LossReason::RenewFailed {
+                error: "the store granted a lease without a term".to_owned(),
+            };
+        };
+        let mut deadline = self.deadline(sent, reply);
+        let token = CancellationToken::new();
+        let (deadline_tx, deadline_rx) = watch::channel(deadline);
+        let leadership = Leadership::new(
+            Arc::clone(&self.shared.key),
+            term,
+            token.clone(),
+            deadline_rx,
+        );
+        self.shared.leadership.send_replace(Some(leadership));
+        self.shared
+            .state
+            .send_replace(LeaderState::Leader { term, deadline });
+        self.shared.publish(Event::Elected { term });
+        metrics::gauge!(names::IS_LEADER, &self.metric_labels).set(1.0);
+        metrics::gauge!(names::TERM, &self.metric_labels).set(term as f64);
+        self.record_remaining(deadline);
+        info!(term, "elected");
+
+        let mut last_sent = sent;
+        let reason = loop {
+            let next_renew = last_sent + self.jittered_renew_interval();
+            tokio::select! {
+                biased;
+                () = sleep_until(deadline) => break LossReason::DeadlinePassed,
+                () = self.shutdown.cancelled() => break LossReason::Shutdown,
+                () = sleep_until(next_renew) => {}
+            }
+            let sent = Instant::now();
+            if sent >= deadline {
+                break LossReason::DeadlinePassed;
+            }
+            let call_deadline = deadline.min(sent + self.elector.query_timeout);
+            match self.call(LeaseCall::Renew, call_deadline).await {
+                Ok(reply) if reply.ok && reply.term == Some(term) => {
+                    let renewed = self.deadline(sent, &reply);
+                    if renewed <= Instant::now() {
+                        break LossReason::DeadlinePassed;
+                    }
+                    deadline = renewed;
+                    last_sent = sent;
+                    deadline_tx.send_replace(deadline);
+                    self.shared
+                        .state
+                        .send_replace(LeaderState::Leader { term, deadline });
+                    self.record_remaining(deadline);
+                }
+                Ok(reply) => {
+                    break LossReason::RenewRefused {
+                        holder: reply.holder,
+                    };
+                }
+                Err(CallError::TimedOut) if Instant::now() >= deadline => {
+                    break LossReason::DeadlinePassed;
+                }
+                Err(CallError::TimedOut) => break LossReason::RenewTimedOut,
+                Err(CallError::Failed(error)) => break LossReason::RenewFailed { error },
+            }
+        };
+
+        // Step down: stop leader work first, then tell everyone.
+        token.cancel();
+        drop(deadline_tx);
+        self.shared.leadership.send_replace(None);
+        self.shared.state.send_replace(LeaderState::Follower);
+        if reason != LossReason::Shutdown {
+            metrics::counter!(names::RENEW_FAILURES, &self.metric_labels).increment(1);
+        }
+        metrics::gauge!(names::IS_LEADER, &self.metric_labels).set(0.0);
+        metrics::gauge!(names::TERM, &self.metric_labels).set(0.0);
+        metrics::gauge!(names::LEASE_REMAINING_SECONDS, &self.metric_labels).set(0.0);
+        match &reason {
+            LossReason::Shutdown => info!(term, "stepped down for shutdown"),
+            other => warn!(term, reason = other.as_label(), detail = ?other, "lost leadership"),
+        }
+        self.shared.publish(Event::Lost {
+            term,
+            reason: reason.clone(),
+        });
+        reason
+    }
+
+    /// After stepping down for shutdown: waits for leader work (bounded), then releases.
+    async fn finish_leading(&self) -> bool {
+        self.leader_work.close();
+        if tokio::time::timeout(self.elector.shutdown_grace, self.leader_work.wait())
+            .await
+            .is_err()
+        {
+            warn!(grace = ?self.elector.shutdown_grace, "leader work did not stop within the shutdown grace");
+        }
+        let call_deadline = Instant::now() + self.elector.query_timeout;
+        let released = match timeout_at(call_deadline, self.pooled(call_deadline)).await {
+            Ok(Ok(client)) => match timeout_at(
+                call_deadline,
+                store::release(&**client, &self.elector.key, &self.elector.owner),
+            )
+            .await
+            {
+                Ok(Ok(released)) => released,
+                Ok(Err(error)) => {
+                    warn!(error = %error_chain(&error), "release failed; the lease will expire by itself");
+                    false
+                }
+                Err(_) => {
+                    warn!("release timed out; the lease will expire by itself");
+                    false
+                }
+            },
+            _ => {
+                warn!("no connection to release the lease; it will expire by itself");
+                false
+            }
+        };
+        if released {
+            info!("released the lease");
+        }
+        released
+    }
+
+    /// The local deadline: when the call was sent, plus the store's remaining time, minus the
+    /// safety margin (S7). Never based on a wall clock.
+    fn deadline(&self, sent: Instant, reply: &LeaseReply) -> Instant {
+        (sent + reply.remaining)
+            .checked_sub(self.elector.safety_margin)
+            .unwrap_or(sent)
+    }
+
+    fn record_remaining(&self, deadline: Instant) {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        metrics::gauge!(names::LEASE_REMAINING_SECONDS, &self.metric_labels)
+            .set(remaining.as_secs_f64());
+    }
+
+    /// The renew interval, up to `RENEW_JITTER` early, never late.
+    fn jittered_renew_interval(&self) -> Duration {
+        let factor = 1.0 - RENEW_JITTER * rand::rng().random::<f64>();
+        self.elector.renew_interval.mul_f64(factor)
+    }
+
+    /// The wait while another owner holds the lease: half to all of the retry interval.
+    fn retry_delay(&self) -> Duration {
+        self.elector
+            .retry_interval
+            .mul_f64(0.5 + 0.5 * rand::rng().random::<f64>())
+    }
+
+    /// Exponential backoff with full jitter after `failures` store errors, capped by the retry
+    /// interval.
+    fn backoff(&self, failures: u32) -> Duration {
+        let exponential = BACKOFF_BASE.saturating_mul(2u32.saturating_pow(failures.min(16)));
+        let cap = exponential.min(self.elector.retry_interval);
+        cap.mul_f64(rand::rng().random::<f64>())
+    }
+
+    async fn pooled(&self, call_deadline: Instant) -> Result<Object, CallError> {
+        match timeout_at(call_deadline, self.elector.pool.get()).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(error)) => Err(CallError::Failed(format!(
+                "get a connection from the pool: {}",
+                error_chain(&error)
+            ))),
+            Err(_) => Err(CallError::TimedOut),
+        }
+    }
+
+    /// One acquire or renew, answered by `call_deadline` or abandoned. A connection whose call
+    /// failed or was abandoned is cancelled and dropped from the pool, so a stuck query never
+    /// delays the next call.
+    async fn call(&self, call: LeaseCall, call_deadline: Instant) -> Result<LeaseReply, CallError> {
+        let client = self.pooled(call_deadline).await?;
+        let (key, owner, ttl) = (&self.elector.key, &self.elector.owner, self.elector.ttl);
+        let answer = match call {
+            LeaseCall::Acquire => {
+                timeout_at(call_deadline, store::acquire(&**client, key, owner, ttl)).await
+            }
+            LeaseCall::Renew => {
+                timeout_at(call_deadline, store::renew(&**client, key, owner, ttl)).await
+            }
+        };
+        match answer {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(error)) => {
+                if error.is_store_failure() {
+                    discard(client);
+                }
+                Err(CallError::Failed(error_chain(&error)))
+            }
+            Err(_) => {
+                discard(client);
+                Err(CallError::TimedOut)
+            }
+        }
+    }
+}
+
+/// Cancels whatever the connection is running and removes it from the pool.
+fn discard(client: Object) {
+    let cancel = client.cancel_token();
+    drop(Object::take(client));
+    tokio::spawn(async move {
+        // Best effort: the server abandons the query instead of finishing it for nobody.
+        let _ = cancel.cancel_query(NoTls).await;
+    });
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,171 @@
+//! The election example (`election/examples/elector.rs`) as a real process: spawn it, read its
+//! JSON lines, pause, resume, kill or stop it.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use crate::workspace_example;
+
+/// How long any wait for a line may take before the test fails: generous, because a wait that
+/// ends early on the awaited line costs nothing, and CI machines are slow at times.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One running elector process.
+#[derive(Debug)]
+pub struct ElectorProcess {
+    /// The owner name it was started with.
+    pub owner: String,
+    child: Child,
+    lines: mpsc::UnboundedReceiver<Value>,
+    /// Every line read so far, in order.
+    pub seen: Vec<Value>,
+}
+
+/// Settings of an elector process, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Lease ttl.
+    pub ttl_ms: u64,
+    /// Renew interval.
+    pub renew_ms: u64,
+    /// Safety margin.
+    pub margin_ms: u64,
+    /// Query timeout.
+    pub query_timeout_ms: u64,
+    /// Leader-work tick interval.
+    pub tick_ms: u64,
+}
+
+impl Timing {
+    /// A short lease for fault tests: takeovers within about two seconds.
+    pub const FAST: Timing = Timing {
+        ttl_ms: 1500,
+        renew_ms: 500,
+        margin_ms: 150,
+        query_timeout_ms: 300,
+        tick_ms: 50,
+    };
+}
+
+impl ElectorProcess {
+    /// Starts `elector --database-url url --key key --owner owner` with `timing`.
+    pub fn spawn(url: &str, key: &str, owner: &str, timing: Timing) -> Result<ElectorProcess> {
+        let mut child = Command::new(workspace_example("elector")?)
+            .args(["--database-url", url, "--key", key, "--owner", owner])
+            .args([
+                "--ttl-ms",
+                &timing.ttl_ms.to_string(),
+                "--renew-ms",
+                &timing.renew_ms.to_string(),
+            ])
+            .args(["--margin-ms", &timing.margin_ms.to_string()])
+            .args([
+                "--query-timeout-ms",
+                &timing.query_timeout_ms.to_string(),
+                "--tick-ms",
+                &timing.tick_ms.to_string(),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn the elector example")?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+        let (sender, lines) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(value) => {
+                        if sender.send(value).is_err() {
+                            return;
+                        }
+                    }
+                    Err(error) => {
+                        eprintln!("elector printed a line that is not JSON ({error}): {line}")
+                    }
+                }
+            }
+        });
+        Ok(ElectorProcess {
+            owner: owner.to_owned(),
+            child,
+            lines,
+            seen: Vec::new(),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(
+            self.child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .unwrap_or(0),
+        )
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        kill(self.pid(), signal).with_context(|| format!("send {signal} to {}", self.owner))
+    }
+
+    /// Waits (bounded by [`LINE_TIMEOUT`]) for the next line for which `wanted` is true, keeping
+    /// every line read on the way in [`ElectorProcess::seen`].
+    pub async fn wait_for(&mut self, what: &str, wanted: impl Fn(&Value) -> bool) -> Result<Value> {
+        let deadline = tokio::time::Instant::now() + LINE_TIMEOUT;
+        loop {
+            let line = tokio::time::timeout_at(deadline, self.lines.recv())
+                .await
+                .map_err(|_| {
+                    anyhow!(
+                        "{}: no {what} within {LINE_TIMEOUT:?}; saw {:?}",
+                        self.owner,
+                        self.seen
+                    )
+                })?
+                .ok_or_else(|| {
+                    anyhow!("{}: exited before {what}; saw {:?}", self.owner, self.seen)
+                })?;
+            self.seen.push(line.clone());
+            if wanted(&line) {
+                return Ok(line);
+            }
+        }
+    }
+
+    /// Reads every line already printed, without waiting.
+    pub fn drain(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub async fn wait_exit(&mut self) -> Result<Option<i32>> {
+        let status = tokio::time::timeout(LINE_TIMEOUT, self.child.wait())
+            .await
+            .map_err(|_| anyhow!("{} did not exit within {LINE_TIMEOUT:?}", self.owner))??;
+        Ok(status.code())
+    }
+}
+
+/// The `event` field of a line.
+pub fn event(line: &Value) -> &str {
+    line.get("event").and_then(Value::as_str).unwrap_or("")
+}
+
+/// An integer field of a line, or -1.
+pub fn int(line: &Value, field: &str) -> i64 {
+    line.get(field).and_then(Value::as_i64).unwrap_or(-1)
+}

@@ -1,0 +1,262 @@
+//! Electors in this process: stability, leader work, fenced writes, loss on a stuck renewal.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fencing_election::{Elector, ElectorHandle, Error, Event, LossReason};
+use fencing_schema::store;
+use fencing_tests::pg::TestDb;
+use tokio::sync::broadcast::error::TryRecvError;
+use tokio_postgres::NoTls;
+
+const TTL: Duration = Duration::from_millis(2000);
+const RENEW: Duration = Duration::from_millis(600);
+const MARGIN: Duration = Duration::from_millis(200);
+const QUERY_TIMEOUT: Duration = Duration::from_millis(600);
+
+fn pool(url: &str) -> Pool {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager).max_size(2).build().unwrap()
+}
+
+fn elector(db: &TestDb, key: &str, owner: &str) -> ElectorHandle {
+    Elector::builder(pool(&db.url()), key)
+        .owner(owner)
+        .ttl(TTL)
+        .renew_interval(RENEW)
+        .safety_margin(MARGIN)
+        .query_timeout(QUERY_TIMEOUT)
+        .build()
+        .unwrap()
+        .start()
+}
+
+/// Waits (bounded) until exactly one of `handles` leads; returns its index and term.
+async fn sole_leader(handles: &[ElectorHandle]) -> (usize, i64) {
+    for _ in 0..600 {
+        let leaders: Vec<(usize, i64)> = handles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.current_term().map(|term| (i, term)))
+            .collect();
+        if leaders.len() == 1 {
+            return leaders[0];
+        }
+        assert!(leaders.len() <= 1, "two leaders at once: {leaders:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no leader within 30 s");
+}
+
+async fn steady_state_has_one_leader_and_no_changes(electors: usize) {
+    let db = TestDb::new().await;
+    let handles: Vec<ElectorHandle> = (0..electors)
+        .map(|i| elector(&db, "stable", &format!("elector-{i}")))
+        .collect();
+    let (leader, term) = sole_leader(&handles).await;
+    let mut events: Vec<_> = handles.iter().map(ElectorHandle::events).collect();
+
+    // Thirty renew periods, sampled every 50 ms.
+    let samples = 30 * RENEW.as_millis() / 50;
+    for sample in 0..samples {
+        let leaders: Vec<(usize, i64)> = handles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| h.current_term().map(|t| (i, t)))
+            .collect();
+        assert_eq!(
+            leaders,
+            vec![(leader, term)],
+            "sample {sample}: exactly the same one leader"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (index, receiver) in events.iter_mut().enumerate() {
+        loop {
+            match receiver.try_recv() {
+                Ok(event @ (Event::Elected { .. } | Event::Lost { .. })) => {
+                    panic!("elector-{index}: leadership changed in steady state: {event:?}")
+                }
+                Ok(Event::HolderChanged { .. }) => {}
+                Err(TryRecvError::Empty) => break,
+                Err(error) => panic!("elector-{index}: events: {error}"),
+            }
+        }
+    }
+    let client = db.connect().await;
+    let lease = store::get_lease(&client, "stable").await.unwrap().unwrap();
+    assert_eq!(
+        (lease.owner.as_str(), lease.term),
+        (handles[leader].owner(), term),
+        "the store agrees"
+    );
+    for handle in handles {
+        handle.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_electors_elect_one_leader_and_keep_it_for_30_renew_periods() {
+    steady_state_has_one_leader_and_no_changes(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_electors_elect_one_leader_and_keep_it_for_30_renew_periods() {
+    steady_state_has_one_leader_and_no_changes(5).await;
+}
+
+/// Counts how many times leader work started and how many times it was stopped (dropped).
+#[derive(Default)]
+struct WorkCounts {
+    started: AtomicUsize,
+    stopped: AtomicUsize,
+}
+
+struct StopGuard(Arc<WorkCounts>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.stopped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_work_and_fenced_writes_run_only_while_leader_and_stop_when_a_renewal_hangs() {
+    let db = TestDb::new().await;
+    let a = elector(&db, "work", "a");
+    let (_, term) = sole_leader(std::slice::from_ref(&a)).await;
+    let b = elector(&db, "work", "b");
+
+    // Fenced writes: the leader's carry its term; a follower's are refused without sending.
+    assert_eq!(
+        a.write_fenced(|token| async move { token.term() }).await,
+        Ok(term)
+    );
+    let sent = AtomicUsize::new(0);
+    let refused = b
+        .write_fenced(|_| async { sent.fetch_add(1, Ordering::SeqCst) })
+        .await;
+    assert_eq!(
+        refused,
+        Err(Error::NotLeader {
+            key: "work".to_owned()
+        })
+    );
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        0,
+        "a follower's write is never sent"
+    );
+
+    let counts = Arc::new(WorkCounts::default());
+    let work_counts = Arc::clone(&counts);
+    a.spawn_leader_work(move |leadership| {
+        let counts = Arc::clone(&work_counts);
+        async move {
+            counts.started.fetch_add(1, Ordering::SeqCst);
+            let _guard = StopGuard(Arc::clone(&counts));
+            leadership.cancellation_token().cancelled().await;
+            // Never reached: the work is dropped the instant leadership ends.
+            std::future::pending::<()>().await;
+        }
+    });
+    for _ in 0..200 {
+        if counts.started.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        counts.started.load(Ordering::SeqCst),
+        1,
+        "leader work starts while leader"
+    );
+
+    // Hold the lease row locked: A's next renewal hangs, times out, and A steps down.
+    let mut events = a.events();
+    let mut locker = db.connect().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM fencing.leases WHERE key = 'work' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Event::Lost { term, reason } = events.recv().await.unwrap() {
+                return (term, reason);
+            }
+        }
+    })
+    .await
+    .expect("A reports the loss");
+    assert_eq!(lost, (term, LossReason::RenewTimedOut));
+    assert_eq!(a.current_term(), None);
+    // The work's token was cancelled before the event was sent; its task drops the work when
+    // it next runs.
+    for _ in 0..200 {
+        if counts.stopped.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        counts.stopped.load(Ordering::SeqCst),
+        1,
+        "leader work stopped at the loss"
+    );
+    assert!(
+        a.write_fenced(|token| async move { token.term() })
+            .await
+            .is_err(),
+        "no fenced write after loss"
+    );
+    lock.rollback().await.unwrap();
+
+    // The row is free again: one of them leads, A again with its term if its lease had not
+    // expired at the store meanwhile, else whoever acquires first with the next term.
+    let (leader, again) = sole_leader(&[a, b]).await;
+    assert!(
+        again == term && leader == 0 || again == term + 1,
+        "leader {leader} with term {again} after {term}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_leader_work_then_releases_the_lease() {
+    let db = TestDb::new().await;
+    let a = elector(&db, "release", "a");
+    let (_, term) = sole_leader(std::slice::from_ref(&a)).await;
+    let counts = Arc::new(WorkCounts::default());
+    let work_counts = Arc::clone(&counts);
+    a.spawn_leader_work(move |_| {
+        let counts = Arc::clone(&work_counts);
+        async move {
+            counts.started.fetch_add(1, Ordering::SeqCst);
+            let _guard = StopGuard(counts);
+            std::future::pending::<()>().await;
+        }
+    });
+    while counts.started.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(a.shutdown().await, "shutdown released the lease");
+    assert_eq!(counts.stopped.load(Ordering::SeqCst), 1);
+    let client = db.connect().await;
+    let lease = store::get_lease(&client, "release").await.unwrap().unwrap();
+    assert_eq!(
+        (lease.term, lease.remaining),
+        (term, Duration::ZERO),
+        "released: the row stays, expired"
+    );
+}
