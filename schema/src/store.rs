@@ -258,3 +258,85 @@ pub async fn bind(
         .await?;
     row.try_get(0).map_err(Error::Store)
 }
+
+/// The row `fencing.gate` and `fencing.gate_lease` return: the gateway's decision for a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// Why the write was admitted or refused.
+    pub outcome: Outcome,
+    /// The term decided on: the presented one, or the lease's in stamp mode (`None` when the
+    /// owner does not hold the lease).
+    pub term: Option<i64>,
+    /// The resource's maximum after the call (`None` for a resource never written).
+    pub max_term: Option<i64>,
+    /// The lease the resource is bound to, or the presented lease in stamp mode.
+    pub lease_key: Option<String>,
+    /// That lease's current term, if it exists.
+    pub lease_term: Option<i64>,
+    /// How long to wait before forwarding, so no lower-term write can be overtaken (S5).
+    pub wait: Duration,
+}
+
+impl Gate {
+    /// True when the write may be forwarded (after [`Gate::wait`]).
+    pub fn is_admitted(&self) -> bool {
+        self.outcome == Outcome::Admitted
+    }
+
+    /// The term a refused writer should know about: the bound lease's term, else the maximum.
+    pub fn current_term(&self) -> Option<i64> {
+        self.lease_term.or(self.max_term)
+    }
+
+    /// Decodes a row of [`GATE_SQL`] or [`GATE_LEASE_SQL`].
+    pub fn from_row(row: &Row) -> Result<Gate, Error> {
+        let label: String = row.try_get("outcome").map_err(Error::Store)?;
+        let outcome = Outcome::parse(&label).ok_or_else(|| Error::UnexpectedReply {
+            message: format!("fencing.gate returned the unknown outcome {label:?}"),
+        })?;
+        Ok(Gate {
+            outcome,
+            term: row.try_get("term").map_err(Error::Store)?,
+            max_term: row.try_get("max_term").map_err(Error::Store)?,
+            lease_key: row.try_get("lease_key").map_err(Error::Store)?,
+            lease_term: row.try_get("lease_term").map_err(Error::Store)?,
+            wait: ms(row.try_get::<_, Option<i64>>("wait_ms").map_err(Error::Store)?.unwrap_or(0)),
+        })
+    }
+}
+
+/// `fencing.gate(resource, term, forward timeout ms, bind lease)`: prepare it once per connection.
+pub const GATE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+    FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4)";
+
+/// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease)`.
+pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+    FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5)";
+
+/// Calls `fencing.gate`: the gateway's decision for a write presenting `term` (verify mode).
+pub async fn gate(
+    client: &impl GenericClient,
+    resource: &str,
+    term: i64,
+    forward_timeout: Duration,
+    bind_lease: Option<&str>,
+) -> Result<Gate, Error> {
+    let row = client.query_one(GATE_SQL, &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease]).await?;
+    Gate::from_row(&row)
+}
+
+/// Calls `fencing.gate_lease`: the gateway's decision for a write presenting a lease and owner
+/// (stamp mode).
+pub async fn gate_lease(
+    client: &impl GenericClient,
+    resource: &str,
+    lease_key: &str,
+    owner: &str,
+    forward_timeout: Duration,
+    bind_lease: Option<&str>,
+) -> Result<Gate, Error> {
+    let row = client
+        .query_one(GATE_LEASE_SQL, &[&resource, &lease_key, &owner, &ttl_ms(forward_timeout), &bind_lease])
+        .await?;
+    Gate::from_row(&row)
+}

@@ -12,3 +12,4 @@ mod s1_lease_exclusion;
 mod s2_lease_model;
 mod s3_admitted_terms;
 mod s4_bound_resource;
+mod s5_gate;

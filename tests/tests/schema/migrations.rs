@@ -94,7 +94,7 @@ async fn migrate_from_eight_processes_at_once_leaves_one_correct_schema() {
                 .unwrap()
         })
         .collect();
-    let mut applied_by = 0;
+    let mut applied: Vec<i32> = Vec::new();
     for child in children {
         let output = child.wait_with_output().await.unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -104,13 +104,14 @@ async fn migrate_from_eight_processes_at_once_leaves_one_correct_schema() {
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
-        if stdout.contains("applied migrations") {
-            applied_by += 1;
+        if let Some(list) = stdout.strip_prefix("applied migrations [").and_then(|rest| rest.split(']').next()) {
+            applied.extend(list.split(", ").map(|v| v.parse::<i32>().unwrap()));
         } else {
             assert!(stdout.contains("is current"), "unexpected output: {stdout}");
         }
     }
-    assert_eq!(applied_by, 1, "exactly one process applies the migrations");
+    applied.sort_unstable();
+    assert_eq!(applied, all_versions(), "each migration is applied by exactly one process");
 
     let client = db.connect().await;
     assert_eq!(recorded_versions(&client).await, all_versions());
