@@ -10,4 +10,8 @@ pub enum Error {
     /// The schema could not be migrated or is at the wrong version.
     #[error(transparent)]
     Schema(#[from] fencing_schema::Error),
+
+    /// Something the gateway needs could not be set up (pool, recorder, embedded Postgres).
+    #[error("{0}")]
+    Setup(String),
 }

@@ -1,16 +1,158 @@
-//! The fencing gateway: the binary's library.
-//!
-//! Today this holds the `migrate` command; the proxy and control listeners come next
-//! (see `ARCHITECTURE.md`).
+//! The fencing gateway: an HTTP proxy that every leader write passes through, which admits a
+//! write only when its term is current for the resource it changes, and a control API.
 //!
 //! # Layout
 //!
-//! - [`cli`] parses the command line.
-//! - [`migrate`] connects to a database and applies the embedded schema migrations.
-//! - [`Error`] is this crate's one error type.
+//! - [`config`]: the configuration file and its environment overrides, checked in one place.
+//! - [`proxy`]: the proxy listener's handler: route, decide, settle, forward, stream back.
+//! - [`fence`]: the fence decision, one prepared call of `fencing.gate` per write.
+//! - [`control`]: the control listener: lease API, fences, metrics, health.
+//! - [`server`]: the accept loop both listeners share (timeouts, limits, graceful drain).
+//! - [`problem`]: every response the gateway makes itself, as problem+json.
+//! - [`metrics`]: metric names and help.
+//! - [`embedded`]: the private local Postgres started when no database URL is configured.
+//! - [`migrate`]: `fencing-gateway migrate`.
+//! - [`cli`]: the command line.
 
 pub mod cli;
+pub mod config;
+pub mod control;
+pub mod embedded;
 mod error;
+pub mod fence;
+pub mod metrics;
 pub mod migrate;
+pub mod problem;
+pub mod proxy;
+pub mod server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 pub use error::Error;
+
+use crate::config::Config;
+use crate::control::ControlState;
+use crate::fence::FenceStore;
+use crate::proxy::Proxy;
+use crate::server::{Handler, Limits};
+
+/// The two bound listeners.
+#[derive(Debug)]
+pub struct Listeners {
+    /// Leader writes.
+    pub proxy: TcpListener,
+    /// The control API.
+    pub control: TcpListener,
+}
+
+impl Listeners {
+    /// Binds both addresses of `config`.
+    pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            proxy: TcpListener::bind(config.proxy.listen).await?,
+            control: TcpListener::bind(config.control.listen).await?,
+        })
+    }
+}
+
+/// Runs the gateway on `listeners` against `database_url` until `shutdown` is cancelled, then
+/// drains both listeners for up to the configured grace period. Returns whether the drain
+/// finished in time.
+pub async fn run(
+    config: Config,
+    database_url: &str,
+    listeners: Listeners,
+    metrics: PrometheusHandle,
+    shutdown: CancellationToken,
+) -> Result<bool, Error> {
+    let config = Arc::new(config);
+    let pool = fence::pool(database_url, config.database.pool_size).map_err(Error::Setup)?;
+    let fences = Arc::new(FenceStore::new(
+        pool,
+        config.database.fence_check_timeout,
+        config.upstream.forward_timeout,
+    ));
+    tokio::spawn(migrate_until_done(
+        database_url.to_owned(),
+        shutdown.clone(),
+    ));
+
+    let proxy = Arc::new(Proxy::new(
+        Arc::clone(&config),
+        Arc::clone(&fences),
+        proxy::upstream_client(config.upstream.connect_timeout),
+    ));
+    let proxy_handler: Handler =
+        Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
+    let control = control::router(ControlState {
+        config: Arc::clone(&config),
+        fences,
+        metrics,
+        granted_terms: Arc::default(),
+    });
+    let control_handler: Handler = Arc::new(move |request, _remote| {
+        let control = control.clone();
+        Box::pin(async move {
+            use tower::ServiceExt;
+            match control.oneshot(request.map(axum::body::Body::new)).await {
+                Ok(response) => response,
+                Err(infallible) => match infallible {},
+            }
+        })
+    });
+    let limits = Limits {
+        header_read_timeout: config.proxy.header_read_timeout,
+        max_header_bytes: config.proxy.max_header_bytes,
+        max_connections: config.proxy.max_connections,
+    };
+    let grace = config.shutdown_grace;
+    let proxy_server = tokio::spawn(server::serve(
+        "proxy",
+        listeners.proxy,
+        proxy_handler,
+        limits,
+        shutdown.clone(),
+        grace,
+    ));
+    let control_server = tokio::spawn(server::serve(
+        "control",
+        listeners.control,
+        control_handler,
+        limits,
+        shutdown.clone(),
+        grace,
+    ));
+    let proxy_drained = proxy_server.await.unwrap_or(false);
+    let control_drained = control_server.await.unwrap_or(false);
+    Ok(proxy_drained && control_drained)
+}
+
+/// Applies the schema migrations, retrying until the database answers; `/readyz` reports 503
+/// and fenced writes get 503 until then.
+async fn migrate_until_done(database_url: String, shutdown: CancellationToken) {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match migrate::run(&database_url).await {
+            Ok(report) => {
+                info!(version = report.version, applied = ?report.applied, "schema ready");
+                return;
+            }
+            Err(Error::Schema(error @ fencing_schema::Error::SchemaTooNew { .. })) => {
+                warn!(%error, "refusing to migrate; /readyz will report 503");
+                return;
+            }
+            Err(error) => warn!(error = %error, ?delay, "schema not ready yet; retrying"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}

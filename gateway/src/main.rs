@@ -1,9 +1,16 @@
-//! The `fencing-gateway` binary: parse, set up tracing, run the command, report.
+//! The `fencing-gateway` binary: load config, set up tracing, build the app, wait for a
+//! signal, drain.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use fencing_gateway::cli::{Cli, Command, EXIT_USAGE};
+use fencing_gateway::cli::{Cli, Command, EXIT_UNAVAILABLE, EXIT_USAGE};
+use fencing_gateway::config::{Config, ProcessEnvironment};
+use fencing_gateway::embedded::EmbeddedPostgres;
+use fencing_gateway::{Listeners, metrics};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -24,6 +31,7 @@ async fn main() -> ExitCode {
         .init();
 
     match cli.command {
+        Command::Serve { config } => serve(config.as_deref()).await,
         Command::Migrate { database_url } => {
             match fencing_gateway::migrate::run(&database_url).await {
                 Ok(report) if report.applied.is_empty() => {
@@ -42,6 +50,98 @@ async fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
+    let config = match Config::load(config_path, &ProcessEnvironment) {
+        Ok(config) => config,
+        Err(error) => {
+            for problem in &error.problems {
+                eprintln!("invalid configuration: {problem}");
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let shutdown = CancellationToken::new();
+    let (mut terminate, mut interrupt) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
+        _ => {
+            eprintln!("fencing-gateway: cannot install signal handlers");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let listeners = match Listeners::bind(&config).await {
+        Ok(listeners) => listeners,
+        Err(error) => {
+            eprintln!(
+                "fencing-gateway: bind {} / {}: {error}",
+                config.proxy.listen, config.control.listen
+            );
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let metrics = match metrics::install() {
+        Ok(handle) => handle,
+        Err(error) => {
+            eprintln!("fencing-gateway: metrics: {error}");
+            return ExitCode::from(EXIT_UNAVAILABLE);
+        }
+    };
+    let embedded = match &config.database.url {
+        Some(_) => None,
+        None => {
+            let data_dir = config.database.data_dir.clone();
+            let started = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&data_dir))
+                .await
+                .unwrap_or_else(|error| Err(error.to_string()));
+            match started {
+                Ok(server) => Some(server),
+                Err(error) => {
+                    eprintln!("fencing-gateway: embedded PostgreSQL: {error}");
+                    return ExitCode::from(EXIT_UNAVAILABLE);
+                }
+            }
+        }
+    };
+    let database_url = match (&config.database.url, &embedded) {
+        (Some(url), _) => url.clone(),
+        (None, Some(server)) => server.url(),
+        (None, None) => return ExitCode::from(EXIT_UNAVAILABLE),
+    };
+    let (proxy_addr, control_addr) = (listeners.proxy.local_addr(), listeners.control.local_addr());
+    if let (Ok(proxy), Ok(control)) = (proxy_addr, control_addr) {
+        // One line on stdout, for scripts and tests that bind port 0.
+        println!("fencing-gateway listening proxy={proxy} control={control}");
+        info!(%proxy, %control, embedded = embedded.is_some(), "listening");
+    }
+
+    let signal_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM: shutting down"),
+            _ = interrupt.recv() => info!("SIGINT: shutting down"),
+        }
+        signal_shutdown.cancel();
+    });
+    let result = fencing_gateway::run(config, &database_url, listeners, metrics, shutdown).await;
+    if let Some(server) = embedded
+        && let Err(error) = tokio::task::spawn_blocking(move || server.stop())
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+    {
+        error!(%error, "could not stop the embedded PostgreSQL");
+    }
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("fencing-gateway: {}", error_chain(&error));
+            ExitCode::FAILURE
         }
     }
 }

@@ -22,8 +22,16 @@ pub struct Migration {
 
 /// Every migration this binary knows, in the order they apply.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration { version: 1, name: "init", sql: include_str!("../migrations/0001_init.sql") },
-    Migration { version: 2, name: "gate", sql: include_str!("../migrations/0002_gate.sql") },
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "gate",
+        sql: include_str!("../migrations/0002_gate.sql"),
+    },
 ];
 
 /// The schema version this binary expects to find.

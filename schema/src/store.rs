@@ -300,17 +300,22 @@ impl Gate {
             max_term: row.try_get("max_term").map_err(Error::Store)?,
             lease_key: row.try_get("lease_key").map_err(Error::Store)?,
             lease_term: row.try_get("lease_term").map_err(Error::Store)?,
-            wait: ms(row.try_get::<_, Option<i64>>("wait_ms").map_err(Error::Store)?.unwrap_or(0)),
+            wait: ms(row
+                .try_get::<_, Option<i64>>("wait_ms")
+                .map_err(Error::Store)?
+                .unwrap_or(0)),
         })
     }
 }
 
 /// `fencing.gate(resource, term, forward timeout ms, bind lease)`: prepare it once per connection.
-pub const GATE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+pub const GATE_SQL: &str =
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
     FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4)";
 
 /// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease)`.
-pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+pub const GATE_LEASE_SQL: &str =
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
     FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5)";
 
 /// Calls `fencing.gate`: the gateway's decision for a write presenting `term` (verify mode).
@@ -321,7 +326,12 @@ pub async fn gate(
     forward_timeout: Duration,
     bind_lease: Option<&str>,
 ) -> Result<Gate, Error> {
-    let row = client.query_one(GATE_SQL, &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease]).await?;
+    let row = client
+        .query_one(
+            GATE_SQL,
+            &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease],
+        )
+        .await?;
     Gate::from_row(&row)
 }
 
@@ -336,7 +346,16 @@ pub async fn gate_lease(
     bind_lease: Option<&str>,
 ) -> Result<Gate, Error> {
     let row = client
-        .query_one(GATE_LEASE_SQL, &[&resource, &lease_key, &owner, &ttl_ms(forward_timeout), &bind_lease])
+        .query_one(
+            GATE_LEASE_SQL,
+            &[
+                &resource,
+                &lease_key,
+                &owner,
+                &ttl_ms(forward_timeout),
+                &bind_lease,
+            ],
+        )
         .await?;
     Gate::from_row(&row)
 }

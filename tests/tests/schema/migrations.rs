@@ -104,14 +104,21 @@ async fn migrate_from_eight_processes_at_once_leaves_one_correct_schema() {
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
-        if let Some(list) = stdout.strip_prefix("applied migrations [").and_then(|rest| rest.split(']').next()) {
+        if let Some(list) = stdout
+            .strip_prefix("applied migrations [")
+            .and_then(|rest| rest.split(']').next())
+        {
             applied.extend(list.split(", ").map(|v| v.parse::<i32>().unwrap()));
         } else {
             assert!(stdout.contains("is current"), "unexpected output: {stdout}");
         }
     }
     applied.sort_unstable();
-    assert_eq!(applied, all_versions(), "each migration is applied by exactly one process");
+    assert_eq!(
+        applied,
+        all_versions(),
+        "each migration is applied by exactly one process"
+    );
 
     let client = db.connect().await;
     assert_eq!(recorded_versions(&client).await, all_versions());

@@ -1,0 +1,719 @@
+//! The gateway's configuration: a TOML file, overridden by environment variables, parsed and
+//! checked in one place. Every bad key is reported, with the reason, before anything starts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{Method, Uri};
+use serde::Deserialize;
+
+/// Where the proxy listens unless configured.
+pub const DEFAULT_PROXY_LISTEN: &str = "127.0.0.1:8080";
+/// Where the control API listens unless configured.
+pub const DEFAULT_CONTROL_LISTEN: &str = "127.0.0.1:9090";
+/// The largest request body a fenced or unfenced request may carry.
+pub const DEFAULT_BODY_LIMIT_BYTES: u64 = 1024 * 1024;
+/// The largest request head (request line and headers).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// How long a client may take to send its request head.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may pause between pieces of its request body.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many client connections each listener holds at once.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Connections to Postgres.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+/// How long a fence decision may take before the write is refused with 503 (S6).
+pub const DEFAULT_FENCE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long connecting to an upstream may take.
+pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long an admitted write may take, from admission to the upstream's response head; it is
+/// aborted then, and the next term's writes wait for it (S5).
+pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+/// The lease ttl bounds of the control API.
+pub const DEFAULT_MIN_TTL: Duration = Duration::from_millis(100);
+/// See [`DEFAULT_MIN_TTL`].
+pub const DEFAULT_MAX_TTL: Duration = fencing_schema::MAX_TTL;
+/// How long shutdown waits for in-flight requests.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Where the embedded Postgres keeps its data when no database URL is configured.
+pub const DEFAULT_EMBEDDED_DATA_DIR: &str = ".fencing-gateway/pgdata";
+
+/// The whole configuration, checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The proxy listener: leader writes in, fenced writes out.
+    pub proxy: ProxyConfig,
+    /// The control listener: the lease API, fences, metrics, health.
+    pub control: ControlConfig,
+    /// The fence store.
+    pub database: DatabaseConfig,
+    /// How upstreams are contacted.
+    pub upstream: UpstreamConfig,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+    /// The routes, longest prefix first.
+    pub routes: Vec<Route>,
+}
+
+/// See [`Config::proxy`].
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// The address to listen on.
+    pub listen: SocketAddr,
+    /// Requests with a larger body get 413; the body is never forwarded past this.
+    pub body_limit_bytes: u64,
+    /// Request heads larger than this get 431.
+    pub max_header_bytes: usize,
+    /// A client that has not sent its whole request head by then is disconnected.
+    pub header_read_timeout: Duration,
+    /// A client that pauses longer than this inside its body has its request aborted.
+    pub body_read_timeout: Duration,
+    /// Connections held at once; more wait in the accept queue.
+    pub max_connections: usize,
+}
+
+/// See [`Config::control`].
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// The address to listen on.
+    pub listen: SocketAddr,
+    /// The shortest ttl the lease API accepts.
+    pub min_ttl: Duration,
+    /// The longest ttl the lease API accepts.
+    pub max_ttl: Duration,
+}
+
+/// See [`Config::database`].
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// The fence store; `None` starts an embedded local Postgres under `data_dir`.
+    pub url: Option<String>,
+    /// Connections to Postgres.
+    pub pool_size: usize,
+    /// A fence decision not made within this is refused with 503 (S6).
+    pub fence_check_timeout: Duration,
+    /// Where the embedded Postgres keeps its data.
+    pub data_dir: PathBuf,
+}
+
+/// See [`Config::upstream`].
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Connecting to an upstream may take this long.
+    pub connect_timeout: Duration,
+    /// An admitted write must have its response head within this of its admission.
+    pub forward_timeout: Duration,
+}
+
+/// How a route names the resource a write changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResourceNaming {
+    /// Every write of the route changes this one resource.
+    Fixed(String),
+    /// The resource is the value of this request header.
+    Header(http::HeaderName),
+    /// The resource is the Nth path segment, counting from 1.
+    Segment(usize),
+}
+
+/// One configured route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The path prefix, matched at segment boundaries; also the route's metric label.
+    pub prefix: String,
+    /// The upstream's scheme and authority, and an optional base path.
+    pub upstream: Uri,
+    /// How the resource is named.
+    pub resource: ResourceNaming,
+    /// When set, the route's resources are bound to this lease key (S4).
+    pub lease: Option<String>,
+    /// The methods that are fenced; others pass straight through.
+    pub fenced_methods: Vec<Method>,
+}
+
+impl Route {
+    /// True when `path` falls under this route's prefix.
+    pub fn matches(&self, path: &str) -> bool {
+        let prefix = self.prefix.trim_end_matches('/');
+        prefix.is_empty()
+            || path == prefix
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('/'))
+    }
+}
+
+/// A bad configuration: every problem found, each naming its key.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", problems.join("\n"))]
+pub struct ConfigError {
+    /// One line per bad key: `key: reason`.
+    pub problems: Vec<String>,
+}
+
+/// Where environment overrides come from: the process environment, or a map in tests.
+pub trait Environment {
+    /// Every variable, name and value.
+    fn vars(&self) -> Vec<(String, String)>;
+}
+
+/// The process environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnvironment;
+
+impl Environment for ProcessEnvironment {
+    fn vars(&self) -> Vec<(String, String)> {
+        std::env::vars_os()
+            .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+            .collect()
+    }
+}
+
+impl Environment for BTreeMap<String, String> {
+    fn vars(&self) -> Vec<(String, String)> {
+        self.iter()
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawFile {
+    proxy: RawProxy,
+    control: RawControl,
+    database: RawDatabase,
+    upstream: RawUpstream,
+    shutdown: RawShutdown,
+    routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawProxy {
+    listen: Option<String>,
+    body_limit_bytes: Option<u64>,
+    max_header_bytes: Option<u64>,
+    header_read_timeout_ms: Option<u64>,
+    body_read_timeout_ms: Option<u64>,
+    max_connections: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawControl {
+    listen: Option<String>,
+    min_ttl_ms: Option<u64>,
+    max_ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawDatabase {
+    url: Option<String>,
+    pool_size: Option<u64>,
+    fence_check_timeout_ms: Option<u64>,
+    data_dir: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawUpstream {
+    connect_timeout_ms: Option<u64>,
+    forward_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawShutdown {
+    grace_period_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    prefix: String,
+    upstream: String,
+    resource: RawResource,
+    lease: Option<String>,
+    fenced_methods: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+enum RawResource {
+    Fixed(String),
+    Header(String),
+    Segment(i64),
+}
+
+/// The environment variables that override a key, and the key: `FENCING_<SECTION>_<KEY>`,
+/// plus `DATABASE_URL` for `database.url`.
+const SECTIONS: [&str; 5] = ["proxy", "control", "database", "upstream", "shutdown"];
+
+impl Config {
+    /// Parses `text` (TOML) with the overrides of `env`, and checks every value.
+    pub fn parse(text: &str, env: &dyn Environment) -> Result<Config, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text).map_err(|error| ConfigError {
+            problems: vec![format!("config file: {error}")],
+        })?;
+        apply_environment(&mut table, env);
+        let raw: RawFile =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|error: toml::de::Error| ConfigError {
+                    problems: vec![format!("config: {error}")],
+                })?;
+        validate(raw)
+    }
+
+    /// Reads and parses the file at `path` (or only the environment when `None`).
+    pub fn load(
+        path: Option<&std::path::Path>,
+        env: &dyn Environment,
+    ) -> Result<Config, ConfigError> {
+        let text = match path {
+            Some(path) => std::fs::read_to_string(path).map_err(|error| ConfigError {
+                problems: vec![format!("--config {}: {error}", path.display())],
+            })?,
+            None => String::new(),
+        };
+        Config::parse(&text, env)
+    }
+
+    /// The route for `path`: the longest matching prefix.
+    pub fn route(&self, path: &str) -> Option<&Route> {
+        self.routes.iter().find(|route| route.matches(path))
+    }
+}
+
+fn apply_environment(table: &mut toml::Table, env: &dyn Environment) {
+    // (priority, section, key, value): FENCING_DATABASE_URL wins over DATABASE_URL.
+    let mut overrides: Vec<(u8, String, String, String)> = Vec::new();
+    for (name, value) in env.vars() {
+        if name == "DATABASE_URL" {
+            overrides.push((0, "database".to_owned(), "url".to_owned(), value));
+            continue;
+        }
+        let Some(rest) = name.strip_prefix("FENCING_") else {
+            continue;
+        };
+        let rest = rest.to_ascii_lowercase();
+        for section in SECTIONS {
+            if let Some(key) = rest.strip_prefix(section).and_then(|k| k.strip_prefix('_')) {
+                overrides.push((1, section.to_owned(), key.to_owned(), value.clone()));
+            }
+        }
+    }
+    overrides.sort_by_key(|(priority, ..)| *priority);
+    for (_, section, key, value) in overrides {
+        let entry = table
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(section) = entry {
+            let typed = match value.parse::<i64>() {
+                Ok(number) => toml::Value::Integer(number),
+                Err(_) => toml::Value::String(value),
+            };
+            section.insert(key, typed);
+        }
+    }
+}
+
+fn ms(value: u64) -> Duration {
+    Duration::from_millis(value)
+}
+
+fn validate(raw: RawFile) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let mut positive_ms = |key: &str, value: Option<u64>, default: Duration| -> Duration {
+        match value {
+            Some(0) => {
+                problems.push(format!("{key}: must be positive"));
+                default
+            }
+            Some(value) => ms(value),
+            None => default,
+        }
+    };
+    let header_read_timeout = positive_ms(
+        "proxy.header_read_timeout_ms",
+        raw.proxy.header_read_timeout_ms,
+        DEFAULT_HEADER_READ_TIMEOUT,
+    );
+    let body_read_timeout = positive_ms(
+        "proxy.body_read_timeout_ms",
+        raw.proxy.body_read_timeout_ms,
+        DEFAULT_BODY_READ_TIMEOUT,
+    );
+    let min_ttl = positive_ms(
+        "control.min_ttl_ms",
+        raw.control.min_ttl_ms,
+        DEFAULT_MIN_TTL,
+    );
+    let max_ttl = positive_ms(
+        "control.max_ttl_ms",
+        raw.control.max_ttl_ms,
+        DEFAULT_MAX_TTL,
+    );
+    let fence_check_timeout = positive_ms(
+        "database.fence_check_timeout_ms",
+        raw.database.fence_check_timeout_ms,
+        DEFAULT_FENCE_CHECK_TIMEOUT,
+    );
+    let connect_timeout = positive_ms(
+        "upstream.connect_timeout_ms",
+        raw.upstream.connect_timeout_ms,
+        DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
+    );
+    let forward_timeout = positive_ms(
+        "upstream.forward_timeout_ms",
+        raw.upstream.forward_timeout_ms,
+        DEFAULT_FORWARD_TIMEOUT,
+    );
+    let shutdown_grace = positive_ms(
+        "shutdown.grace_period_ms",
+        raw.shutdown.grace_period_ms,
+        DEFAULT_SHUTDOWN_GRACE,
+    );
+
+    let mut address = |key: &str, value: Option<String>, default: &str| -> SocketAddr {
+        let text = value.unwrap_or_else(|| default.to_owned());
+        text.parse().unwrap_or_else(|error| {
+            problems.push(format!(
+                "{key}: {text:?} is not an IP address and port: {error}"
+            ));
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        })
+    };
+    let proxy_listen = address("proxy.listen", raw.proxy.listen, DEFAULT_PROXY_LISTEN);
+    let control_listen = address("control.listen", raw.control.listen, DEFAULT_CONTROL_LISTEN);
+    if proxy_listen == control_listen && proxy_listen.port() != 0 {
+        problems.push(format!(
+            "control.listen: must differ from proxy.listen ({proxy_listen})"
+        ));
+    }
+    if min_ttl > max_ttl {
+        problems.push(format!(
+            "control.min_ttl_ms: {min_ttl:?} is above control.max_ttl_ms {max_ttl:?}"
+        ));
+    }
+    if max_ttl > fencing_schema::MAX_TTL {
+        problems.push(format!(
+            "control.max_ttl_ms: at most {} ms",
+            fencing_schema::MAX_TTL.as_millis()
+        ));
+    }
+    if forward_timeout > Duration::from_secs(3600) {
+        problems.push("upstream.forward_timeout_ms: at most 3600000".to_owned());
+    }
+
+    let body_limit_bytes = raw
+        .proxy
+        .body_limit_bytes
+        .unwrap_or(DEFAULT_BODY_LIMIT_BYTES);
+    let max_header_bytes = match raw.proxy.max_header_bytes.map(usize::try_from) {
+        None => DEFAULT_MAX_HEADER_BYTES,
+        Some(Ok(bytes)) if bytes >= 8192 => bytes,
+        Some(_) => {
+            problems.push("proxy.max_header_bytes: must be at least 8192".to_owned());
+            DEFAULT_MAX_HEADER_BYTES
+        }
+    };
+    let max_connections = match raw.proxy.max_connections.map(usize::try_from) {
+        None => DEFAULT_MAX_CONNECTIONS,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            problems.push("proxy.max_connections: must be positive".to_owned());
+            DEFAULT_MAX_CONNECTIONS
+        }
+    };
+    let pool_size = match raw.database.pool_size.map(usize::try_from) {
+        None => DEFAULT_POOL_SIZE,
+        Some(Ok(n)) if (1..=1000).contains(&n) => n,
+        Some(_) => {
+            problems.push("database.pool_size: must be between 1 and 1000".to_owned());
+            DEFAULT_POOL_SIZE
+        }
+    };
+    let url = raw.database.url.filter(|url| !url.is_empty());
+    if let Some(url) = &url
+        && let Err(error) = url.parse::<tokio_postgres::Config>()
+    {
+        problems.push(format!("database.url: {error}"));
+    }
+
+    let mut routes = Vec::new();
+    for (index, route) in raw.routes.into_iter().enumerate() {
+        if let Some(route) = validate_route(index, route, &mut problems) {
+            routes.push(route);
+        }
+    }
+    for (i, a) in routes.iter().enumerate() {
+        if routes[..i]
+            .iter()
+            .any(|b| b.prefix.trim_end_matches('/') == a.prefix.trim_end_matches('/'))
+        {
+            problems.push(format!(
+                "routes[{i}].prefix: {:?} is configured twice",
+                a.prefix
+            ));
+        }
+    }
+    // Longest prefix first, so the first match is the longest.
+    routes.sort_by_key(|route| std::cmp::Reverse(route.prefix.trim_end_matches('/').len()));
+
+    if !problems.is_empty() {
+        return Err(ConfigError { problems });
+    }
+    Ok(Config {
+        proxy: ProxyConfig {
+            listen: proxy_listen,
+            body_limit_bytes,
+            max_header_bytes,
+            header_read_timeout,
+            body_read_timeout,
+            max_connections,
+        },
+        control: ControlConfig {
+            listen: control_listen,
+            min_ttl,
+            max_ttl,
+        },
+        database: DatabaseConfig {
+            url,
+            pool_size,
+            fence_check_timeout,
+            data_dir: PathBuf::from(
+                raw.database
+                    .data_dir
+                    .unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned()),
+            ),
+        },
+        upstream: UpstreamConfig {
+            connect_timeout,
+            forward_timeout,
+        },
+        shutdown_grace,
+        routes,
+    })
+}
+
+fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Option<Route> {
+    let key = |name: &str| format!("routes[{index}].{name}");
+    let before = problems.len();
+    if !raw.prefix.starts_with('/') {
+        problems.push(format!(
+            "{}: {:?} must start with /",
+            key("prefix"),
+            raw.prefix
+        ));
+    }
+    let upstream = match raw.upstream.parse::<Uri>() {
+        Ok(uri)
+            if uri.scheme_str() == Some("http")
+                && uri.authority().is_some()
+                && uri.query().is_none() =>
+        {
+            Some(uri)
+        }
+        Ok(_) => {
+            problems.push(format!(
+                "{}: {:?} must be an http:// URL with a host and no query (https upstreams are not supported yet)",
+                key("upstream"),
+                raw.upstream
+            ));
+            None
+        }
+        Err(error) => {
+            problems.push(format!("{}: {:?}: {error}", key("upstream"), raw.upstream));
+            None
+        }
+    };
+    let resource = match raw.resource {
+        RawResource::Fixed(name) if !name.is_empty() && name.chars().count() <= 256 => {
+            Some(ResourceNaming::Fixed(name))
+        }
+        RawResource::Fixed(_) => {
+            problems.push(format!(
+                "{}: a fixed resource name must be 1 to 256 characters",
+                key("resource")
+            ));
+            None
+        }
+        RawResource::Header(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(header) => Some(ResourceNaming::Header(header)),
+            Err(_) => {
+                problems.push(format!(
+                    "{}: {name:?} is not a header name",
+                    key("resource")
+                ));
+                None
+            }
+        },
+        RawResource::Segment(n) if n >= 1 => usize::try_from(n).ok().map(ResourceNaming::Segment),
+        RawResource::Segment(n) => {
+            problems.push(format!(
+                "{}: segment must be 1 or more, got {n}",
+                key("resource")
+            ));
+            None
+        }
+    };
+    if let Some(lease) = &raw.lease
+        && (lease.is_empty() || lease.chars().count() > 256)
+    {
+        problems.push(format!(
+            "{}: a lease key must be 1 to 256 characters",
+            key("lease")
+        ));
+    }
+    let fenced_methods = match raw.fenced_methods {
+        None => vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+        Some(names) => names
+            .iter()
+            .filter_map(
+                |name| match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
+                    Ok(method) if method != Method::CONNECT => Some(method),
+                    _ => {
+                        problems.push(format!(
+                            "{}: {name:?} is not a method that can be fenced",
+                            key("fenced_methods")
+                        ));
+                        None
+                    }
+                },
+            )
+            .collect(),
+    };
+    if problems.len() > before {
+        return None;
+    }
+    Some(Route {
+        prefix: raw.prefix,
+        upstream: upstream?,
+        resource: resource?,
+        lease: raw.lease,
+        fenced_methods,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use crate::config::{Config, ResourceNaming};
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    const EXAMPLE: &str = r#"
+        [proxy]
+        listen = "127.0.0.1:8080"
+        [control]
+        listen = "127.0.0.1:9090"
+        [database]
+        url = "postgres://user@127.0.0.1:5432/app"
+        [[routes]]
+        prefix = "/ledger"
+        upstream = "http://127.0.0.1:9000"
+        resource = { segment = 2 }
+        lease = "ledger-writer"
+        [[routes]]
+        prefix = "/ledger/special"
+        upstream = "http://127.0.0.1:9001"
+        resource = { fixed = "special" }
+    "#;
+
+    #[test]
+    fn the_contract_example_parses_and_the_longest_prefix_wins() {
+        let config = Config::parse(EXAMPLE, &env(&[])).expect("valid");
+        assert_eq!(
+            config.route("/ledger/special/x").map(|r| r.prefix.as_str()),
+            Some("/ledger/special")
+        );
+        assert_eq!(
+            config
+                .route("/ledger/acct-7/entries")
+                .map(|r| r.prefix.as_str()),
+            Some("/ledger")
+        );
+        assert_eq!(
+            config.route("/ledger").map(|r| r.prefix.as_str()),
+            Some("/ledger")
+        );
+        assert!(
+            config.route("/ledgers").is_none(),
+            "prefixes match at segment boundaries"
+        );
+        assert!(config.route("/other").is_none());
+        assert_eq!(config.routes[1].resource, ResourceNaming::Segment(2));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let config = Config::parse(
+            EXAMPLE,
+            &env(&[
+                ("DATABASE_URL", "postgres://a@127.0.0.1/one"),
+                ("FENCING_DATABASE_URL", "postgres://b@127.0.0.1/two"),
+                ("FENCING_PROXY_LISTEN", "127.0.0.1:18080"),
+                ("FENCING_UPSTREAM_FORWARD_TIMEOUT_MS", "2500"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(
+            config.database.url.as_deref(),
+            Some("postgres://b@127.0.0.1/two")
+        );
+        assert_eq!(config.proxy.listen.port(), 18080);
+        assert_eq!(config.upstream.forward_timeout.as_millis(), 2500);
+    }
+
+    #[test]
+    fn every_bad_key_is_reported_with_its_reason() {
+        let text = r#"
+            [proxy]
+            listen = "nowhere"
+            header_read_timeout_ms = 0
+            [control]
+            min_ttl_ms = 5000
+            max_ttl_ms = 1000
+            [[routes]]
+            prefix = "ledger"
+            upstream = "ftp://x"
+            resource = { segment = 0 }
+            fenced_methods = ["CONNECT"]
+        "#;
+        let error = Config::parse(text, &env(&[])).expect_err("invalid");
+        let all = error.problems.join("\n");
+        for expected in [
+            "proxy.listen",
+            "proxy.header_read_timeout_ms: must be positive",
+            "control.min_ttl_ms",
+            "routes[0].prefix",
+            "routes[0].upstream",
+            "routes[0].resource: segment must be 1 or more",
+            "routes[0].fenced_methods",
+        ] {
+            assert!(all.contains(expected), "{expected:?} missing from:\n{all}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_refused() {
+        let error =
+            Config::parse("[proxy]\nlisten_on = \"x\"", &env(&[])).expect_err("unknown key");
+        assert!(error.to_string().contains("listen_on"), "{error}");
+        let error =
+            Config::parse("[database]\npool_size = \"many\"", &env(&[])).expect_err("wrong type");
+        assert!(error.to_string().contains("pool_size"), "{error}");
+    }
+}

@@ -1,0 +1,420 @@
+//! The control listener: the lease API for leaders in any language, fences, metrics, health.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use deadpool_postgres::Object;
+use fencing_schema::store::{self, LeaseReply};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::time::{Instant, timeout_at};
+use tracing::warn;
+
+use crate::config::Config;
+use crate::fence::{FenceStore, discard};
+use crate::metrics as names;
+use crate::problem::Problem;
+
+/// What the control handlers share.
+#[derive(Debug, Clone)]
+pub struct ControlState {
+    /// The configuration (ttl bounds, timeouts).
+    pub config: Arc<Config>,
+    /// The fence store and its pool.
+    pub fences: Arc<FenceStore>,
+    /// Renders `/metrics`.
+    pub metrics: PrometheusHandle,
+    /// The last term this gateway granted per key, to count leadership transitions.
+    pub granted_terms: Arc<Mutex<HashMap<String, i64>>>,
+}
+
+/// The control API's routes.
+pub fn router(state: ControlState) -> Router {
+    Router::new()
+        .route("/v1/leases/{key}/acquire", post(acquire))
+        .route("/v1/leases/{key}/renew", post(renew))
+        .route("/v1/leases/{key}/release", post(release))
+        .route("/v1/leases/{key}", get(get_lease))
+        .route("/v1/fences/{resource}", get(get_fence))
+        .route("/metrics", get(render_metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseRequest {
+    owner: String,
+    ttl_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseRequest {
+    owner: String,
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Parses a JSON body: 400 when it is not JSON, 422 when it is the wrong shape.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
+    serde_json::from_slice(body).map_err(|error| match error.classify() {
+        serde_json::error::Category::Data => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-body",
+            "Invalid request body",
+            &error.to_string(),
+        ),
+        _ => Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-json",
+            "Malformed JSON",
+            &error.to_string(),
+        ),
+    })
+}
+
+fn unavailable(detail: &str) -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "fence-store-unavailable",
+        "Fence store unavailable",
+        detail,
+    )
+    .retry_after(1)
+}
+
+fn store_problem(error: fencing_schema::Error) -> Problem {
+    match error {
+        fencing_schema::Error::InvalidArgument { message } => Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-argument",
+            "Invalid argument",
+            &message,
+        ),
+        error @ (fencing_schema::Error::SchemaOutdated { .. }
+        | fencing_schema::Error::SchemaTooNew { .. }) => unavailable(&error.to_string()),
+        other => {
+            warn!(error = %other, "control API store call failed");
+            unavailable("the fence store failed; nothing was decided")
+        }
+    }
+}
+
+impl ControlState {
+    /// Runs one store call with a pooled connection, bounded by the fence-check timeout.
+    async fn with_client<T, F, Fut>(&self, call: F) -> Result<T, Problem>
+    where
+        F: FnOnce(Object) -> Fut,
+        Fut: Future<Output = (Object, Result<T, fencing_schema::Error>)>,
+    {
+        let deadline = Instant::now() + self.config.database.fence_check_timeout;
+        let client = match timeout_at(deadline, self.fences.pool().get()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => {
+                warn!(%error, "control API: no database connection");
+                return Err(unavailable("the fence store cannot be reached"));
+            }
+            Err(_) => return Err(unavailable("the fence store did not answer in time")),
+        };
+        match timeout_at(deadline, call(client)).await {
+            Ok((client, Err(error))) => {
+                if error.is_store_failure() {
+                    discard(client);
+                }
+                Err(store_problem(error))
+            }
+            Ok((_, Ok(value))) => Ok(value),
+            Err(_) => Err(unavailable("the fence store did not answer in time")),
+        }
+    }
+
+    fn check_ttl(&self, ttl_ms: u64) -> Result<Duration, Problem> {
+        let ttl = Duration::from_millis(ttl_ms);
+        let (min, max) = (self.config.control.min_ttl, self.config.control.max_ttl);
+        if ttl < min || ttl > max {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "ttl-out-of-bounds",
+                "ttl out of bounds",
+                &format!(
+                    "ttl_ms must be between {} and {}, got {ttl_ms}",
+                    millis(min),
+                    millis(max)
+                ),
+            ));
+        }
+        Ok(ttl)
+    }
+
+    fn count(op: &'static str, result: &'static str) {
+        metrics::counter!(names::LEASE_OPERATIONS, "op" => op, "result" => result).increment(1);
+    }
+
+    fn note_grant(&self, key: &str, term: i64) {
+        let Ok(mut granted) = self.granted_terms.lock() else {
+            return;
+        };
+        if granted.len() > 10_000 {
+            granted.clear();
+        }
+        let previous = granted.insert(key.to_owned(), term);
+        if previous.is_none_or(|previous| previous < term) {
+            metrics::counter!(names::LEASE_TRANSITIONS, "key" => key.to_owned()).increment(1);
+        }
+    }
+}
+
+fn lease_json(key: &str, owner: &str, reply: &LeaseReply, ttl: Duration) -> Value {
+    json!({
+        "key": key,
+        "owner": owner,
+        "term": reply.term,
+        "expires_at": reply.expires_at.map(rfc3339),
+        "remaining_ms": millis(reply.remaining),
+        "ttl_ms": millis(ttl),
+    })
+}
+
+fn held_elsewhere(key: &str, reply: &LeaseReply, detail: &str) -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "lease-held",
+        "Lease held by another owner",
+        detail,
+    )
+    .with("key", json!(key))
+    .with("holder", json!(reply.holder))
+    .with("term", json!(reply.term))
+    .with(
+        "expires_at",
+        json!(
+            reply
+                .expires_at
+                .filter(|_| reply.holder.is_some())
+                .map(rfc3339)
+        ),
+    )
+}
+
+async fn acquire(
+    State(state): State<ControlState>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Response {
+    lease_call(state, key, body, "acquire").await
+}
+
+async fn renew(
+    State(state): State<ControlState>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Response {
+    lease_call(state, key, body, "renew").await
+}
+
+async fn lease_call(state: ControlState, key: String, body: Bytes, op: &'static str) -> Response {
+    let request: LeaseRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(problem) => {
+            ControlState::count(op, "invalid");
+            return problem.into_response();
+        }
+    };
+    let ttl = match state.check_ttl(request.ttl_ms) {
+        Ok(ttl) => ttl,
+        Err(problem) => {
+            ControlState::count(op, "invalid");
+            return problem.into_response();
+        }
+    };
+    let (call_key, owner) = (key.clone(), request.owner.clone());
+    let reply = state
+        .with_client(|client| async move {
+            let result = if op == "acquire" {
+                store::acquire(&**client, &call_key, &owner, ttl).await
+            } else {
+                store::renew(&**client, &call_key, &owner, ttl).await
+            };
+            (client, result)
+        })
+        .await;
+    match reply {
+        Ok(reply) if reply.ok => {
+            ControlState::count(op, "ok");
+            if let Some(term) = reply.term {
+                state.note_grant(&key, term);
+            }
+            axum::Json(lease_json(&key, &request.owner, &reply, ttl)).into_response()
+        }
+        Ok(reply) => {
+            ControlState::count(op, "conflict");
+            let detail = if op == "acquire" {
+                "another owner holds this lease"
+            } else {
+                "the owner does not hold this lease (expired, released or taken over)"
+            };
+            held_elsewhere(&key, &reply, detail).into_response()
+        }
+        Err(problem) => {
+            ControlState::count(op, "error");
+            problem.into_response()
+        }
+    }
+}
+
+async fn release(
+    State(state): State<ControlState>,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Response {
+    let request: ReleaseRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(problem) => {
+            ControlState::count("release", "invalid");
+            return problem.into_response();
+        }
+    };
+    let call_key = key.clone();
+    let released = state
+        .with_client(|client| async move {
+            let result = store::release(&**client, &call_key, &request.owner).await;
+            (client, result)
+        })
+        .await;
+    match released {
+        Ok(true) => {
+            ControlState::count("release", "ok");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(false) => {
+            ControlState::count("release", "conflict");
+            Problem::new(
+                StatusCode::CONFLICT,
+                "not-holder",
+                "Not the holder",
+                "the owner does not hold this lease",
+            )
+            .with("key", json!(key))
+            .into_response()
+        }
+        Err(problem) => {
+            ControlState::count("release", "error");
+            problem.into_response()
+        }
+    }
+}
+
+async fn get_lease(State(state): State<ControlState>, Path(key): Path<String>) -> Response {
+    let call_key = key.clone();
+    let row = state
+        .with_client(|client| async move {
+            let result = store::get_lease(&**client, &call_key).await;
+            (client, result)
+        })
+        .await;
+    match row {
+        Ok(Some(row)) => axum::Json(json!({
+            "key": row.key,
+            "owner": row.owner,
+            "term": row.term,
+            "expires_at": rfc3339(row.expires_at),
+            "remaining_ms": millis(row.remaining),
+            "ttl_ms": millis(row.expires_at.duration_since(row.renewed_at).unwrap_or_default()),
+        }))
+        .into_response(),
+        Ok(None) => Problem::new(
+            StatusCode::NOT_FOUND,
+            "no-such-lease",
+            "No such lease",
+            "nobody ever acquired this key",
+        )
+        .with("key", json!(key))
+        .into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn get_fence(State(state): State<ControlState>, Path(resource): Path<String>) -> Response {
+    let call_resource = resource.clone();
+    let row = state
+        .with_client(|client| async move {
+            let result = store::get_fence(&**client, &call_resource).await;
+            (client, result)
+        })
+        .await;
+    match row {
+        Ok(Some(row)) => axum::Json(json!({
+            "resource": row.resource,
+            "max_term": row.max_term,
+            "lease_key": row.lease_key,
+            "updated_at": rfc3339(row.updated_at),
+        }))
+        .into_response(),
+        Ok(None) => Problem::new(
+            StatusCode::NOT_FOUND,
+            "no-such-fence",
+            "No such fence",
+            "no write was ever admitted for this resource",
+        )
+        .with("resource", json!(resource))
+        .into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn render_metrics(State(state): State<ControlState>) -> Response {
+    let mut response = state.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+async fn healthz() -> Response {
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+async fn readyz(State(state): State<ControlState>) -> Response {
+    let version = state
+        .with_client(|client| async move {
+            let result = fencing_schema::check_schema_version(&**client).await;
+            (client, result)
+        })
+        .await;
+    match version {
+        Ok(version) => {
+            axum::Json(json!({ "status": "ready", "schema_version": version })).into_response()
+        }
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn not_found() -> Response {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "Not found",
+        "no such control endpoint",
+    )
+    .into_response()
+}

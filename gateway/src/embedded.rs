@@ -1,0 +1,272 @@
+//! The embedded default: with no database URL configured, `serve` starts and owns a private
+//! local PostgreSQL from the system's server binaries, under a data directory that is
+//! initialised on first start, and stops it when the gateway stops.
+//!
+//! The server listens on a free loopback port only, with Unix sockets off. PostgreSQL refuses
+//! to run as root, so as root it runs as the unprivileged `postgres` user (or `FENCING_PG_USER`).
+//! The test harness uses the same discovery ([`find_bin_dir`], [`unprivileged_user`]).
+
+use std::net::TcpListener;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use tracing::info;
+
+/// The superuser the embedded cluster is initialised with.
+pub const SUPERUSER: &str = "postgres";
+
+/// An unprivileged account to run PostgreSQL as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    /// The user name.
+    pub name: String,
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary gid.
+    pub gid: u32,
+}
+
+/// Finds the PostgreSQL server binaries: `FENCING_PG_BIN_DIR`, then `pg_ctl` on PATH, then
+/// `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
+pub fn find_bin_dir() -> Result<PathBuf, String> {
+    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    if let Some(dir) = std::env::var_os("FENCING_PG_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+        return Err(format!(
+            "FENCING_PG_BIN_DIR={} holds no initdb and pg_ctl",
+            dir.display()
+        ));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            // pg_ctl finds postgres next to itself, so follow a link to the real directory.
+            if let Ok(pg_ctl) = std::fs::canonicalize(dir.join("pg_ctl"))
+                && let Some(real_dir) = pg_ctl.parent()
+                && has_server(real_dir)
+            {
+                return Ok(real_dir.to_path_buf());
+            }
+        }
+    }
+    if let Ok(output) = Command::new("pg_config").arg("--bindir").output()
+        && output.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let dir = entry.path().join("bin");
+            has_server(&dir).then_some((version, dir))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, dir)| dir).ok_or_else(|| {
+        "no PostgreSQL server binaries found (looked in FENCING_PG_BIN_DIR, on PATH, in pg_config --bindir and \
+         /usr/lib/postgresql/*/bin); install them, e.g. `apt-get install postgresql` on Debian or Ubuntu, or \
+         configure database.url"
+            .to_owned()
+    })
+}
+
+/// The account to run PostgreSQL as: `None` unless this process is root.
+pub fn unprivileged_user() -> Result<Option<RunAs>, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let name = std::env::var("FENCING_PG_USER").unwrap_or_else(|_| "postgres".to_owned());
+    let user = nix::unistd::User::from_name(&name)
+        .map_err(|error| format!("look up user {name}: {error}"))?
+        .ok_or_else(|| {
+            format!(
+                "running as root, and PostgreSQL refuses to run as root, but there is no user {name:?} to run it as: \
+                 install the postgresql package (it creates `postgres`), or name an unprivileged user in FENCING_PG_USER"
+            )
+        })?;
+    if user.uid.is_root() {
+        return Err(format!(
+            "FENCING_PG_USER={name} is root; PostgreSQL refuses to run as root"
+        ));
+    }
+    Ok(Some(RunAs {
+        name,
+        uid: user.uid.as_raw(),
+        gid: user.gid.as_raw(),
+    }))
+}
+
+/// A PostgreSQL server the gateway owns.
+#[derive(Debug)]
+pub struct EmbeddedPostgres {
+    bin_dir: PathBuf,
+    data_dir: PathBuf,
+    run_as: Option<RunAs>,
+    port: u16,
+}
+
+impl EmbeddedPostgres {
+    /// Starts the server in `data_dir`, initialising it first when empty. A server already
+    /// running there (left by a gateway that was killed) is adopted.
+    pub fn start(data_dir: &Path) -> Result<EmbeddedPostgres, String> {
+        let bin_dir = find_bin_dir()?;
+        let run_as = unprivileged_user()?;
+        let data_dir =
+            std::path::absolute(data_dir).map_err(|e| format!("database.data_dir: {e}"))?;
+        let mut server = EmbeddedPostgres {
+            bin_dir,
+            data_dir,
+            run_as,
+            port: 0,
+        };
+        if !server.data_dir.join("PG_VERSION").is_file() {
+            server.initdb()?;
+        }
+        if let Some(port) = server.running_port() {
+            info!(data_dir = %server.data_dir.display(), port, "adopting the embedded PostgreSQL already running");
+            server.port = port;
+            return Ok(server);
+        }
+        server.port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| format!("find a free port: {e}"))?
+            .port();
+        let log = server.data_dir.join("server.log");
+        let options = format!(
+            "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''",
+            server.port
+        );
+        let output = server
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&server.data_dir)
+            .arg("-l")
+            .arg(&log)
+            .args(["-o", &options, "-w", "-t", "60", "start"])
+            .output()
+            .map_err(|e| format!("run pg_ctl start: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "pg_ctl start failed: {}; see {}",
+                describe(&output),
+                log.display()
+            ));
+        }
+        info!(data_dir = %server.data_dir.display(), port = server.port, "started the embedded PostgreSQL");
+        Ok(server)
+    }
+
+    /// The URL the gateway connects with.
+    pub fn url(&self) -> String {
+        format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops the server (fast shutdown: sessions are disconnected, data is flushed).
+    pub fn stop(&self) -> Result<(), String> {
+        let output = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "fast", "-w", "-t", "60", "stop"])
+            .output()
+            .map_err(|e| format!("run pg_ctl stop: {e}"))?;
+        if !output.status.success() {
+            return Err(format!("pg_ctl stop failed: {}", describe(&output)));
+        }
+        info!("stopped the embedded PostgreSQL");
+        Ok(())
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin_dir.join(program));
+        for variable in [
+            "PGDATA",
+            "PGHOST",
+            "PGHOSTADDR",
+            "PGPORT",
+            "PGUSER",
+            "PGDATABASE",
+            "PGOPTIONS",
+        ] {
+            command.env_remove(variable);
+        }
+        command.stdin(Stdio::null());
+        if let Some(user) = &self.run_as {
+            command.uid(user.uid).gid(user.gid);
+        }
+        command
+    }
+
+    fn initdb(&self) -> Result<(), String> {
+        // Parents with the default mode, so that the server's user can reach the data dir.
+        if let Some(parent) = self.data_dir.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("create {}: {e}", parent.display()))?;
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&self.data_dir)
+            .map_err(|e| format!("create {}: {e}", self.data_dir.display()))?;
+        if let Some(user) = &self.run_as {
+            let (uid, gid) = (
+                nix::unistd::Uid::from_raw(user.uid),
+                nix::unistd::Gid::from_raw(user.gid),
+            );
+            nix::unistd::chown(&self.data_dir, Some(uid), Some(gid))
+                .map_err(|e| format!("give {} to {}: {e}", self.data_dir.display(), user.name))?;
+        }
+        info!(data_dir = %self.data_dir.display(), "initialising the embedded PostgreSQL");
+        let output = self
+            .command("initdb")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+            ])
+            .output()
+            .map_err(|e| format!("run initdb: {e}"))?;
+        if !output.status.success() {
+            return Err(format!("initdb failed: {}", describe(&output)));
+        }
+        Ok(())
+    }
+
+    /// The port of a server already running in the data directory, from `postmaster.pid`.
+    fn running_port(&self) -> Option<u16> {
+        let status = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .arg("status")
+            .output()
+            .ok()?;
+        if !status.status.success() {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
+        text.lines().nth(3)?.trim().parse().ok()
+    }
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "{}; stdout: {}; stderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )
+}

@@ -1,0 +1,78 @@
+//! The gateway's metric names, in one list, with their help text.
+//!
+//! Label values come from configuration (route prefixes, lease keys) or fixed enums, never from
+//! raw paths or resource names, so label sets stay bounded.
+
+use metrics::Unit;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Counter `{route, outcome}`: fenced writes by outcome.
+pub const WRITES: &str = "fencing_writes_total";
+/// Histogram `{route}`: fenced writes, from arrival to the upstream's response head or rejection.
+pub const WRITE_DURATION: &str = "fencing_write_duration_seconds";
+/// Histogram: one fence decision in Postgres.
+pub const CHECK_DURATION: &str = "fencing_check_duration_seconds";
+/// Counter `{op, result}`: lease API operations.
+pub const LEASE_OPERATIONS: &str = "fencing_lease_operations_total";
+/// Counter `{key}`: new leadership periods granted through this gateway's lease API.
+pub const LEASE_TRANSITIONS: &str = "fencing_lease_transitions_total";
+/// Counter `{kind}`: fence decisions that could not be made (timeout, error).
+pub const STORE_ERRORS: &str = "fencing_store_errors_total";
+/// Gauge: fenced writes being decided or forwarded.
+pub const INFLIGHT_WRITES: &str = "fencing_inflight_writes";
+/// Counter `{route, kind}`: admitted writes the upstream did not answer (connect, timeout, body).
+pub const UPSTREAM_ERRORS: &str = "fencing_upstream_errors_total";
+/// Counter `{route}`: unfenced requests passed straight through.
+pub const PASSTHROUGH: &str = "fencing_passthrough_requests_total";
+/// Counter: refusals decided from the gateway's cache of maxima, without a round trip.
+pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Installs the Prometheus recorder for this process and describes every metric.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
+        .map_err(|error| error.to_string())?
+        .install_recorder()
+        .map_err(|error| error.to_string())?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    metrics::describe_counter!(WRITES, "Fenced writes by route and outcome");
+    metrics::describe_histogram!(
+        WRITE_DURATION,
+        Unit::Seconds,
+        "Fenced writes, from arrival to response head"
+    );
+    metrics::describe_histogram!(CHECK_DURATION, Unit::Seconds, "Fence decisions in Postgres");
+    metrics::describe_counter!(
+        LEASE_OPERATIONS,
+        "Lease API operations by operation and result"
+    );
+    metrics::describe_counter!(
+        LEASE_TRANSITIONS,
+        "New leadership periods granted through this gateway"
+    );
+    metrics::describe_counter!(
+        STORE_ERRORS,
+        "Fence decisions that could not be made, by kind"
+    );
+    metrics::describe_gauge!(INFLIGHT_WRITES, "Fenced writes being decided or forwarded");
+    metrics::describe_counter!(
+        UPSTREAM_ERRORS,
+        "Admitted writes the upstream did not answer, by kind"
+    );
+    metrics::describe_counter!(
+        PASSTHROUGH,
+        "Unfenced requests passed straight through, by route"
+    );
+    metrics::describe_counter!(
+        CACHED_REFUSALS,
+        "Stale writes refused from the cached maximum, without Postgres"
+    );
+}

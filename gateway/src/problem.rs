@@ -1,0 +1,273 @@
+//! Every 4xx and 5xx the gateway itself produces: `application/problem+json` (RFC 9457), and
+//! the one place that maps an outcome to its status, body and metric label.
+
+use axum::body::Body;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+use serde_json::{Value, json};
+
+/// The header that tells a refused writer the term it lost to.
+pub const FENCING_CURRENT_TERM: &str = "fencing-current-term";
+
+/// The label of `fencing_writes_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted and forwarded (whatever the upstream answered).
+    Admitted,
+    /// The term is lower than the resource's maximum or its lease's current term.
+    Stale,
+    /// Stamp mode: the owner does not hold the lease; or the bound lease is not held.
+    NotLeader,
+    /// A bound resource was written with a term above its lease's current term.
+    FutureTerm,
+    /// A fenced write presented no token and no lease.
+    MissingToken,
+    /// The request was malformed (token, headers, body size, resource).
+    Malformed,
+    /// The fence decision could not be made.
+    Unavailable,
+    /// Admitted, but the upstream could not be reached or timed out.
+    UpstreamError,
+}
+
+impl Outcome {
+    /// The metric label.
+    pub fn as_label(self) -> &'static str {
+        match self {
+            Outcome::Admitted => "admitted",
+            Outcome::Stale => "stale",
+            Outcome::NotLeader => "not_leader",
+            Outcome::FutureTerm => "future_term",
+            Outcome::MissingToken => "missing_token",
+            Outcome::Malformed => "malformed",
+            Outcome::Unavailable => "unavailable",
+            Outcome::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// Why the gateway answered a request itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// No route matches the path.
+    NoRoute,
+    /// CONNECT, or another method the proxy never forwards.
+    MethodNotAllowed,
+    /// A fence decision refused the write.
+    Fenced {
+        /// Stale, NotLeader or FutureTerm.
+        outcome: Outcome,
+        /// The resource written.
+        resource: String,
+        /// The term presented (`None` in stamp mode when no term applies).
+        presented_term: Option<i64>,
+        /// The term the writer lost to.
+        current_term: Option<i64>,
+    },
+    /// A fenced write with neither `Fencing-Token` nor `Fencing-Lease`.
+    MissingToken,
+    /// Malformed input; the detail says what.
+    Malformed(String),
+    /// The body is over the limit.
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The fence store did not decide in time or failed.
+    Unavailable,
+    /// The upstream could not be reached.
+    UpstreamUnreachable,
+    /// The upstream did not answer before the write's forward deadline.
+    UpstreamTimeout,
+}
+
+impl Rejection {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::NoRoute => StatusCode::NOT_FOUND,
+            Rejection::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Rejection::Fenced { .. } => StatusCode::CONFLICT,
+            Rejection::MissingToken => StatusCode::PRECONDITION_REQUIRED,
+            Rejection::Malformed(_) => StatusCode::BAD_REQUEST,
+            Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Rejection::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The `outcome` label, for rejections of writes on a route.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Rejection::Fenced { outcome, .. } => *outcome,
+            Rejection::MissingToken => Outcome::MissingToken,
+            Rejection::NoRoute
+            | Rejection::MethodNotAllowed
+            | Rejection::Malformed(_)
+            | Rejection::BodyTooLarge { .. } => Outcome::Malformed,
+            Rejection::Unavailable => Outcome::Unavailable,
+            Rejection::UpstreamUnreachable | Rejection::UpstreamTimeout => Outcome::UpstreamError,
+        }
+    }
+
+    /// The problem document.
+    pub fn problem(&self) -> Problem {
+        let status = self.status();
+        match self {
+            Rejection::NoRoute => Problem::new(
+                status,
+                "no-route",
+                "No route",
+                "no configured route matches this path",
+            ),
+            Rejection::MethodNotAllowed => Problem::new(
+                status,
+                "method-not-allowed",
+                "Method not allowed",
+                "the gateway forwards only to configured upstreams; CONNECT is refused",
+            ),
+            Rejection::Fenced {
+                outcome,
+                resource,
+                presented_term,
+                current_term,
+            } => {
+                let (kind, title, detail) = match outcome {
+                    Outcome::FutureTerm => (
+                        "future-term",
+                        "Future term",
+                        format!(
+                            "resource {resource:?} is bound to a lease whose current term is lower than the presented term"
+                        ),
+                    ),
+                    Outcome::NotLeader => (
+                        "not-leader",
+                        "Not the leader",
+                        format!(
+                            "the writer does not hold the lease that resource {resource:?} needs"
+                        ),
+                    ),
+                    _ => (
+                        "stale-term",
+                        "Stale term",
+                        format!(
+                            "a newer leader has written resource {resource:?}; this writer must stop acting as leader"
+                        ),
+                    ),
+                };
+                Problem::new(status, kind, title, &detail)
+                    .with("resource", json!(resource))
+                    .with("presented_term", json!(presented_term))
+                    .with("current_term", json!(current_term))
+                    .current_term(*current_term)
+            }
+            Rejection::MissingToken => Problem::new(
+                status,
+                "missing-token",
+                "Fencing token required",
+                "a fenced write must present Fencing-Token, or Fencing-Lease with Fencing-Owner",
+            ),
+            Rejection::Malformed(detail) => {
+                Problem::new(status, "malformed-request", "Malformed request", detail)
+            }
+            Rejection::BodyTooLarge { limit } => Problem::new(
+                status,
+                "body-too-large",
+                "Request body too large",
+                &format!("the request body is over the limit of {limit} bytes"),
+            ),
+            Rejection::Unavailable => Problem::new(
+                status,
+                "fence-store-unavailable",
+                "Fence store unavailable",
+                "the fence decision could not be made; the write was not forwarded",
+            )
+            .retry_after(1),
+            Rejection::UpstreamUnreachable => Problem::new(
+                status,
+                "upstream-unreachable",
+                "Upstream unreachable",
+                "the write was admitted but the upstream could not be reached",
+            ),
+            Rejection::UpstreamTimeout => Problem::new(
+                status,
+                "upstream-timeout",
+                "Upstream timed out",
+                "the write was admitted but the upstream did not answer before its forward deadline; it was aborted",
+            ),
+        }
+    }
+}
+
+/// An RFC 9457 problem document and the headers that go with it.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    status: StatusCode,
+    body: serde_json::Map<String, Value>,
+    retry_after: Option<u32>,
+    current_term: Option<i64>,
+}
+
+impl Problem {
+    /// A problem with `type`, `title`, `status` and `detail`.
+    pub fn new(status: StatusCode, kind: &str, title: &str, detail: &str) -> Problem {
+        let mut body = serde_json::Map::new();
+        body.insert(
+            "type".to_owned(),
+            json!(format!("urn:fencing-gateway:problem:{kind}")),
+        );
+        body.insert("title".to_owned(), json!(title));
+        body.insert("status".to_owned(), json!(status.as_u16()));
+        body.insert("detail".to_owned(), json!(detail));
+        Problem {
+            status,
+            body,
+            retry_after: None,
+            current_term: None,
+        }
+    }
+
+    /// Adds a member.
+    pub fn with(mut self, name: &str, value: Value) -> Problem {
+        self.body.insert(name.to_owned(), value);
+        self
+    }
+
+    /// Adds a `Retry-After` header.
+    pub fn retry_after(mut self, seconds: u32) -> Problem {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// Adds the `Fencing-Current-Term` header.
+    pub fn current_term(mut self, term: Option<i64>) -> Problem {
+        self.current_term = term;
+        self
+    }
+
+    /// The response.
+    pub fn into_response(self) -> Response<Body> {
+        let bytes = serde_json::to_vec(&Value::Object(self.body)).unwrap_or_default();
+        let mut response = Response::new(Body::from(bytes));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(term) = self.current_term {
+            headers.insert(FENCING_CURRENT_TERM, HeaderValue::from(term));
+        }
+        response
+    }
+}
+
+impl axum::response::IntoResponse for Problem {
+    fn into_response(self) -> axum::response::Response {
+        Problem::into_response(self)
+    }
+}

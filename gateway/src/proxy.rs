@@ -1,0 +1,579 @@
+//! The proxy listener's handler: route, decide, wait, forward, stream back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use fencing_schema::store::{Gate, Outcome as StoreOutcome};
+use http::header::{CONNECTION, CONTENT_LENGTH, HOST};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tower_http::timeout::TimeoutBody;
+use tracing::{Instrument, debug, field, info_span, warn};
+
+use crate::config::{Config, ResourceNaming, Route};
+use crate::fence::{FenceStore, Presented, Undecided};
+use crate::metrics as names;
+use crate::problem::{Outcome, Rejection};
+
+/// `Fencing-Token`: the term, presented by a leader (verify mode) and stamped by the gateway.
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+/// `Fencing-Resource`: the resource, stamped by the gateway (or read, when a route says so).
+pub const FENCING_RESOURCE: HeaderName = HeaderName::from_static("fencing-resource");
+/// `Fencing-Lease`: the lease key, presented in stamp mode.
+pub const FENCING_LEASE: HeaderName = HeaderName::from_static("fencing-lease");
+/// `Fencing-Owner`: the lease owner, presented in stamp mode; never forwarded.
+pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
+/// The request id, taken from the client when it sends a sane one, else made up.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+/// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The upstream client's body type.
+pub type UpstreamClient = Client<HttpConnector, Body>;
+
+/// Builds the pooled, keep-alive client every upstream is contacted with.
+pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
+/// Everything a proxied request needs.
+#[derive(Debug)]
+pub struct Proxy {
+    config: Arc<Config>,
+    fences: Arc<FenceStore>,
+    client: UpstreamClient,
+    next_request_id: AtomicU64,
+    request_id_prefix: u32,
+}
+
+impl Proxy {
+    /// A proxy for `config`'s routes, deciding through `fences`.
+    pub fn new(config: Arc<Config>, fences: Arc<FenceStore>, client: UpstreamClient) -> Proxy {
+        Proxy {
+            config,
+            fences,
+            client,
+            next_request_id: AtomicU64::new(1),
+            request_id_prefix: rand::random(),
+        }
+    }
+
+    /// Handles one request from `remote`.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        remote: SocketAddr,
+    ) -> Response<Body> {
+        let request_id = self.request_id(request.headers());
+        let span = info_span!(
+            "request",
+            %request_id,
+            method = %request.method(),
+            route = field::Empty,
+            resource = field::Empty,
+            term = field::Empty,
+        );
+        let mut response = self
+            .route(request, remote, &request_id)
+            .instrument(span)
+            .await;
+        if let Ok(value) = HeaderValue::from_str(&request_id) {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        response
+    }
+
+    fn request_id(&self, headers: &HeaderMap) -> String {
+        let sane = |id: &&str| {
+            !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic())
+        };
+        match headers
+            .get(&REQUEST_ID)
+            .and_then(|value| value.to_str().ok())
+            .filter(sane)
+        {
+            Some(id) => id.to_owned(),
+            None => format!(
+                "{:08x}-{}",
+                self.request_id_prefix,
+                self.next_request_id.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    async fn route(
+        &self,
+        mut request: Request<Incoming>,
+        remote: SocketAddr,
+        request_id: &str,
+    ) -> Response<Body> {
+        if request.method() == Method::CONNECT {
+            return Rejection::MethodNotAllowed.problem().into_response();
+        }
+        if request.uri().scheme().is_some() || request.uri().authority().is_some() {
+            return Rejection::Malformed(
+                "absolute-form request targets are not accepted: send origin-form (a path)"
+                    .to_owned(),
+            )
+            .problem()
+            .into_response();
+        }
+        let Some(route) = self.config.route(request.uri().path()) else {
+            return Rejection::NoRoute.problem().into_response();
+        };
+        tracing::Span::current().record("route", route.prefix.as_str());
+        strip_hop_by_hop(request.headers_mut());
+        if !route.fenced_methods.contains(request.method()) {
+            metrics::counter!(names::PASSTHROUGH, "route" => route.prefix.clone()).increment(1);
+            return self.pass_through(route, request, remote, request_id).await;
+        }
+
+        let started = Instant::now();
+        metrics::gauge!(names::INFLIGHT_WRITES).increment(1.0);
+        let response = match self.fenced(route, request, remote, request_id).await {
+            Ok(response) => {
+                metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => Outcome::Admitted.as_label())
+                    .increment(1);
+                response
+            }
+            Err(rejection) => {
+                let outcome = rejection.outcome();
+                metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => outcome.as_label())
+                    .increment(1);
+                if outcome == Outcome::UpstreamError {
+                    warn!(?rejection, "admitted write not answered by the upstream");
+                } else {
+                    debug!(?rejection, "write refused");
+                }
+                rejection.problem().into_response()
+            }
+        };
+        metrics::gauge!(names::INFLIGHT_WRITES).decrement(1.0);
+        metrics::histogram!(names::WRITE_DURATION, "route" => route.prefix.clone())
+            .record(started.elapsed().as_secs_f64());
+        response
+    }
+
+    /// An unfenced request: forwarded as is (less hop-by-hop and fencing headers), no Postgres.
+    async fn pass_through(
+        &self,
+        route: &Route,
+        mut request: Request<Incoming>,
+        remote: SocketAddr,
+        request_id: &str,
+    ) -> Response<Body> {
+        remove_fencing_headers(request.headers_mut());
+        let deadline = Instant::now() + self.config.upstream.forward_timeout;
+        match self
+            .forward(route, request, remote, request_id, deadline, None)
+            .await
+        {
+            Ok(response) => response,
+            Err(rejection) => rejection.problem().into_response(),
+        }
+    }
+
+    async fn fenced(
+        &self,
+        route: &Route,
+        mut request: Request<Incoming>,
+        remote: SocketAddr,
+        request_id: &str,
+    ) -> Result<Response<Body>, Rejection> {
+        let limit = self.config.proxy.body_limit_bytes;
+        if let Some(length) = content_length(request.headers())?
+            && length > limit
+        {
+            return Err(Rejection::BodyTooLarge { limit });
+        }
+        let presented = presented(request.headers())?;
+        let resource = resource(route, &request)?;
+        tracing::Span::current().record("resource", resource.as_str());
+
+        let sent = Instant::now();
+        let gate = self
+            .fences
+            .decide(&resource, &presented, route.lease.as_deref())
+            .await
+            .map_err(|error| {
+                warn!(%error, "fence decision could not be made; refusing the write");
+                match error {
+                    Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
+                }
+            })?;
+        let term = admitted_term(&gate, &resource, &presented)?;
+        tracing::Span::current().record("term", term);
+
+        // S5: wait until lower-term writes through any replica may no longer be sent, and never
+        // send after this write's own deadline.
+        let deadline = sent + gate.wait + self.config.upstream.forward_timeout;
+        if !gate.wait.is_zero() {
+            debug!(wait = ?gate.wait, "settling behind the previous term");
+            sleep_until(sent + gate.wait).await;
+        }
+        let headers = request.headers_mut();
+        remove_fencing_headers(headers);
+        headers.insert(FENCING_TOKEN, HeaderValue::from(term));
+        let resource_value = HeaderValue::from_str(&resource)
+            .map_err(|_| Rejection::Malformed("resource is not a header value".to_owned()))?;
+        headers.insert(FENCING_RESOURCE, resource_value);
+        self.forward(route, request, remote, request_id, deadline, Some(term))
+            .await
+    }
+
+    /// Sends `request` to the route's upstream and streams the answer back. The upstream's
+    /// response head must arrive before `deadline`, else the request is aborted (504).
+    async fn forward(
+        &self,
+        route: &Route,
+        request: Request<Incoming>,
+        remote: SocketAddr,
+        request_id: &str,
+        deadline: Instant,
+        term: Option<i64>,
+    ) -> Result<Response<Body>, Rejection> {
+        let (mut parts, body) = request.into_parts();
+        parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
+        let original_host = parts.headers.remove(HOST);
+        add_forwarded(&mut parts.headers, remote, original_host.as_ref());
+        if let Ok(value) = HeaderValue::from_str(request_id) {
+            parts.headers.insert(REQUEST_ID, value);
+        }
+        let limited = Limited::new(
+            TimeoutBody::new(self.config.proxy.body_read_timeout, body),
+            usize::try_from(self.config.proxy.body_limit_bytes).unwrap_or(usize::MAX),
+        );
+        let outbound = Request::from_parts(parts, Body::new(limited));
+        if Instant::now() >= deadline {
+            return Err(Rejection::UpstreamTimeout);
+        }
+        let response = match timeout_at(deadline, self.client.request(outbound)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => return Err(self.upstream_failure(route, &error)),
+            Err(_) => {
+                metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => "timeout")
+                    .increment(1);
+                return Err(Rejection::UpstreamTimeout);
+            }
+        };
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(term) = term {
+            parts.headers.insert(FENCING_TOKEN, HeaderValue::from(term));
+        }
+        Ok(Response::from_parts(
+            parts,
+            Body::new(body.map_err(axum::Error::new)),
+        ))
+    }
+
+    fn upstream_failure(
+        &self,
+        route: &Route,
+        error: &hyper_util::client::legacy::Error,
+    ) -> Rejection {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(cause) = source {
+            if cause.is::<LengthLimitError>() {
+                return Rejection::BodyTooLarge {
+                    limit: self.config.proxy.body_limit_bytes,
+                };
+            }
+            source = cause.source();
+        }
+        let kind = if error.is_connect() {
+            "connect"
+        } else {
+            "request"
+        };
+        metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind)
+            .increment(1);
+        debug!(%error, kind, "upstream failed");
+        Rejection::UpstreamUnreachable
+    }
+}
+
+/// The term to stamp on an admitted write, or the refusal.
+fn admitted_term(gate: &Gate, resource: &str, presented: &Presented) -> Result<i64, Rejection> {
+    let presented_term = match presented {
+        Presented::Token(term) => Some(*term),
+        Presented::Lease { .. } => gate.term,
+    };
+    let outcome = match gate.outcome {
+        StoreOutcome::Admitted => {
+            return gate.term.ok_or_else(|| Rejection::Unavailable);
+        }
+        StoreOutcome::Stale => Outcome::Stale,
+        StoreOutcome::FutureTerm => Outcome::FutureTerm,
+        StoreOutcome::NotLeader => Outcome::NotLeader,
+    };
+    Err(Rejection::Fenced {
+        outcome,
+        resource: resource.to_owned(),
+        presented_term,
+        current_term: gate.current_term(),
+    })
+}
+
+/// Removes the hop-by-hop headers, including every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+fn remove_fencing_headers(headers: &mut HeaderMap) {
+    for name in [
+        FENCING_TOKEN,
+        FENCING_RESOURCE,
+        FENCING_LEASE,
+        FENCING_OWNER,
+    ] {
+        headers.remove(name);
+    }
+}
+
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Rejection> {
+    let mut values = headers.get_all(CONTENT_LENGTH).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    let parse = |value: &HeaderValue| {
+        value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    };
+    let length = parse(first)
+        .ok_or_else(|| Rejection::Malformed("Content-Length is not a number".to_owned()))?;
+    if values.any(|value| parse(value) != Some(length)) {
+        return Err(Rejection::Malformed(
+            "conflicting Content-Length headers".to_owned(),
+        ));
+    }
+    Ok(Some(length))
+}
+
+/// The single value of `name`, or `None`; a repeated header is malformed.
+fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, Rejection> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Rejection::Malformed(format!(
+            "{name} must appear at most once"
+        )));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| Rejection::Malformed(format!("{name} is not visible ASCII")))?;
+    Ok(Some(text.trim()))
+}
+
+/// Parses a `Fencing-Token`: a decimal integer in 1..=2^63-1, nothing else.
+pub fn parse_token(text: &str) -> Result<i64, Rejection> {
+    let malformed = || {
+        Rejection::Malformed(format!(
+            "Fencing-Token must be a decimal integer in 1..9223372036854775807, got {text:?}"
+        ))
+    };
+    if text.is_empty() || text.len() > 19 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed());
+    }
+    match text.parse::<i64>() {
+        Ok(term) if term >= 1 => Ok(term),
+        _ => Err(malformed()),
+    }
+}
+
+fn presented(headers: &HeaderMap) -> Result<Presented, Rejection> {
+    let token = single(headers, &FENCING_TOKEN)?;
+    let lease = single(headers, &FENCING_LEASE)?;
+    let owner = single(headers, &FENCING_OWNER)?;
+    match (token, lease, owner) {
+        (Some(token), None, None) => Ok(Presented::Token(parse_token(token)?)),
+        (None, Some(key), Some(owner)) => {
+            for (name, value) in [("Fencing-Lease", key), ("Fencing-Owner", owner)] {
+                if value.is_empty() || value.chars().count() > 256 {
+                    return Err(Rejection::Malformed(format!(
+                        "{name} must be 1 to 256 characters"
+                    )));
+                }
+            }
+            Ok(Presented::Lease {
+                key: key.to_owned(),
+                owner: owner.to_owned(),
+            })
+        }
+        (None, None, None) => Err(Rejection::MissingToken),
+        (Some(_), _, _) => Err(Rejection::Malformed(
+            "present either Fencing-Token or Fencing-Lease with Fencing-Owner, not both".to_owned(),
+        )),
+        (None, _, _) => Err(Rejection::Malformed(
+            "Fencing-Lease and Fencing-Owner go together".to_owned(),
+        )),
+    }
+}
+
+fn resource(route: &Route, request: &Request<Incoming>) -> Result<String, Rejection> {
+    let name = match &route.resource {
+        ResourceNaming::Fixed(name) => name.clone(),
+        ResourceNaming::Header(header) => single(request.headers(), header)?
+            .ok_or_else(|| {
+                Rejection::Malformed(format!(
+                    "this route names the resource by the {header} header"
+                ))
+            })?
+            .to_owned(),
+        ResourceNaming::Segment(n) => request
+            .uri()
+            .path()
+            .split('/')
+            .filter(|segment| !segment.is_empty())
+            .nth(n - 1)
+            .ok_or_else(|| {
+                Rejection::Malformed(format!(
+                    "this route names the resource by path segment {n}, which is missing"
+                ))
+            })?
+            .to_owned(),
+    };
+    if name.is_empty() || name.chars().count() > 256 {
+        return Err(Rejection::Malformed(
+            "the resource name must be 1 to 256 characters".to_owned(),
+        ));
+    }
+    Ok(name)
+}
+
+/// The upstream's scheme and authority, its base path, then the request's path and query.
+/// The request's own authority and Host are never used.
+fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result<Uri, Rejection> {
+    let base = upstream.path().trim_end_matches('/');
+    let tail = path_and_query.map_or("/", PathAndQuery::as_str);
+    let mut builder = Uri::builder();
+    if let Some(scheme) = upstream.scheme() {
+        builder = builder.scheme(scheme.clone());
+    }
+    if let Some(authority) = upstream.authority() {
+        builder = builder.authority(authority.clone());
+    }
+    builder
+        .path_and_query(format!("{base}{tail}"))
+        .build()
+        .map_err(|_| Rejection::Malformed("the request target cannot be forwarded".to_owned()))
+}
+
+fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>) {
+    let mut element = format!("for=\"{remote}\";proto=http");
+    if let Some(host) = host
+        .and_then(|value| value.to_str().ok())
+        .filter(|h| !h.contains('"'))
+    {
+        element.push_str(&format!(";host=\"{host}\""));
+    }
+    if let Ok(value) = HeaderValue::from_str(&element) {
+        headers.append(FORWARDED, value);
+    }
+}
+
+/// A body for a small response the gateway makes itself.
+pub fn bytes_body(bytes: impl Into<Bytes>) -> Body {
+    Body::from(bytes.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderValue};
+
+    use crate::problem::Rejection;
+    use crate::proxy::{parse_token, strip_hop_by_hop};
+
+    fn check_token(text: &str, expected: Option<i64>) {
+        match (parse_token(text), expected) {
+            (Ok(term), Some(expected)) => assert_eq!(term, expected, "{text:?}"),
+            (Err(Rejection::Malformed(_)), None) => {}
+            (other, _) => panic!("{text:?}: got {other:?}, expected {expected:?}"),
+        }
+    }
+
+    #[test]
+    fn tokens_are_decimal_integers_from_1_to_i64_max() {
+        check_token("1", Some(1));
+        check_token("42", Some(42));
+        check_token("9223372036854775807", Some(i64::MAX));
+        check_token("0007", Some(7));
+        for bad in [
+            "",
+            "0",
+            "-1",
+            "+1",
+            "1.5",
+            "1e3",
+            "0x10",
+            "abc",
+            "9223372036854775808",
+            "99999999999999999999",
+            "1 2",
+            "١",
+        ] {
+            check_token(bad, None);
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret, fencing-token"),
+        );
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("x-secret", HeaderValue::from_static("1"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
+        headers.insert("fencing-token", HeaderValue::from_static("7"));
+        headers.insert("accept", HeaderValue::from_static("*/*"));
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert!(headers.contains_key("accept"));
+    }
+}
