@@ -329,7 +329,7 @@ fn admitted_term(gate: &Gate, resource: &str, presented: &Presented) -> Result<i
     };
     let outcome = match gate.outcome {
         StoreOutcome::Admitted => {
-            return gate.term.ok_or_else(|| Rejection::Unavailable);
+            return gate.term.ok_or(Rejection::Unavailable);
         }
         StoreOutcome::Stale => Outcome::Stale,
         StoreOutcome::FutureTerm => Outcome::FutureTerm,
@@ -430,7 +430,8 @@ fn presented(headers: &HeaderMap) -> Result<Presented, Rejection> {
     let lease = single(headers, &FENCING_LEASE)?;
     let owner = single(headers, &FENCING_OWNER)?;
     match (token, lease, owner) {
-        (Some(token), None, None) => Ok(Presented::Token(parse_token(token)?)),
+        // A Fencing-Owner beside a token is not a mode of its own: it is removed, never forwarded.
+        (Some(token), None, _) => Ok(Presented::Token(parse_token(token)?)),
         (None, Some(key), Some(owner)) => {
             for (name, value) in [("Fencing-Lease", key), ("Fencing-Owner", owner)] {
                 if value.is_empty() || value.chars().count() > 256 {

@@ -7,12 +7,14 @@
 //!   free loopback port, as an unprivileged user when the tests run as root) and removes it when
 //!   dropped or when the test process ends, however it ends. [`pg::TestDb`] is a fresh database in
 //!   the cluster shared by one test binary, migrated by the production migration code.
+//! - [`gateway`]: the gateway and the recording upstream as real processes, and a client.
 //! - [`process`]: [`process::ElectorProcess`] runs the election example as a real process and
 //!   reads its JSON lines.
 //! - [`workspace_bin`] finds a binary of the workspace (built by `cargo test --workspace`).
 
 #![allow(clippy::unwrap_used)]
 
+pub mod gateway;
 pub mod pg;
 pub mod process;
 

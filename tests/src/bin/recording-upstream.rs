@@ -1,6 +1,7 @@
 //! A small upstream for tests, demos and benchmarks. It answers every request with 200 and a
-//! short JSON body, and, unless `--quiet`, prints one JSON line per request it received with
-//! the fencing headers the gateway stamped, in the order the requests arrived.
+//! short JSON body, and, unless `--quiet`, prints one JSON line per complete request it
+//! received, with the fencing headers the gateway stamped, in the order the requests completed
+//! arriving (the order an upstream acts on them). Aborted requests are not logged.
 //!
 //! ```text
 //! recording-upstream [--listen 127.0.0.1:0] [--quiet]
@@ -60,19 +61,21 @@ async fn answer(
             header(&request, "x-request-id"),
         ))
     };
-    let body = request
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    if let Some(delay) = delay {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-    }
+    // A request whose body did not arrive whole was aborted by its sender: an upstream does not
+    // act on it, so it is not logged.
+    let Ok(body) = request.into_body().collect().await.map(|b| b.to_bytes()) else {
+        let mut response = Response::new(Full::new(Bytes::from_static(b"incomplete request")));
+        *response.status_mut() = http::StatusCode::BAD_REQUEST;
+        return Ok(response);
+    };
+    // Logged when the request is complete, in that order: what the upstream acts on.
     if let Some(line) = line {
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, r#"{line},"body_bytes":{}}}"#, body.len());
         let _ = stdout.flush();
+    }
+    if let Some(delay) = delay {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let mut response = Response::new(Full::new(Bytes::from(format!("{{\"seq\":{n}}}"))));
     response.headers_mut().insert(

@@ -1,0 +1,283 @@
+//! The gateway and the recording upstream as real processes, and an HTTP client to drive them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use crate::workspace_bin;
+
+/// How long a wait for a process's line may take.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads `child`'s stdout lines into a channel; returns the first line.
+async fn first_line_then_forward(
+    child: &mut Child,
+    sender: mpsc::UnboundedSender<String>,
+) -> Result<String> {
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(START_TIMEOUT, lines.next_line())
+        .await
+        .map_err(|_| anyhow!("no first line within {START_TIMEOUT:?}"))??
+        .ok_or_else(|| anyhow!("exited before printing its address"))?;
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(first)
+}
+
+/// The recording upstream (`tests/src/bin/recording-upstream.rs`) as a process.
+#[derive(Debug)]
+pub struct Upstream {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    child: Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    /// Every request it logged so far, in arrival order.
+    pub log: Vec<Value>,
+}
+
+impl Upstream {
+    /// Starts a recording upstream on a free loopback port.
+    pub async fn start() -> Result<Upstream> {
+        let mut child = Command::new(workspace_bin("recording-upstream")?)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn recording-upstream")?;
+        let (sender, lines) = mpsc::unbounded_channel();
+        let first = first_line_then_forward(&mut child, sender).await?;
+        let addr = first
+            .strip_prefix("listening ")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| anyhow!("unexpected first line {first:?}"))?;
+        Ok(Upstream {
+            addr,
+            child,
+            lines,
+            log: Vec::new(),
+        })
+    }
+
+    /// The base URL to configure a route with.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Reads every request logged so far into [`Upstream::log`], waiting `settle` first so that
+    /// requests in flight have arrived.
+    pub async fn collect(&mut self, settle: Duration) -> &[Value] {
+        tokio::time::sleep(settle).await;
+        while let Ok(line) = self.lines.try_recv() {
+            if let Ok(value) = serde_json::from_str(&line) {
+                self.log.push(value);
+            }
+        }
+        &self.log
+    }
+
+    /// Whether a request with this `x-request-id` reached the upstream (after [`Upstream::collect`]).
+    pub fn received(&self, request_id: &str) -> bool {
+        self.log
+            .iter()
+            .any(|line| line.get("x_request_id").and_then(Value::as_str) == Some(request_id))
+    }
+
+    /// Stops the upstream.
+    pub async fn stop(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// A gateway process.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The proxy listener.
+    pub proxy: SocketAddr,
+    /// The control listener.
+    pub control: SocketAddr,
+    child: Child,
+    config_path: PathBuf,
+    /// Keeps the stdout reader alive, so the gateway never blocks on a full pipe.
+    _stdout: mpsc::UnboundedReceiver<String>,
+}
+
+impl Gateway {
+    /// Starts `fencing-gateway serve` with `config` (TOML) against `database_url`, both
+    /// listeners on free ports (through the environment overrides), and waits until it listens
+    /// and its schema is ready.
+    pub async fn start(database_url: &str, config: &str) -> Result<Gateway> {
+        let config_path = std::env::temp_dir().join(format!(
+            "fencing-gateway-test-{}-{}.toml",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::write(&config_path, config).context("write the gateway config")?;
+        let mut child = Command::new(workspace_bin("fencing-gateway")?)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .env("FENCING_DATABASE_URL", database_url)
+            .env("FENCING_PROXY_LISTEN", "127.0.0.1:0")
+            .env("FENCING_CONTROL_LISTEN", "127.0.0.1:0")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn fencing-gateway")?;
+        let (sender, stdout) = mpsc::unbounded_channel();
+        let first = first_line_then_forward(&mut child, sender).await?;
+        let mut proxy = None;
+        let mut control = None;
+        for field in first.split_whitespace() {
+            if let Some(value) = field.strip_prefix("proxy=") {
+                proxy = value.parse().ok();
+            } else if let Some(value) = field.strip_prefix("control=") {
+                control = value.parse().ok();
+            }
+        }
+        let (Some(proxy), Some(control)) = (proxy, control) else {
+            bail!("unexpected first line {first:?}");
+        };
+        let gateway = Gateway {
+            proxy,
+            control,
+            child,
+            config_path,
+            _stdout: stdout,
+        };
+        gateway.wait_ready().await?;
+        Ok(gateway)
+    }
+
+    /// Waits (bounded) until `/readyz` answers 200.
+    pub async fn wait_ready(&self) -> Result<()> {
+        for _ in 0..300 {
+            if let Ok(response) = send(self.control, Method::GET, "/readyz", &[], "").await
+                && response.status == StatusCode::OK
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("the gateway did not become ready")
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(
+            self.child
+                .id()
+                .and_then(|id| i32::try_from(id).ok())
+                .unwrap_or(0),
+        )
+    }
+
+    /// Sends `signal` to the gateway.
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        kill(self.pid(), signal).context("signal the gateway")
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Result<Option<i32>> {
+        let status = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .map_err(|_| anyhow!("the gateway did not exit within {limit:?}"))??;
+        Ok(status.code())
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.config_path);
+    }
+}
+
+/// A response read whole.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The status.
+    pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// The body as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Sends one request to `addr` and reads the whole response.
+pub async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<Reply> {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Full::new(Bytes::copy_from_slice(body.as_bytes())))?;
+    let response = tokio::time::timeout(Duration::from_secs(30), client().request(request))
+        .await
+        .map_err(|_| anyhow!("no response within 30 s"))??;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await?.to_bytes();
+    Ok(Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
+}
+
+/// Writes `raw` bytes to `addr` and returns everything read back until the server closes or
+/// 5 s pass: for requests no well-behaved client would send.
+pub async fn raw(addr: SocketAddr, raw: &[u8]) -> Result<String> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(raw).await?;
+    let mut buffer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buffer)).await;
+    Ok(String::from_utf8_lossy(&buffer).into_owned())
+}
