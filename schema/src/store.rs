@@ -130,6 +130,23 @@ fn lease_reply(row: &Row) -> Result<LeaseReply, Error> {
     })
 }
 
+const ACQUIRE_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
+    FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond')";
+
+const RENEW_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
+    FROM fencing.renew($1, $2, $3::bigint * interval '1 millisecond')";
+
+async fn lease_call(
+    client: &impl GenericClient,
+    sql: &str,
+    key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<LeaseReply, Error> {
+    let row = client.query_one(sql, &[&key, &owner, &ttl_ms(ttl)]).await?;
+    lease_reply(&row)
+}
+
 /// Calls `fencing.acquire(key, owner, ttl)`.
 pub async fn acquire(
     client: &impl GenericClient,
@@ -137,14 +154,7 @@ pub async fn acquire(
     owner: &str,
     ttl: Duration,
 ) -> Result<LeaseReply, Error> {
-    let row = client
-        .query_one(
-            "SELECT ok, holder, term, expires_at, remaining_ms
-               FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond')",
-            &[&key, &owner, &ttl_ms(ttl)],
-        )
-        .await?;
-    lease_reply(&row)
+    lease_call(client, ACQUIRE_SQL, key, owner, ttl).await
 }
 
 /// Calls `fencing.renew(key, owner, ttl)`.
@@ -154,14 +164,7 @@ pub async fn renew(
     owner: &str,
     ttl: Duration,
 ) -> Result<LeaseReply, Error> {
-    let row = client
-        .query_one(
-            "SELECT ok, holder, term, expires_at, remaining_ms
-               FROM fencing.renew($1, $2, $3::bigint * interval '1 millisecond')",
-            &[&key, &owner, &ttl_ms(ttl)],
-        )
-        .await?;
-    lease_reply(&row)
+    lease_call(client, RENEW_SQL, key, owner, ttl).await
 }
 
 /// Calls `fencing.release(key, owner)`: true when the caller held the lease and now does not.

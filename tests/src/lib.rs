@@ -99,3 +99,15 @@ pub async fn fencing_state(client: &tokio_postgres::Client) -> Vec<String> {
     state.extend(snapshot(client, "SELECT * FROM fencing.fences ORDER BY resource").await);
     state
 }
+
+/// Waits (bounded, 30 s) until the store's clock has passed `instant`.
+pub async fn wait_for_store_clock(client: &tokio_postgres::Client, instant: std::time::SystemTime) {
+    for _ in 0..3000 {
+        match client.query_one("SELECT clock_timestamp() >= $1", &[&instant]).await {
+            Ok(row) if row.get::<_, bool>(0) => return,
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            Err(error) => panic!("read the store's clock: {error}"),
+        }
+    }
+    panic!("the store's clock did not pass {instant:?} within 30 s");
+}

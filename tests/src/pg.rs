@@ -3,7 +3,8 @@
 //! [`PgCluster::start`] runs `initdb` into a fresh temp dir and starts the server with `pg_ctl`
 //! on a free loopback port, tuned for tests (`fsync=off`). PostgreSQL refuses to run as root, so
 //! when the tests run as root the cluster runs as an unprivileged user (`postgres`, or the one
-//! named in `FENCING_PG_USER`) that owns the temp dir.
+//! named in `FENCING_PG_USER`) that owns the temp dir. Finding the binaries and that user is
+//! shared with the gateway's embedded Postgres (`fencing_gateway::embedded`).
 //!
 //! Cleanup does not depend on the test process ending well. Each cluster has a supervisor, a
 //! small shell in its own process group that blocks reading a pipe whose only writer is the test
@@ -21,18 +22,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Context, Result, anyhow, bail};
+use fencing_gateway::embedded::{RunAs, find_bin_dir, unprivileged_user};
 use tokio_postgres::{Client, NoTls};
 
 /// The superuser every test cluster is initialised with.
-pub const SUPERUSER: &str = "postgres";
-
-/// The unprivileged account a cluster runs as when the tests run as root.
-#[derive(Debug, Clone)]
-struct RunAs {
-    name: String,
-    uid: u32,
-    gid: u32,
-}
+pub use fencing_gateway::embedded::SUPERUSER;
 
 /// A PostgreSQL cluster owned by the test process.
 #[derive(Debug)]
@@ -56,8 +50,8 @@ pub struct PgCluster {
 impl PgCluster {
     /// Starts a new cluster. It is stopped and removed when dropped or when the process ends.
     pub fn start() -> Result<PgCluster> {
-        let bin_dir = find_bin_dir()?;
-        let run_as = run_as()?;
+        let bin_dir = find_bin_dir().map_err(|message| anyhow!(message))?;
+        let run_as = unprivileged_user().map_err(|message| anyhow!(message))?;
         let root = make_root(run_as.as_ref())?;
         let data_dir = root.join("data");
         let log_file = root.join("server.log");
@@ -358,84 +352,6 @@ pub async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
         let _ = connection.await;
     });
     Ok(client)
-}
-
-/// Finds the PostgreSQL server binaries: `FENCING_PG_BIN_DIR`, then `pg_ctl` on PATH, then
-/// `pg_config --bindir`, then the newest `/usr/lib/postgresql/*/bin`.
-pub fn find_bin_dir() -> Result<PathBuf> {
-    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    if let Some(dir) = std::env::var_os("FENCING_PG_BIN_DIR") {
-        let dir = PathBuf::from(dir);
-        if has_server(&dir) {
-            return Ok(dir);
-        }
-        bail!(
-            "FENCING_PG_BIN_DIR={} holds no initdb and pg_ctl",
-            dir.display()
-        );
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            // pg_ctl finds postgres next to itself, so follow a link to the real directory.
-            if let Ok(pg_ctl) = fs::canonicalize(dir.join("pg_ctl"))
-                && let Some(real_dir) = pg_ctl.parent()
-                && has_server(real_dir)
-            {
-                return Ok(real_dir.to_path_buf());
-            }
-        }
-    }
-    if let Ok(output) = Command::new("pg_config").arg("--bindir").output()
-        && output.status.success()
-    {
-        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-        if has_server(&dir) {
-            return Ok(dir);
-        }
-    }
-    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let dir = entry.path().join("bin");
-            has_server(&dir).then_some((version, dir))
-        })
-        .collect();
-    versions.sort();
-    if let Some((_, dir)) = versions.pop() {
-        return Ok(dir);
-    }
-    bail!(
-        "no PostgreSQL server binaries found (looked in FENCING_PG_BIN_DIR, on PATH, in pg_config --bindir \
-         and /usr/lib/postgresql/*/bin); install them, e.g. `apt-get install postgresql` on Debian or Ubuntu"
-    )
-}
-
-/// The account to run the cluster as: none unless we are root.
-fn run_as() -> Result<Option<RunAs>> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
-    }
-    let name = std::env::var("FENCING_PG_USER").unwrap_or_else(|_| "postgres".to_owned());
-    let user = nix::unistd::User::from_name(&name)
-        .with_context(|| format!("look up user {name}"))?
-        .ok_or_else(|| {
-            anyhow!(
-                "the tests run as root and PostgreSQL refuses to run as root, but there is no user {name:?} \
-                 to run it as: install the postgresql package (it creates `postgres`), or name an \
-                 unprivileged user in FENCING_PG_USER"
-            )
-        })?;
-    if user.uid.is_root() {
-        bail!("FENCING_PG_USER={name} is root; PostgreSQL refuses to run as root");
-    }
-    Ok(Some(RunAs {
-        name,
-        uid: user.uid.as_raw(),
-        gid: user.gid.as_raw(),
-    }))
 }
 
 /// A new private directory for one cluster, owned by the account that runs it.

@@ -26,21 +26,6 @@ struct Period {
     end: SystemTime,
 }
 
-async fn store_clock_passes(client: &Client, instant: SystemTime) {
-    for _ in 0..500 {
-        let passed: bool = client
-            .query_one("SELECT clock_timestamp() >= $1", &[&instant])
-            .await
-            .unwrap()
-            .get(0);
-        if passed {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the store's clock did not pass {instant:?} within 10 s");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_sixteen_racers_for_200_rounds_never_see_two_unexpired_holders() {
     let db = TestDb::new().await;
@@ -102,7 +87,7 @@ async fn s1_sixteen_racers_for_200_rounds_never_see_two_unexpired_holders() {
         let start = expires_at.checked_sub(ttl).unwrap();
 
         let end = if by_expiry {
-            store_clock_passes(&observer, expires_at).await;
+            fencing_tests::wait_for_store_clock(&observer, expires_at).await;
             expires_at
         } else {
             let loser = if winner.as_str() == "racer-0" {

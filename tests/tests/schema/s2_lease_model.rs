@@ -3,14 +3,13 @@
 //!
 //! The seed is printed; replay a run with `FENCING_TEST_SEED=<seed>`.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use fencing_schema::store::{self, LeaseReply};
 use fencing_tests::fencing_state;
 use fencing_tests::pg::TestDb;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio_postgres::Client;
 
 const OPERATIONS: usize = 2_000;
 const OWNERS: [&str; 4] = ["owner-a", "owner-b", "owner-c", "owner-d"];
@@ -46,21 +45,6 @@ fn random_op(rng: &mut StdRng) -> Op {
         65..88 => Op::Release(owner),
         _ => Op::Expire,
     }
-}
-
-async fn wait_for_store_clock(client: &Client, instant: SystemTime) {
-    for _ in 0..1_000 {
-        let passed: bool = client
-            .query_one("SELECT clock_timestamp() >= $1", &[&instant])
-            .await
-            .unwrap()
-            .get(0);
-        if passed {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("the store's clock did not pass {instant:?}");
 }
 
 fn seed() -> u64 {
@@ -199,7 +183,7 @@ async fn s2_terms_strictly_increase_across_periods_in_2000_random_operations() {
                         .await
                         .unwrap();
                     assert!(reply.ok, "{context}: the holder renews with a short ttl");
-                    wait_for_store_clock(&client, reply.expires_at.unwrap()).await;
+                    fencing_tests::wait_for_store_clock(&client, reply.expires_at.unwrap()).await;
                     model.valid = false;
                     counts[3] += 1;
                 }

@@ -95,15 +95,7 @@ async fn s4_bound_resource_refuses_the_old_term_after_expiry_and_takeover() {
     assert_eq!(store::admit(&client, RESOURCE, 1).await.unwrap(), 1);
 
     // A stops renewing (paused, partitioned); its lease runs out by the store's clock.
-    let expires_at = a.expires_at.unwrap();
-    while !client
-        .query_one("SELECT clock_timestamp() >= $1", &[&expires_at])
-        .await
-        .unwrap()
-        .get::<_, bool>(0)
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    fencing_tests::wait_for_store_clock(&client, a.expires_at.unwrap()).await;
     expect_refused(&client, 1, Outcome::NotLeader).await;
     let b = store::acquire(&client, LEASE, "leader-b", TTL)
         .await
