@@ -149,7 +149,31 @@ DECLARE
     fence_     fencing.fences;
     now_       timestamptz;
     start_     timestamptz;
+    max_       bigint;
+    bound_     text;
+    horizon_   timestamptz;
+    settle_    timestamptz;
+    lease_term_ bigint;
+    lease_end_ timestamptz;
 BEGIN
+    -- The common case in one indexed read, no write and no lock: a write of the current term,
+    -- to a resource bound as asked (if at all) whose lease is held with that term, and whose
+    -- horizon already covers this write's forward deadline. Anything else (including every
+    -- invalid argument) takes the general path below, which decides through try_admit.
+    SELECT f.max_term, f.lease_key, f.horizon, f.settle_at, l.term, l.expires_at
+      INTO max_, bound_, horizon_, settle_, lease_term_, lease_end_
+      FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
+     WHERE f.resource = p_resource;
+    now_ := clock_timestamp();
+    IF FOUND AND p_term = max_
+       AND bound_ IS NOT DISTINCT FROM coalesce(bind_lease, bound_)
+       AND (bound_ IS NULL OR (lease_term_ = p_term AND lease_end_ > now_))
+       AND horizon_ >= greatest(now_, settle_) + forward_timeout
+       AND forward_timeout > interval '0' AND forward_timeout <= interval '1 hour' THEN
+        RETURN (true, 'admitted', p_term, max_, bound_, lease_term_,
+                coalesce(fencing.remaining_ms(settle_, now_), 0))::fencing.gate_result;
+    END IF;
+
     PERFORM fencing.check_forward_timeout(forward_timeout);
     IF bind_lease IS NOT NULL THEN
         PERFORM 1 FROM fencing.fences f WHERE f.resource = p_resource AND f.lease_key = bind_lease;

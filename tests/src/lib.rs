@@ -25,18 +25,7 @@ use std::path::PathBuf;
 /// `cargo test --workspace` builds every binary that a package's integration tests need before
 /// running any test, so the gateway binary is there when the README's test command is used.
 pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
-    let test_exe = std::env::current_exe()?;
-    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
-    let profile_dir = test_exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "cannot locate the target directory from {}",
-                test_exe.display()
-            )
-        })?;
-    let path = profile_dir.join(name);
+    let path = workspace_bin_dir()?.join(name);
     anyhow::ensure!(
         path.is_file(),
         "{} is not built: run the tests with `cargo test --workspace`, or `cargo build --workspace` first",
@@ -47,8 +36,7 @@ pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
 
 /// The path of an example built from this workspace (`cargo test --workspace` builds them).
 pub fn workspace_example(name: &str) -> anyhow::Result<PathBuf> {
-    let gateway = workspace_bin_dir()?;
-    let path = gateway.join("examples").join(name);
+    let path = workspace_bin_dir()?.join("examples").join(name);
     anyhow::ensure!(
         path.is_file(),
         "{} is not built: run the tests with `cargo test --workspace`, or `cargo build --workspace --examples` first",
@@ -58,17 +46,17 @@ pub fn workspace_example(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn workspace_bin_dir() -> anyhow::Result<PathBuf> {
-    let test_exe = std::env::current_exe()?;
-    test_exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(std::path::Path::to_path_buf)
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "cannot locate the target directory from {}",
-                test_exe.display()
-            )
-        })
+    // A test binary lives in target/<profile>/deps, a binary in target/<profile>.
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().ok_or_else(|| {
+        anyhow::anyhow!("cannot locate the target directory from {}", exe.display())
+    })?;
+    Ok(if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    }
+    .to_path_buf())
 }
 
 /// The SQLSTATE of a database error, if it is one.
@@ -103,7 +91,10 @@ pub async fn fencing_state(client: &tokio_postgres::Client) -> Vec<String> {
 /// Waits (bounded, 30 s) until the store's clock has passed `instant`.
 pub async fn wait_for_store_clock(client: &tokio_postgres::Client, instant: std::time::SystemTime) {
     for _ in 0..3000 {
-        match client.query_one("SELECT clock_timestamp() >= $1", &[&instant]).await {
+        match client
+            .query_one("SELECT clock_timestamp() >= $1", &[&instant])
+            .await
+        {
             Ok(row) if row.get::<_, bool>(0) => return,
             Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
             Err(error) => panic!("read the store's clock: {error}"),

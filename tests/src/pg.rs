@@ -28,6 +28,15 @@ use tokio_postgres::{Client, NoTls};
 /// The superuser every test cluster is initialised with.
 pub use fencing_gateway::embedded::SUPERUSER;
 
+/// Whether the cluster flushes its WAL to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// `fsync=off`: fast, for tests; a machine crash could lose data, a test run does not care.
+    Off,
+    /// The server's defaults: every commit that wrote waits for its WAL flush.
+    On,
+}
+
 /// A PostgreSQL cluster owned by the test process.
 #[derive(Debug)]
 pub struct PgCluster {
@@ -50,6 +59,12 @@ pub struct PgCluster {
 impl PgCluster {
     /// Starts a new cluster. It is stopped and removed when dropped or when the process ends.
     pub fn start() -> Result<PgCluster> {
+        PgCluster::start_with(Durability::Off)
+    }
+
+    /// Starts a new cluster with the given durability: benchmarks use [`Durability::On`], the
+    /// server's defaults, so commits wait for the WAL flush as in production.
+    pub fn start_with(durability: Durability) -> Result<PgCluster> {
         let bin_dir = find_bin_dir().map_err(|message| anyhow!(message))?;
         let run_as = unprivileged_user().map_err(|message| anyhow!(message))?;
         let root = make_root(run_as.as_ref())?;
@@ -70,7 +85,7 @@ impl PgCluster {
         let mut last_error = None;
         for _ in 0..5 {
             cluster.port = free_port()?;
-            cluster.write_settings()?;
+            cluster.write_settings(durability)?;
             match cluster.start_server() {
                 Ok(()) => return Ok(cluster),
                 // Another process may have taken the port between our probe and the start.
@@ -210,14 +225,17 @@ impl PgCluster {
     }
 
     /// Appends the test settings to `postgresql.conf` (the last value of a setting wins).
-    fn write_settings(&self) -> Result<()> {
+    fn write_settings(&self, durability: Durability) -> Result<()> {
+        let durability = match durability {
+            Durability::Off => "fsync = off\nfull_page_writes = off\n",
+            Durability::On => "",
+        };
         let settings = format!(
             "\n# fencing-tests\n\
              port = {port}\n\
              listen_addresses = '127.0.0.1'\n\
              unix_socket_directories = '{socket_dir}'\n\
-             fsync = off\n\
-             full_page_writes = off\n\
+             {durability}\
              max_connections = 300\n\
              shared_buffers = 64MB\n\
              log_min_messages = warning\n\
