@@ -55,3 +55,40 @@ fn help_exits_zero() {
     assert_eq!(output.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&output.stdout).contains("migrate"));
 }
+
+#[test]
+fn serve_with_a_bad_configuration_exits_64_naming_every_bad_key() {
+    let path = std::env::temp_dir().join(format!("fencing-bad-config-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        "[proxy]\nlisten = \"not-an-address\"\n[upstream]\nforward_timeout_ms = 0\n\
+         [[routes]]\nprefix = \"/x\"\nupstream = \"https://example.invalid\"\nresource = { segment = 0 }\n",
+    )
+    .expect("write the config");
+    let output = gateway()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run the gateway binary");
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for key in [
+        "proxy.listen",
+        "upstream.forward_timeout_ms",
+        "routes[0].upstream",
+        "routes[0].resource",
+    ] {
+        assert!(stderr.contains(key), "{key} missing from: {stderr}");
+    }
+}
+
+#[test]
+fn serve_with_a_missing_config_file_exits_64() {
+    let output = gateway()
+        .args(["serve", "--config", "/nonexistent/fencing.toml"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/fencing.toml"));
+}

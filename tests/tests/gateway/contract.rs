@@ -455,6 +455,18 @@ async fn bad_input_gets_a_clean_4xx_and_the_gateway_stays_up_and_forwards_nothin
     .unwrap();
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
 
+    // A client that never finishes its request head is disconnected (header_read_timeout_ms
+    // is 500 here), without an answer that could be mistaken for a response.
+    let started = tokio::time::Instant::now();
+    let answer = raw(proxy, b"POST /fixed HTTP/1.1\r\nHost: x\r\nFencing-Tok")
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "a slow client held its connection: {answer:?}"
+    );
+    assert!(!answer.contains("200 OK"), "{answer}");
+
     // Still up, still correct.
     let health = send(setup.gateway.control, Method::GET, "/healthz", &[], "")
         .await

@@ -6,6 +6,7 @@
 
 mod contract;
 mod control_api;
+mod embedded;
 mod faults;
 mod replicas;
 mod shutdown;
@@ -28,6 +29,7 @@ pub fn routes(upstream: &str) -> String {
         r#"
 [proxy]
 body_limit_bytes = 1024
+header_read_timeout_ms = 500
 [upstream]
 forward_timeout_ms = 1500
 [[routes]]
