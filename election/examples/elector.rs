@@ -44,15 +44,8 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
-        let value = words
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value"))?;
-        let ms = || {
-            value
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|e| format!("{flag}: {e}"))
-        };
+        let value = words.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let ms = || value.parse::<u64>().map(Duration::from_millis).map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
             "--database-url" => args.database_url = value.clone(),
             "--key" => args.key = value.clone(),
@@ -110,13 +103,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let manager = Manager::from_config(
-        pg_config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let manager = Manager::from_config(pg_config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let pool = match Pool::builder(manager).max_size(2).build() {
         Ok(pool) => pool,
         Err(error) => {
@@ -144,10 +131,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let (mut terminate, mut interrupt) = match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
+    let (mut terminate, mut interrupt) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
         (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
         _ => {
             eprintln!("elector: cannot install signal handlers");
@@ -218,9 +202,6 @@ async fn main() -> ExitCode {
         _ = interrupt.recv() => {}
     }
     let released = handle.shutdown().await;
-    println!(
-        r#"{{"event":"shutdown","at_ms":{},"released":{released}}}"#,
-        at()
-    );
+    println!(r#"{{"event":"shutdown","at_ms":{},"released":{released}}}"#, at());
     ExitCode::SUCCESS
 }

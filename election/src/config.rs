@@ -180,9 +180,7 @@ fn check_name(what: &str, value: &str) -> Result<(), Error> {
         return invalid(format!("{what} must not be empty"));
     }
     if value.chars().count() > MAX_NAME_CHARS {
-        return invalid(format!(
-            "{what} must be at most {MAX_NAME_CHARS} characters"
-        ));
+        return invalid(format!("{what} must be at most {MAX_NAME_CHARS} characters"));
     }
     Ok(())
 }
@@ -195,9 +193,7 @@ fn validate(elector: &Elector) -> Result<(), Error> {
     check_name("owner", &elector.owner)?;
     let ttl = elector.ttl;
     if ttl < MIN_TTL || ttl > MAX_TTL {
-        return invalid(format!(
-            "ttl must be between {MIN_TTL:?} and {MAX_TTL:?}, got {ttl:?}"
-        ));
+        return invalid(format!("ttl must be between {MIN_TTL:?} and {MAX_TTL:?}, got {ttl:?}"));
     }
     for (what, value) in [
         ("renew interval", elector.renew_interval),
@@ -243,11 +239,7 @@ fn default_owner() -> String {
         .filter(|name| !name.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".to_owned());
-    format!(
-        "{host}-{}-{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
+    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
 }
 
 #[cfg(test)]
@@ -261,22 +253,14 @@ mod tests {
 
     /// A pool that never connects: building an elector does not touch the database.
     fn pool() -> Pool {
-        let config: tokio_postgres::Config = "host=127.0.0.1 port=1 user=nobody"
-            .parse()
-            .expect("valid config");
-        Pool::builder(Manager::new(config, NoTls))
-            .max_size(1)
-            .build()
-            .expect("pool builds without connecting")
+        let config: tokio_postgres::Config = "host=127.0.0.1 port=1 user=nobody".parse().expect("valid config");
+        Pool::builder(Manager::new(config, NoTls)).max_size(1).build().expect("pool builds without connecting")
     }
 
     fn check(builder: crate::ElectorBuilder, expected: &str) {
         match builder.build() {
             Err(Error::InvalidSetting(message)) => {
-                assert!(
-                    message.contains(expected),
-                    "message {message:?} lacks {expected:?}"
-                )
+                assert!(message.contains(expected), "message {message:?} lacks {expected:?}")
             }
             other => panic!("expected a refusal naming {expected:?}, got {other:?}"),
         }
@@ -284,77 +268,34 @@ mod tests {
 
     #[test]
     fn defaults_are_derived_from_the_ttl_and_valid() {
-        let elector = Elector::builder(pool(), "jobs")
-            .build()
-            .expect("defaults are valid");
+        let elector = Elector::builder(pool(), "jobs").build().expect("defaults are valid");
         assert_eq!(elector.ttl(), Duration::from_secs(10));
         assert_eq!(elector.renew_interval(), Duration::from_secs(10) / 3);
         assert_eq!(elector.retry_interval(), elector.renew_interval());
         assert_eq!(elector.safety_margin(), Duration::from_secs(1));
         assert_eq!(elector.query_timeout(), Duration::from_secs(2));
         let pid = std::process::id().to_string();
-        assert!(
-            elector.owner().contains(&pid),
-            "owner {} names the pid",
-            elector.owner()
-        );
+        assert!(elector.owner().contains(&pid), "owner {} names the pid", elector.owner());
         let other = Elector::builder(pool(), "jobs").build().expect("valid");
-        assert_ne!(
-            elector.owner(),
-            other.owner(),
-            "each elector is a distinct owner"
-        );
+        assert_ne!(elector.owner(), other.owner(), "each elector is a distinct owner");
     }
 
     #[test]
     fn invalid_settings_are_refused_with_the_setting_named() {
         let ms = Duration::from_millis;
         check(Elector::builder(pool(), ""), "lease key must not be empty");
-        check(
-            Elector::builder(pool(), "k".repeat(257)),
-            "lease key must be at most 256",
-        );
-        check(
-            Elector::builder(pool(), "k").owner(""),
-            "owner must not be empty",
-        );
-        check(
-            Elector::builder(pool(), "k").ttl(ms(50)),
-            "ttl must be between",
-        );
-        check(
-            Elector::builder(pool(), "k").ttl(Duration::from_secs(7200)),
-            "ttl must be between",
-        );
-        check(
-            Elector::builder(pool(), "k").renew_interval(Duration::ZERO),
-            "renew interval must be positive",
-        );
-        check(
-            Elector::builder(pool(), "k").query_timeout(Duration::ZERO),
-            "query timeout must be positive",
-        );
-        check(
-            Elector::builder(pool(), "k").safety_margin(Duration::ZERO),
-            "safety margin must be positive",
-        );
-        check(
-            Elector::builder(pool(), "k").safety_margin(Duration::from_secs(5)),
-            "less than half the ttl",
-        );
+        check(Elector::builder(pool(), "k".repeat(257)), "lease key must be at most 256");
+        check(Elector::builder(pool(), "k").owner(""), "owner must not be empty");
+        check(Elector::builder(pool(), "k").ttl(ms(50)), "ttl must be between");
+        check(Elector::builder(pool(), "k").ttl(Duration::from_secs(7200)), "ttl must be between");
+        check(Elector::builder(pool(), "k").renew_interval(Duration::ZERO), "renew interval must be positive");
+        check(Elector::builder(pool(), "k").query_timeout(Duration::ZERO), "query timeout must be positive");
+        check(Elector::builder(pool(), "k").safety_margin(Duration::ZERO), "safety margin must be positive");
+        check(Elector::builder(pool(), "k").safety_margin(Duration::from_secs(5)), "less than half the ttl");
         // Renewing every 8 s of a 10 s lease cannot complete before the 9 s deadline comfortably.
-        check(
-            Elector::builder(pool(), "k").renew_interval(Duration::from_secs(8)),
-            "two thirds of ttl",
-        );
+        check(Elector::builder(pool(), "k").renew_interval(Duration::from_secs(8)), "two thirds of ttl");
         // Nor can a query allowed to take as long as the lease.
-        check(
-            Elector::builder(pool(), "k").query_timeout(Duration::from_secs(9)),
-            "two thirds of ttl",
-        );
-        check(
-            Elector::builder(pool(), "k").retry_interval(Duration::from_secs(11)),
-            "retry interval",
-        );
+        check(Elector::builder(pool(), "k").query_timeout(Duration::from_secs(9)), "two thirds of ttl");
+        check(Elector::builder(pool(), "k").retry_interval(Duration::from_secs(11)), "retry interval");
     }
 }

@@ -13,18 +13,9 @@ pub const LEASE_REMAINING_SECONDS: &str = "election_lease_remaining_seconds";
 
 /// Describes every metric once, for exporters that show help text.
 pub fn describe() {
-    metrics::describe_gauge!(
-        IS_LEADER,
-        "1 while this process leads the lease key, else 0"
-    );
-    metrics::describe_gauge!(
-        TERM,
-        "The term this process leads with (the fencing token), 0 while a follower"
-    );
-    metrics::describe_counter!(
-        RENEW_FAILURES,
-        "Lease renewals that failed, errored, timed out or were refused"
-    );
+    metrics::describe_gauge!(IS_LEADER, "1 while this process leads the lease key, else 0");
+    metrics::describe_gauge!(TERM, "The term this process leads with (the fencing token), 0 while a follower");
+    metrics::describe_counter!(RENEW_FAILURES, "Lease renewals that failed, errored, timed out or were refused");
     metrics::describe_gauge!(
         LEASE_REMAINING_SECONDS,
         metrics::Unit::Seconds,

@@ -75,12 +75,7 @@ pub(crate) fn start(elector: Elector) -> ElectorHandle {
         elector,
     };
     let task = tokio::spawn(runtime.run().instrument(span));
-    ElectorHandle {
-        shared,
-        shutdown,
-        leader_work,
-        task: Some(task),
-    }
+    ElectorHandle { shared, shutdown, leader_work, task: Some(task) }
 }
 
 impl ElectorHandle {
@@ -106,11 +101,7 @@ impl ElectorHandle {
 
     /// The current leadership period, if this process leads and its deadline has not passed.
     pub fn leadership(&self) -> Option<Leadership> {
-        self.shared
-            .leadership
-            .borrow()
-            .clone()
-            .filter(Leadership::is_valid)
+        self.shared.leadership.borrow().clone().filter(Leadership::is_valid)
     }
 
     /// The term to stamp writes with, if this process leads right now.
@@ -150,9 +141,7 @@ impl ElectorHandle {
         F: FnOnce(FencingToken) -> Fut,
         Fut: Future<Output = T>,
     {
-        let leadership = self.leadership().ok_or_else(|| Error::NotLeader {
-            key: self.key().to_owned(),
-        })?;
+        let leadership = self.leadership().ok_or_else(|| Error::NotLeader { key: self.key().to_owned() })?;
         let token = leadership.fencing_token()?;
         leadership.run(send(token)).await
     }
@@ -180,11 +169,7 @@ async fn wait_for_leadership(
     shutdown: &CancellationToken,
 ) -> Option<Leadership> {
     loop {
-        if let Some(period) = leadership
-            .borrow_and_update()
-            .clone()
-            .filter(Leadership::is_valid)
-        {
+        if let Some(period) = leadership.borrow_and_update().clone().filter(Leadership::is_valid) {
             return Some(period);
         }
         tokio::select! {
@@ -241,20 +226,14 @@ impl Runtime {
                 return None;
             }
             let sent = Instant::now();
-            let delay = match self
-                .call(LeaseCall::Acquire, sent + self.elector.query_timeout)
-                .await
-            {
+            let delay = match self.call(LeaseCall::Acquire, sent + self.elector.query_timeout).await {
                 Ok(reply) if reply.ok => return Some((reply, sent)),
                 Ok(reply) => {
                     failures = 0;
                     let seen = (reply.holder.clone(), reply.term);
                     if last_seen.as_ref() != Some(&seen) {
                         debug!(holder = ?seen.0, term = ?seen.1, "lease held by another owner");
-                        self.shared.publish(Event::HolderChanged {
-                            holder: seen.0.clone(),
-                            term: seen.1,
-                        });
+                        self.shared.publish(Event::HolderChanged { holder: seen.0.clone(), term: seen.1 });
                         last_seen = Some(seen);
                     }
                     self.retry_delay()
@@ -279,23 +258,14 @@ impl Runtime {
     /// is cancelled and the state is Follower again when this returns.
     async fn lead(&self, reply: &LeaseReply, sent: Instant) -> LossReason {
         let Some(term) = reply.term else {
-            return LossReason::RenewFailed {
-                error: "the store granted a lease without a term".to_owned(),
-            };
+            return LossReason::RenewFailed { error: "the store granted a lease without a term".to_owned() };
         };
         let mut deadline = self.deadline(sent, reply);
         let token = CancellationToken::new();
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
-        let leadership = Leadership::new(
-            Arc::clone(&self.shared.key),
-            term,
-            token.clone(),
-            deadline_rx,
-        );
+        let leadership = Leadership::new(Arc::clone(&self.shared.key), term, token.clone(), deadline_rx);
         self.shared.leadership.send_replace(Some(leadership));
-        self.shared
-            .state
-            .send_replace(LeaderState::Leader { term, deadline });
+        self.shared.state.send_replace(LeaderState::Leader { term, deadline });
         self.shared.publish(Event::Elected { term });
         metrics::gauge!(names::IS_LEADER, &self.metric_labels).set(1.0);
         metrics::gauge!(names::TERM, &self.metric_labels).set(term as f64);
@@ -325,15 +295,11 @@ impl Runtime {
                     deadline = renewed;
                     last_sent = sent;
                     deadline_tx.send_replace(deadline);
-                    self.shared
-                        .state
-                        .send_replace(LeaderState::Leader { term, deadline });
+                    self.shared.state.send_replace(LeaderState::Leader { term, deadline });
                     self.record_remaining(deadline);
                 }
                 Ok(reply) => {
-                    break LossReason::RenewRefused {
-                        holder: reply.holder,
-                    };
+                    break LossReason::RenewRefused { holder: reply.holder };
                 }
                 Err(CallError::TimedOut) if Instant::now() >= deadline => {
                     break LossReason::DeadlinePassed;
@@ -358,40 +324,32 @@ impl Runtime {
             LossReason::Shutdown => info!(term, "stepped down for shutdown"),
             other => warn!(term, reason = other.as_label(), detail = ?other, "lost leadership"),
         }
-        self.shared.publish(Event::Lost {
-            term,
-            reason: reason.clone(),
-        });
+        self.shared.publish(Event::Lost { term, reason: reason.clone() });
         reason
     }
 
     /// After stepping down for shutdown: waits for leader work (bounded), then releases.
     async fn finish_leading(&self) -> bool {
         self.leader_work.close();
-        if tokio::time::timeout(self.elector.shutdown_grace, self.leader_work.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(self.elector.shutdown_grace, self.leader_work.wait()).await.is_err() {
             warn!(grace = ?self.elector.shutdown_grace, "leader work did not stop within the shutdown grace");
         }
         let call_deadline = Instant::now() + self.elector.query_timeout;
         let released = match timeout_at(call_deadline, self.pooled(call_deadline)).await {
-            Ok(Ok(client)) => match timeout_at(
-                call_deadline,
-                store::release(&**client, &self.elector.key, &self.elector.owner),
-            )
-            .await
-            {
-                Ok(Ok(released)) => released,
-                Ok(Err(error)) => {
-                    warn!(error = %error_chain(&error), "release failed; the lease will expire by itself");
-                    false
+            Ok(Ok(client)) => {
+                match timeout_at(call_deadline, store::release(&**client, &self.elector.key, &self.elector.owner)).await
+                {
+                    Ok(Ok(released)) => released,
+                    Ok(Err(error)) => {
+                        warn!(error = %error_chain(&error), "release failed; the lease will expire by itself");
+                        false
+                    }
+                    Err(_) => {
+                        warn!("release timed out; the lease will expire by itself");
+                        false
+                    }
                 }
-                Err(_) => {
-                    warn!("release timed out; the lease will expire by itself");
-                    false
-                }
-            },
+            }
             _ => {
                 warn!("no connection to release the lease; it will expire by itself");
                 false
@@ -406,15 +364,12 @@ impl Runtime {
     /// The local deadline: when the call was sent, plus the store's remaining time, minus the
     /// safety margin (S7). Never based on a wall clock.
     fn deadline(&self, sent: Instant, reply: &LeaseReply) -> Instant {
-        (sent + reply.remaining)
-            .checked_sub(self.elector.safety_margin)
-            .unwrap_or(sent)
+        (sent + reply.remaining).checked_sub(self.elector.safety_margin).unwrap_or(sent)
     }
 
     fn record_remaining(&self, deadline: Instant) {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        metrics::gauge!(names::LEASE_REMAINING_SECONDS, &self.metric_labels)
-            .set(remaining.as_secs_f64());
+        metrics::gauge!(names::LEASE_REMAINING_SECONDS, &self.metric_labels).set(remaining.as_secs_f64());
     }
 
     /// The renew interval, up to `RENEW_JITTER` early, never late.
@@ -425,9 +380,7 @@ impl Runtime {
 
     /// The wait while another owner holds the lease: half to all of the retry interval.
     fn retry_delay(&self) -> Duration {
-        self.elector
-            .retry_interval
-            .mul_f64(0.5 + 0.5 * rand::rng().random::<f64>())
+        self.elector.retry_interval.mul_f64(0.5 + 0.5 * rand::rng().random::<f64>())
     }
 
     /// Exponential backoff with full jitter after `failures` store errors, capped by the retry
@@ -441,10 +394,9 @@ impl Runtime {
     async fn pooled(&self, call_deadline: Instant) -> Result<Object, CallError> {
         match timeout_at(call_deadline, self.elector.pool.get()).await {
             Ok(Ok(client)) => Ok(client),
-            Ok(Err(error)) => Err(CallError::Failed(format!(
-                "get a connection from the pool: {}",
-                error_chain(&error)
-            ))),
+            Ok(Err(error)) => {
+                Err(CallError::Failed(format!("get a connection from the pool: {}", error_chain(&error))))
+            }
             Err(_) => Err(CallError::TimedOut),
         }
     }
@@ -456,12 +408,8 @@ impl Runtime {
         let client = self.pooled(call_deadline).await?;
         let (key, owner, ttl) = (&self.elector.key, &self.elector.owner, self.elector.ttl);
         let answer = match call {
-            LeaseCall::Acquire => {
-                timeout_at(call_deadline, store::acquire(&**client, key, owner, ttl)).await
-            }
-            LeaseCall::Renew => {
-                timeout_at(call_deadline, store::renew(&**client, key, owner, ttl)).await
-            }
+            LeaseCall::Acquire => timeout_at(call_deadline, store::acquire(&**client, key, owner, ttl)).await,
+            LeaseCall::Renew => timeout_at(call_deadline, store::renew(&**client, key, owner, ttl)).await,
         };
         match answer {
             Ok(Ok(reply)) => Ok(reply),

@@ -123,18 +123,8 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    pub(crate) fn new(
-        key: Arc<str>,
-        term: i64,
-        token: CancellationToken,
-        deadline: watch::Receiver<Instant>,
-    ) -> Self {
-        Leadership {
-            key,
-            term,
-            token,
-            deadline,
-        }
+    pub(crate) fn new(key: Arc<str>, term: i64, token: CancellationToken, deadline: watch::Receiver<Instant>) -> Self {
+        Leadership { key, term, token, deadline }
     }
 
     /// The term of this period: the fencing token.
@@ -160,11 +150,7 @@ impl Leadership {
 
     /// The term while this period lasts, else [`Error::NotLeader`].
     pub fn check(&self) -> Result<i64, Error> {
-        if self.is_valid() {
-            Ok(self.term)
-        } else {
-            Err(self.not_leader())
-        }
+        if self.is_valid() { Ok(self.term) } else { Err(self.not_leader()) }
     }
 
     /// The token to stamp a write with while this period lasts, else [`Error::NotLeader`].
@@ -208,8 +194,6 @@ impl Leadership {
     }
 
     fn not_leader(&self) -> Error {
-        Error::NotLeader {
-            key: self.key.to_string(),
-        }
+        Error::NotLeader { key: self.key.to_string() }
     }
 }

@@ -25,6 +25,8 @@ pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Connections to Postgres.
 pub const DEFAULT_POOL_SIZE: usize = 16;
+/// Fence-decision round trips out at once; more decisions wait and go in the next batch.
+pub const DEFAULT_MAX_BATCHES_IN_FLIGHT: usize = 2;
 /// How long a fence decision may take before the write is refused with 503 (S6).
 pub const DEFAULT_FENCE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long connecting to an upstream may take.
@@ -95,6 +97,9 @@ pub struct DatabaseConfig {
     pub pool_size: usize,
     /// A fence decision not made within this is refused with 503 (S6).
     pub fence_check_timeout: Duration,
+    /// Fence-decision round trips out at once (at most `pool_size`); decisions arriving while
+    /// they are all out wait and share the next round trip.
+    pub max_batches_in_flight: usize,
     /// Where the embedded Postgres keeps its data.
     pub data_dir: PathBuf,
 }
@@ -138,11 +143,7 @@ impl Route {
     /// True when `path` falls under this route's prefix.
     pub fn matches(&self, path: &str) -> bool {
         let prefix = self.prefix.trim_end_matches('/');
-        prefix.is_empty()
-            || path == prefix
-            || path
-                .strip_prefix(prefix)
-                .is_some_and(|rest| rest.starts_with('/'))
+        prefix.is_empty() || path == prefix || path.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('/'))
     }
 }
 
@@ -174,9 +175,7 @@ impl Environment for ProcessEnvironment {
 
 impl Environment for BTreeMap<String, String> {
     fn vars(&self) -> Vec<(String, String)> {
-        self.iter()
-            .map(|(name, value)| (name.clone(), value.clone()))
-            .collect()
+        self.iter().map(|(name, value)| (name.clone(), value.clone())).collect()
     }
 }
 
@@ -215,6 +214,7 @@ struct RawControl {
 struct RawDatabase {
     url: Option<String>,
     pool_size: Option<u64>,
+    max_batches_in_flight: Option<u64>,
     fence_check_timeout_ms: Option<u64>,
     data_dir: Option<String>,
 }
@@ -257,28 +257,20 @@ const SECTIONS: [&str; 5] = ["proxy", "control", "database", "upstream", "shutdo
 impl Config {
     /// Parses `text` (TOML) with the overrides of `env`, and checks every value.
     pub fn parse(text: &str, env: &dyn Environment) -> Result<Config, ConfigError> {
-        let mut table: toml::Table = toml::from_str(text).map_err(|error| ConfigError {
-            problems: vec![format!("config file: {error}")],
-        })?;
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|error| ConfigError { problems: vec![format!("config file: {error}")] })?;
         apply_environment(&mut table, env);
-        let raw: RawFile =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|error: toml::de::Error| ConfigError {
-                    problems: vec![format!("config: {error}")],
-                })?;
+        let raw: RawFile = toml::Value::Table(table)
+            .try_into()
+            .map_err(|error: toml::de::Error| ConfigError { problems: vec![format!("config: {error}")] })?;
         validate(raw)
     }
 
     /// Reads and parses the file at `path` (or only the environment when `None`).
-    pub fn load(
-        path: Option<&std::path::Path>,
-        env: &dyn Environment,
-    ) -> Result<Config, ConfigError> {
+    pub fn load(path: Option<&std::path::Path>, env: &dyn Environment) -> Result<Config, ConfigError> {
         let text = match path {
-            Some(path) => std::fs::read_to_string(path).map_err(|error| ConfigError {
-                problems: vec![format!("--config {}: {error}", path.display())],
-            })?,
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|error| ConfigError { problems: vec![format!("--config {}: {error}", path.display())] })?,
             None => String::new(),
         };
         Config::parse(&text, env)
@@ -310,9 +302,7 @@ fn apply_environment(table: &mut toml::Table, env: &dyn Environment) {
     }
     overrides.sort_by_key(|(priority, ..)| *priority);
     for (_, section, key, value) in overrides {
-        let entry = table
-            .entry(section)
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let entry = table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         if let toml::Value::Table(section) = entry {
             let typed = match value.parse::<i64>() {
                 Ok(number) => toml::Value::Integer(number),
@@ -339,82 +329,46 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             None => default,
         }
     };
-    let header_read_timeout = positive_ms(
-        "proxy.header_read_timeout_ms",
-        raw.proxy.header_read_timeout_ms,
-        DEFAULT_HEADER_READ_TIMEOUT,
-    );
-    let body_read_timeout = positive_ms(
-        "proxy.body_read_timeout_ms",
-        raw.proxy.body_read_timeout_ms,
-        DEFAULT_BODY_READ_TIMEOUT,
-    );
-    let min_ttl = positive_ms(
-        "control.min_ttl_ms",
-        raw.control.min_ttl_ms,
-        DEFAULT_MIN_TTL,
-    );
-    let max_ttl = positive_ms(
-        "control.max_ttl_ms",
-        raw.control.max_ttl_ms,
-        DEFAULT_MAX_TTL,
-    );
+    let header_read_timeout =
+        positive_ms("proxy.header_read_timeout_ms", raw.proxy.header_read_timeout_ms, DEFAULT_HEADER_READ_TIMEOUT);
+    let body_read_timeout =
+        positive_ms("proxy.body_read_timeout_ms", raw.proxy.body_read_timeout_ms, DEFAULT_BODY_READ_TIMEOUT);
+    let min_ttl = positive_ms("control.min_ttl_ms", raw.control.min_ttl_ms, DEFAULT_MIN_TTL);
+    let max_ttl = positive_ms("control.max_ttl_ms", raw.control.max_ttl_ms, DEFAULT_MAX_TTL);
     let fence_check_timeout = positive_ms(
         "database.fence_check_timeout_ms",
         raw.database.fence_check_timeout_ms,
         DEFAULT_FENCE_CHECK_TIMEOUT,
     );
-    let connect_timeout = positive_ms(
-        "upstream.connect_timeout_ms",
-        raw.upstream.connect_timeout_ms,
-        DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
-    );
-    let forward_timeout = positive_ms(
-        "upstream.forward_timeout_ms",
-        raw.upstream.forward_timeout_ms,
-        DEFAULT_FORWARD_TIMEOUT,
-    );
-    let shutdown_grace = positive_ms(
-        "shutdown.grace_period_ms",
-        raw.shutdown.grace_period_ms,
-        DEFAULT_SHUTDOWN_GRACE,
-    );
+    let connect_timeout =
+        positive_ms("upstream.connect_timeout_ms", raw.upstream.connect_timeout_ms, DEFAULT_UPSTREAM_CONNECT_TIMEOUT);
+    let forward_timeout =
+        positive_ms("upstream.forward_timeout_ms", raw.upstream.forward_timeout_ms, DEFAULT_FORWARD_TIMEOUT);
+    let shutdown_grace = positive_ms("shutdown.grace_period_ms", raw.shutdown.grace_period_ms, DEFAULT_SHUTDOWN_GRACE);
 
     let mut address = |key: &str, value: Option<String>, default: &str| -> SocketAddr {
         let text = value.unwrap_or_else(|| default.to_owned());
         text.parse().unwrap_or_else(|error| {
-            problems.push(format!(
-                "{key}: {text:?} is not an IP address and port: {error}"
-            ));
+            problems.push(format!("{key}: {text:?} is not an IP address and port: {error}"));
             SocketAddr::from(([127, 0, 0, 1], 0))
         })
     };
     let proxy_listen = address("proxy.listen", raw.proxy.listen, DEFAULT_PROXY_LISTEN);
     let control_listen = address("control.listen", raw.control.listen, DEFAULT_CONTROL_LISTEN);
     if proxy_listen == control_listen && proxy_listen.port() != 0 {
-        problems.push(format!(
-            "control.listen: must differ from proxy.listen ({proxy_listen})"
-        ));
+        problems.push(format!("control.listen: must differ from proxy.listen ({proxy_listen})"));
     }
     if min_ttl > max_ttl {
-        problems.push(format!(
-            "control.min_ttl_ms: {min_ttl:?} is above control.max_ttl_ms {max_ttl:?}"
-        ));
+        problems.push(format!("control.min_ttl_ms: {min_ttl:?} is above control.max_ttl_ms {max_ttl:?}"));
     }
     if max_ttl > fencing_schema::MAX_TTL {
-        problems.push(format!(
-            "control.max_ttl_ms: at most {} ms",
-            fencing_schema::MAX_TTL.as_millis()
-        ));
+        problems.push(format!("control.max_ttl_ms: at most {} ms", fencing_schema::MAX_TTL.as_millis()));
     }
     if forward_timeout > Duration::from_secs(3600) {
         problems.push("upstream.forward_timeout_ms: at most 3600000".to_owned());
     }
 
-    let body_limit_bytes = raw
-        .proxy
-        .body_limit_bytes
-        .unwrap_or(DEFAULT_BODY_LIMIT_BYTES);
+    let body_limit_bytes = raw.proxy.body_limit_bytes.unwrap_or(DEFAULT_BODY_LIMIT_BYTES);
     let max_header_bytes = match raw.proxy.max_header_bytes.map(usize::try_from) {
         None => DEFAULT_MAX_HEADER_BYTES,
         Some(Ok(bytes)) if bytes >= 8192 => bytes,
@@ -439,6 +393,16 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             DEFAULT_POOL_SIZE
         }
     };
+    let max_batches_in_flight = match raw.database.max_batches_in_flight.map(usize::try_from) {
+        None => DEFAULT_MAX_BATCHES_IN_FLIGHT.min(pool_size),
+        Some(Ok(n)) if n >= 1 && n <= pool_size => n,
+        Some(_) => {
+            problems.push(format!(
+                "database.max_batches_in_flight: must be between 1 and database.pool_size ({pool_size})"
+            ));
+            1
+        }
+    };
     let url = raw.database.url.filter(|url| !url.is_empty());
     if let Some(url) = &url
         && let Err(error) = url.parse::<tokio_postgres::Config>()
@@ -453,14 +417,8 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         }
     }
     for (i, a) in routes.iter().enumerate() {
-        if routes[..i]
-            .iter()
-            .any(|b| b.prefix.trim_end_matches('/') == a.prefix.trim_end_matches('/'))
-        {
-            problems.push(format!(
-                "routes[{i}].prefix: {:?} is configured twice",
-                a.prefix
-            ));
+        if routes[..i].iter().any(|b| b.prefix.trim_end_matches('/') == a.prefix.trim_end_matches('/')) {
+            problems.push(format!("routes[{i}].prefix: {:?} is configured twice", a.prefix));
         }
     }
     // Longest prefix first, so the first match is the longest.
@@ -478,25 +436,15 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             body_read_timeout,
             max_connections,
         },
-        control: ControlConfig {
-            listen: control_listen,
-            min_ttl,
-            max_ttl,
-        },
+        control: ControlConfig { listen: control_listen, min_ttl, max_ttl },
         database: DatabaseConfig {
             url,
             pool_size,
             fence_check_timeout,
-            data_dir: PathBuf::from(
-                raw.database
-                    .data_dir
-                    .unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned()),
-            ),
+            max_batches_in_flight,
+            data_dir: PathBuf::from(raw.database.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),
         },
-        upstream: UpstreamConfig {
-            connect_timeout,
-            forward_timeout,
-        },
+        upstream: UpstreamConfig { connect_timeout, forward_timeout },
         shutdown_grace,
         routes,
     })
@@ -506,20 +454,10 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
     let key = |name: &str| format!("routes[{index}].{name}");
     let before = problems.len();
     if !raw.prefix.starts_with('/') {
-        problems.push(format!(
-            "{}: {:?} must start with /",
-            key("prefix"),
-            raw.prefix
-        ));
+        problems.push(format!("{}: {:?} must start with /", key("prefix"), raw.prefix));
     }
     let upstream = match raw.upstream.parse::<Uri>() {
-        Ok(uri)
-            if uri.scheme_str() == Some("http")
-                && uri.authority().is_some()
-                && uri.query().is_none() =>
-        {
-            Some(uri)
-        }
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() && uri.query().is_none() => Some(uri),
         Ok(_) => {
             problems.push(format!(
                 "{}: {:?} must be an http:// URL with a host and no query (https upstreams are not supported yet)",
@@ -538,67 +476,44 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
             Some(ResourceNaming::Fixed(name))
         }
         RawResource::Fixed(_) => {
-            problems.push(format!(
-                "{}: a fixed resource name must be 1 to 256 characters",
-                key("resource")
-            ));
+            problems.push(format!("{}: a fixed resource name must be 1 to 256 characters", key("resource")));
             None
         }
         RawResource::Header(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
             Ok(header) => Some(ResourceNaming::Header(header)),
             Err(_) => {
-                problems.push(format!(
-                    "{}: {name:?} is not a header name",
-                    key("resource")
-                ));
+                problems.push(format!("{}: {name:?} is not a header name", key("resource")));
                 None
             }
         },
         RawResource::Segment(n) if n >= 1 => usize::try_from(n).ok().map(ResourceNaming::Segment),
         RawResource::Segment(n) => {
-            problems.push(format!(
-                "{}: segment must be 1 or more, got {n}",
-                key("resource")
-            ));
+            problems.push(format!("{}: segment must be 1 or more, got {n}", key("resource")));
             None
         }
     };
     if let Some(lease) = &raw.lease
         && (lease.is_empty() || lease.chars().count() > 256)
     {
-        problems.push(format!(
-            "{}: a lease key must be 1 to 256 characters",
-            key("lease")
-        ));
+        problems.push(format!("{}: a lease key must be 1 to 256 characters", key("lease")));
     }
     let fenced_methods = match raw.fenced_methods {
         None => vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
         Some(names) => names
             .iter()
-            .filter_map(
-                |name| match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
-                    Ok(method) if method != Method::CONNECT => Some(method),
-                    _ => {
-                        problems.push(format!(
-                            "{}: {name:?} is not a method that can be fenced",
-                            key("fenced_methods")
-                        ));
-                        None
-                    }
-                },
-            )
+            .filter_map(|name| match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
+                Ok(method) if method != Method::CONNECT => Some(method),
+                _ => {
+                    problems.push(format!("{}: {name:?} is not a method that can be fenced", key("fenced_methods")));
+                    None
+                }
+            })
             .collect(),
     };
     if problems.len() > before {
         return None;
     }
-    Some(Route {
-        prefix: raw.prefix,
-        upstream: upstream?,
-        resource: resource?,
-        lease: raw.lease,
-        fenced_methods,
-    })
+    Some(Route { prefix: raw.prefix, upstream: upstream?, resource: resource?, lease: raw.lease, fenced_methods })
 }
 
 #[cfg(test)]
@@ -608,10 +523,7 @@ mod tests {
     use crate::config::{Config, ResourceNaming};
 
     fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
     const EXAMPLE: &str = r#"
@@ -635,24 +547,10 @@ mod tests {
     #[test]
     fn the_contract_example_parses_and_the_longest_prefix_wins() {
         let config = Config::parse(EXAMPLE, &env(&[])).expect("valid");
-        assert_eq!(
-            config.route("/ledger/special/x").map(|r| r.prefix.as_str()),
-            Some("/ledger/special")
-        );
-        assert_eq!(
-            config
-                .route("/ledger/acct-7/entries")
-                .map(|r| r.prefix.as_str()),
-            Some("/ledger")
-        );
-        assert_eq!(
-            config.route("/ledger").map(|r| r.prefix.as_str()),
-            Some("/ledger")
-        );
-        assert!(
-            config.route("/ledgers").is_none(),
-            "prefixes match at segment boundaries"
-        );
+        assert_eq!(config.route("/ledger/special/x").map(|r| r.prefix.as_str()), Some("/ledger/special"));
+        assert_eq!(config.route("/ledger/acct-7/entries").map(|r| r.prefix.as_str()), Some("/ledger"));
+        assert_eq!(config.route("/ledger").map(|r| r.prefix.as_str()), Some("/ledger"));
+        assert!(config.route("/ledgers").is_none(), "prefixes match at segment boundaries");
         assert!(config.route("/other").is_none());
         assert_eq!(config.routes[1].resource, ResourceNaming::Segment(2));
     }
@@ -669,10 +567,7 @@ mod tests {
             ]),
         )
         .expect("valid");
-        assert_eq!(
-            config.database.url.as_deref(),
-            Some("postgres://b@127.0.0.1/two")
-        );
+        assert_eq!(config.database.url.as_deref(), Some("postgres://b@127.0.0.1/two"));
         assert_eq!(config.proxy.listen.port(), 18080);
         assert_eq!(config.upstream.forward_timeout.as_millis(), 2500);
     }
@@ -709,11 +604,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_wrong_types_are_refused() {
-        let error =
-            Config::parse("[proxy]\nlisten_on = \"x\"", &env(&[])).expect_err("unknown key");
+        let error = Config::parse("[proxy]\nlisten_on = \"x\"", &env(&[])).expect_err("unknown key");
         assert!(error.to_string().contains("listen_on"), "{error}");
-        let error =
-            Config::parse("[database]\npool_size = \"many\"", &env(&[])).expect_err("wrong type");
+        let error = Config::parse("[database]\npool_size = \"many\"", &env(&[])).expect_err("wrong type");
         assert!(error.to_string().contains("pool_size"), "{error}");
     }
 }

@@ -77,41 +77,26 @@ fn millis(duration: Duration) -> u64 {
 /// Parses a JSON body: 400 when it is not JSON, 422 when it is the wrong shape.
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|error| match error.classify() {
-        serde_json::error::Category::Data => Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-body",
-            "Invalid request body",
-            &error.to_string(),
-        ),
-        _ => Problem::new(
-            StatusCode::BAD_REQUEST,
-            "malformed-json",
-            "Malformed JSON",
-            &error.to_string(),
-        ),
+        serde_json::error::Category::Data => {
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-body", "Invalid request body", &error.to_string())
+        }
+        _ => Problem::new(StatusCode::BAD_REQUEST, "malformed-json", "Malformed JSON", &error.to_string()),
     })
 }
 
 fn unavailable(detail: &str) -> Problem {
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "fence-store-unavailable",
-        "Fence store unavailable",
-        detail,
-    )
-    .retry_after(1)
+    Problem::new(StatusCode::SERVICE_UNAVAILABLE, "fence-store-unavailable", "Fence store unavailable", detail)
+        .retry_after(1)
 }
 
 fn store_problem(error: fencing_schema::Error) -> Problem {
     match error {
-        fencing_schema::Error::InvalidArgument { message } => Problem::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-argument",
-            "Invalid argument",
-            &message,
-        ),
-        error @ (fencing_schema::Error::SchemaOutdated { .. }
-        | fencing_schema::Error::SchemaTooNew { .. }) => unavailable(&error.to_string()),
+        fencing_schema::Error::InvalidArgument { message } => {
+            Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument", "Invalid argument", &message)
+        }
+        error @ (fencing_schema::Error::SchemaOutdated { .. } | fencing_schema::Error::SchemaTooNew { .. }) => {
+            unavailable(&error.to_string())
+        }
         other => {
             warn!(error = %other, "control API store call failed");
             unavailable("the fence store failed; nothing was decided")
@@ -155,11 +140,7 @@ impl ControlState {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "ttl-out-of-bounds",
                 "ttl out of bounds",
-                &format!(
-                    "ttl_ms must be between {} and {}, got {ttl_ms}",
-                    millis(min),
-                    millis(max)
-                ),
+                &format!("ttl_ms must be between {} and {}, got {ttl_ms}", millis(min), millis(max)),
             ));
         }
         Ok(ttl)
@@ -195,39 +176,18 @@ fn lease_json(key: &str, owner: &str, reply: &LeaseReply, ttl: Duration) -> Valu
 }
 
 fn held_elsewhere(key: &str, reply: &LeaseReply, detail: &str) -> Problem {
-    Problem::new(
-        StatusCode::CONFLICT,
-        "lease-held",
-        "Lease held by another owner",
-        detail,
-    )
-    .with("key", json!(key))
-    .with("holder", json!(reply.holder))
-    .with("term", json!(reply.term))
-    .with(
-        "expires_at",
-        json!(
-            reply
-                .expires_at
-                .filter(|_| reply.holder.is_some())
-                .map(rfc3339)
-        ),
-    )
+    Problem::new(StatusCode::CONFLICT, "lease-held", "Lease held by another owner", detail)
+        .with("key", json!(key))
+        .with("holder", json!(reply.holder))
+        .with("term", json!(reply.term))
+        .with("expires_at", json!(reply.expires_at.filter(|_| reply.holder.is_some()).map(rfc3339)))
 }
 
-async fn acquire(
-    State(state): State<ControlState>,
-    Path(key): Path<String>,
-    body: Bytes,
-) -> Response {
+async fn acquire(State(state): State<ControlState>, Path(key): Path<String>, body: Bytes) -> Response {
     lease_call(state, key, body, "acquire").await
 }
 
-async fn renew(
-    State(state): State<ControlState>,
-    Path(key): Path<String>,
-    body: Bytes,
-) -> Response {
+async fn renew(State(state): State<ControlState>, Path(key): Path<String>, body: Bytes) -> Response {
     lease_call(state, key, body, "renew").await
 }
 
@@ -281,11 +241,7 @@ async fn lease_call(state: ControlState, key: String, body: Bytes, op: &'static 
     }
 }
 
-async fn release(
-    State(state): State<ControlState>,
-    Path(key): Path<String>,
-    body: Bytes,
-) -> Response {
+async fn release(State(state): State<ControlState>, Path(key): Path<String>, body: Bytes) -> Response {
     let request: ReleaseRequest = match parse(&body) {
         Ok(request) => request,
         Err(problem) => {
@@ -307,14 +263,9 @@ async fn release(
         }
         Ok(false) => {
             ControlState::count("release", "conflict");
-            Problem::new(
-                StatusCode::CONFLICT,
-                "not-holder",
-                "Not the holder",
-                "the owner does not hold this lease",
-            )
-            .with("key", json!(key))
-            .into_response()
+            Problem::new(StatusCode::CONFLICT, "not-holder", "Not the holder", "the owner does not hold this lease")
+                .with("key", json!(key))
+                .into_response()
         }
         Err(problem) => {
             ControlState::count("release", "error");
@@ -341,14 +292,11 @@ async fn get_lease(State(state): State<ControlState>, Path(key): Path<String>) -
             "ttl_ms": millis(row.expires_at.duration_since(row.renewed_at).unwrap_or_default()),
         }))
         .into_response(),
-        Ok(None) => Problem::new(
-            StatusCode::NOT_FOUND,
-            "no-such-lease",
-            "No such lease",
-            "nobody ever acquired this key",
-        )
-        .with("key", json!(key))
-        .into_response(),
+        Ok(None) => {
+            Problem::new(StatusCode::NOT_FOUND, "no-such-lease", "No such lease", "nobody ever acquired this key")
+                .with("key", json!(key))
+                .into_response()
+        }
         Err(problem) => problem.into_response(),
     }
 }
@@ -383,10 +331,9 @@ async fn get_fence(State(state): State<ControlState>, Path(resource): Path<Strin
 
 async fn render_metrics(State(state): State<ControlState>) -> Response {
     let mut response = state.metrics.render().into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     response
 }
 
@@ -402,19 +349,11 @@ async fn readyz(State(state): State<ControlState>) -> Response {
         })
         .await;
     match version {
-        Ok(version) => {
-            axum::Json(json!({ "status": "ready", "schema_version": version })).into_response()
-        }
+        Ok(version) => axum::Json(json!({ "status": "ready", "schema_version": version })).into_response(),
         Err(problem) => problem.into_response(),
     }
 }
 
 async fn not_found() -> Response {
-    Problem::new(
-        StatusCode::NOT_FOUND,
-        "not-found",
-        "Not found",
-        "no such control endpoint",
-    )
-    .into_response()
+    Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", "no such control endpoint").into_response()
 }

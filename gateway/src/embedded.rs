@@ -37,10 +37,7 @@ pub fn find_bin_dir() -> Result<PathBuf, String> {
         if has_server(&dir) {
             return Ok(dir);
         }
-        return Err(format!(
-            "FENCING_PG_BIN_DIR={} holds no initdb and pg_ctl",
-            dir.display()
-        ));
+        return Err(format!("FENCING_PG_BIN_DIR={} holds no initdb and pg_ctl", dir.display()));
     }
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
@@ -95,15 +92,9 @@ pub fn unprivileged_user() -> Result<Option<RunAs>, String> {
             )
         })?;
     if user.uid.is_root() {
-        return Err(format!(
-            "FENCING_PG_USER={name} is root; PostgreSQL refuses to run as root"
-        ));
+        return Err(format!("FENCING_PG_USER={name} is root; PostgreSQL refuses to run as root"));
     }
-    Ok(Some(RunAs {
-        name,
-        uid: user.uid.as_raw(),
-        gid: user.gid.as_raw(),
-    }))
+    Ok(Some(RunAs { name, uid: user.uid.as_raw(), gid: user.gid.as_raw() }))
 }
 
 /// A PostgreSQL server the gateway owns.
@@ -121,14 +112,8 @@ impl EmbeddedPostgres {
     pub fn start(data_dir: &Path) -> Result<EmbeddedPostgres, String> {
         let bin_dir = find_bin_dir()?;
         let run_as = unprivileged_user()?;
-        let data_dir =
-            std::path::absolute(data_dir).map_err(|e| format!("database.data_dir: {e}"))?;
-        let mut server = EmbeddedPostgres {
-            bin_dir,
-            data_dir,
-            run_as,
-            port: 0,
-        };
+        let data_dir = std::path::absolute(data_dir).map_err(|e| format!("database.data_dir: {e}"))?;
+        let mut server = EmbeddedPostgres { bin_dir, data_dir, run_as, port: 0 };
         if !server.data_dir.join("PG_VERSION").is_file() {
             server.initdb()?;
         }
@@ -142,10 +127,7 @@ impl EmbeddedPostgres {
             .map_err(|e| format!("find a free port: {e}"))?
             .port();
         let log = server.data_dir.join("server.log");
-        let options = format!(
-            "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''",
-            server.port
-        );
+        let options = format!("-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''", server.port);
         let output = server
             .command("pg_ctl")
             .arg("-D")
@@ -156,11 +138,7 @@ impl EmbeddedPostgres {
             .output()
             .map_err(|e| format!("run pg_ctl start: {e}"))?;
         if !output.status.success() {
-            return Err(format!(
-                "pg_ctl start failed: {}; see {}",
-                describe(&output),
-                log.display()
-            ));
+            return Err(format!("pg_ctl start failed: {}; see {}", describe(&output), log.display()));
         }
         info!(data_dir = %server.data_dir.display(), port = server.port, "started the embedded PostgreSQL");
         Ok(server)
@@ -189,15 +167,7 @@ impl EmbeddedPostgres {
 
     fn command(&self, program: &str) -> Command {
         let mut command = Command::new(self.bin_dir.join(program));
-        for variable in [
-            "PGDATA",
-            "PGHOST",
-            "PGHOSTADDR",
-            "PGPORT",
-            "PGUSER",
-            "PGDATABASE",
-            "PGOPTIONS",
-        ] {
+        for variable in ["PGDATA", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS"] {
             command.env_remove(variable);
         }
         command.stdin(Stdio::null());
@@ -210,18 +180,14 @@ impl EmbeddedPostgres {
     fn initdb(&self) -> Result<(), String> {
         // Parents with the default mode, so that the server's user can reach the data dir.
         if let Some(parent) = self.data_dir.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("create {}: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
         }
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&self.data_dir)
             .map_err(|e| format!("create {}: {e}", self.data_dir.display()))?;
         if let Some(user) = &self.run_as {
-            let (uid, gid) = (
-                nix::unistd::Uid::from_raw(user.uid),
-                nix::unistd::Gid::from_raw(user.gid),
-            );
+            let (uid, gid) = (nix::unistd::Uid::from_raw(user.uid), nix::unistd::Gid::from_raw(user.gid));
             nix::unistd::chown(&self.data_dir, Some(uid), Some(gid))
                 .map_err(|e| format!("give {} to {}: {e}", self.data_dir.display(), user.name))?;
         }
@@ -230,13 +196,7 @@ impl EmbeddedPostgres {
             .command("initdb")
             .arg("-D")
             .arg(&self.data_dir)
-            .args([
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-            ])
+            .args(["-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C"])
             .output()
             .map_err(|e| format!("run initdb: {e}"))?;
         if !output.status.success() {
@@ -247,13 +207,7 @@ impl EmbeddedPostgres {
 
     /// The port of a server already running in the data directory, from `postmaster.pid`.
     fn running_port(&self) -> Option<u16> {
-        let status = self
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(&self.data_dir)
-            .arg("status")
-            .output()
-            .ok()?;
+        let status = self.command("pg_ctl").arg("-D").arg(&self.data_dir).arg("status").output().ok()?;
         if !status.status.success() {
             return None;
         }

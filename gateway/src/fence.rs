@@ -1,22 +1,34 @@
-//! The fence decision: one prepared call of `fencing.gate` or `fencing.gate_lease` per fenced
-//! write, bounded by the fence-check timeout, and a cache of maxima that may refuse a stale
-//! term on its own but never admit one.
+//! The fence decision, bounded by the fence-check timeout, and a cache of maxima that may refuse
+//! a stale term on its own but never admit one.
+//!
+//! Decisions are batched like a group commit: while a lane's calls of `fencing.gate_many` are
+//! out, the decisions of newly arrived writes queue up, and the lane's next call takes them all.
+//! Under load that is one round trip for several writes; at low load a write's decision goes
+//! out at once, alone. Either way each write costs at most one round trip.
+//!
+//! There are two lanes. Writes presenting the resource's cached maximum, the common case that
+//! `fencing.gate` answers with one read, share the fast lane: one call out at a time, so its
+//! batches are as large as the load makes them. Every other decision (a new term, stamp mode, a
+//! resource not seen yet) may wait for a row lock, so it takes the general lane, with
+//! `max_batches_in_flight` calls out at once, where it cannot hold up the common case.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use fencing_schema::store::{GATE_LEASE_SQL, GATE_SQL, Gate, Outcome};
+use fencing_schema::store::{GATE_MANY_SQL, Gate, Outcome};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 use tokio_postgres::NoTls;
-use tokio_postgres::types::ToSql;
 use tracing::{debug, warn};
 
 use crate::metrics as names;
 
 /// Beyond this many cached resources the cache starts over: it is only an optimisation.
 const CACHE_CAPACITY: usize = 100_000;
+/// The most decisions one round trip carries.
+const MAX_BATCH: usize = 128;
 
 /// What a fenced write presents.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +45,7 @@ pub enum Presented {
 }
 
 /// Why a decision could not be made.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Undecided {
     /// No answer within the fence-check timeout.
     #[error("the fence check timed out")]
@@ -48,39 +60,53 @@ pub enum Undecided {
 pub struct FenceStore {
     pool: Pool,
     check_timeout: Duration,
-    forward_timeout: Duration,
     /// The highest maximum seen per resource. Maxima never decrease, so a term below it is
     /// stale for sure; a term at or above it still goes to Postgres.
     cache: Mutex<HashMap<String, i64>>,
+    /// Decisions of writes presenting the cached maximum.
+    fast_lane: mpsc::UnboundedSender<Pending>,
+    /// Every other decision.
+    general_lane: mpsc::UnboundedSender<Pending>,
+}
+
+/// One decision waiting to be sent.
+#[derive(Debug)]
+struct Pending {
+    resource: String,
+    presented: Presented,
+    bind_lease: Option<String>,
+    reply: oneshot::Sender<Result<Gate, Undecided>>,
 }
 
 /// Builds the connection pool for `url`.
 pub fn pool(url: &str, size: usize) -> Result<Pool, String> {
-    let config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|error| format!("database.url: {error}"))?;
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .build()
-        .map_err(|error| format!("database pool: {error}"))
+    let config: tokio_postgres::Config = url.parse().map_err(|error| format!("database.url: {error}"))?;
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager).max_size(size).build().map_err(|error| format!("database pool: {error}"))
 }
 
 impl FenceStore {
-    /// A fence store on `pool`.
-    pub fn new(pool: Pool, check_timeout: Duration, forward_timeout: Duration) -> FenceStore {
-        FenceStore {
-            pool,
-            check_timeout,
-            forward_timeout,
-            cache: Mutex::new(HashMap::new()),
-        }
+    /// A fence store on `pool`, with its batcher running on the current Tokio runtime.
+    pub fn new(
+        pool: Pool,
+        check_timeout: Duration,
+        forward_timeout: Duration,
+        max_batches_in_flight: usize,
+    ) -> FenceStore {
+        let lane = |in_flight: usize| {
+            let (queue, pending) = mpsc::unbounded_channel();
+            let batcher = Batcher {
+                pool: pool.clone(),
+                check_timeout,
+                forward_ms: i64::try_from(forward_timeout.as_millis()).unwrap_or(i64::MAX),
+                in_flight: Arc::new(Semaphore::new(in_flight.max(1))),
+            };
+            tokio::spawn(batcher.run(pending));
+            queue
+        };
+        let fast_lane = lane(1);
+        let general_lane = lane(max_batches_in_flight);
+        FenceStore { pool, check_timeout, cache: Mutex::new(HashMap::new()), fast_lane, general_lane }
     }
 
     /// The pool, for the control API.
@@ -94,9 +120,7 @@ impl FenceStore {
     }
 
     fn remember(&self, resource: &str, max_term: Option<i64>) {
-        let (Some(max_term), Ok(mut cache)) = (max_term, self.cache.lock()) else {
-            return;
-        };
+        let (Some(max_term), Ok(mut cache)) = (max_term, self.cache.lock()) else { return };
         if cache.len() >= CACHE_CAPACITY && !cache.contains_key(resource) {
             cache.clear();
         }
@@ -112,8 +136,9 @@ impl FenceStore {
         presented: &Presented,
         bind_lease: Option<&str>,
     ) -> Result<Gate, Undecided> {
-        if let Presented::Token(term) = presented
-            && let Some(max) = self.cached_max(resource).filter(|max| term < max)
+        let cached = self.cached_max(resource);
+        if let (Presented::Token(term), Some(max)) = (presented, cached)
+            && *term < max
         {
             metrics::counter!(names::CACHED_REFUSALS).increment(1);
             return Ok(Gate {
@@ -126,61 +151,125 @@ impl FenceStore {
             });
         }
         let started = Instant::now();
-        let result = self
-            .call(
-                resource,
-                presented,
-                bind_lease,
-                started + self.check_timeout,
-            )
-            .await;
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            resource: resource.to_owned(),
+            presented: presented.clone(),
+            bind_lease: bind_lease.map(str::to_owned),
+            reply,
+        };
+        let lane = match (presented, cached) {
+            (Presented::Token(term), Some(max)) if *term == max => &self.fast_lane,
+            _ => &self.general_lane,
+        };
+        let result = if lane.send(pending).is_err() {
+            Err(Undecided::Failed("the fence batcher stopped".to_owned()))
+        } else {
+            match timeout_at(started + self.check_timeout, answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(Undecided::Failed("the fence batcher dropped the decision".to_owned())),
+                Err(_) => Err(Undecided::TimedOut),
+            }
+        };
         metrics::histogram!(names::CHECK_DURATION).record(started.elapsed().as_secs_f64());
         match &result {
             Ok(gate) => self.remember(resource, gate.max_term),
-            Err(Undecided::TimedOut) => {
-                metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1)
-            }
-            Err(Undecided::Failed(_)) => {
-                metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1)
-            }
+            Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),
+            Err(Undecided::Failed(_)) => metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1),
         }
         result
     }
+}
 
-    async fn call(
-        &self,
-        resource: &str,
-        presented: &Presented,
-        bind_lease: Option<&str>,
-        deadline: Instant,
-    ) -> Result<Gate, Undecided> {
+/// Sends queued decisions to Postgres, many per round trip.
+#[derive(Debug)]
+struct Batcher {
+    pool: Pool,
+    check_timeout: Duration,
+    forward_ms: i64,
+    in_flight: Arc<Semaphore>,
+}
+
+impl Batcher {
+    async fn run(self, mut pending: mpsc::UnboundedReceiver<Pending>) {
+        let batcher = Arc::new(self);
+        while let Some(first) = pending.recv().await {
+            // While every permit is out, decisions accumulate in the queue.
+            let Ok(permit) = Arc::clone(&batcher.in_flight).acquire_owned().await else { return };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match pending.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            tokio::spawn(Arc::clone(&batcher).send(batch, permit));
+        }
+    }
+
+    async fn send(self: Arc<Self>, mut batch: Vec<Pending>, _permit: OwnedSemaphorePermit) {
+        // A decision whose writer gave up (timed out) is not sent at all.
+        batch.retain(|item| !item.reply.is_closed());
+        if batch.is_empty() {
+            return;
+        }
+        // One lock order for every batch of every replica: no deadlock between batches.
+        batch.sort_by(|a, b| a.resource.cmp(&b.resource));
+        metrics::histogram!(names::BATCH_SIZE).record(batch.len() as f64);
+        match self.call(&batch, Instant::now() + self.check_timeout).await {
+            Ok(gates) => {
+                for (item, gate) in batch.into_iter().zip(gates) {
+                    let _ = item.reply.send(Ok(gate));
+                }
+            }
+            Err(error) => {
+                for item in batch {
+                    let _ = item.reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+
+    async fn call(&self, batch: &[Pending], deadline: Instant) -> Result<Vec<Gate>, Undecided> {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => return Err(Undecided::Failed(format!("get a connection: {error}"))),
             Err(_) => return Err(Undecided::TimedOut),
         };
-        let forward_ms = i64::try_from(self.forward_timeout.as_millis()).unwrap_or(i64::MAX);
-        let answer = timeout_at(deadline, async {
-            match presented {
+        let resources: Vec<&str> = batch.iter().map(|item| item.resource.as_str()).collect();
+        let mut terms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
+        let mut lease_keys: Vec<Option<&str>> = Vec::with_capacity(batch.len());
+        let mut owners: Vec<Option<&str>> = Vec::with_capacity(batch.len());
+        for item in batch {
+            match &item.presented {
                 Presented::Token(term) => {
-                    let statement = client.prepare_cached(GATE_SQL).await?;
-                    let params: [&(dyn ToSql + Sync); 4] =
-                        [&resource, term, &forward_ms, &bind_lease];
-                    client.query_one(&statement, &params).await
+                    terms.push(Some(*term));
+                    lease_keys.push(None);
+                    owners.push(None);
                 }
                 Presented::Lease { key, owner } => {
-                    let statement = client.prepare_cached(GATE_LEASE_SQL).await?;
-                    let params: [&(dyn ToSql + Sync); 5] =
-                        [&resource, key, owner, &forward_ms, &bind_lease];
-                    client.query_one(&statement, &params).await
+                    terms.push(None);
+                    lease_keys.push(Some(key));
+                    owners.push(Some(owner));
                 }
             }
+        }
+        let bind_leases: Vec<Option<&str>> = batch.iter().map(|item| item.bind_lease.as_deref()).collect();
+        let answer = timeout_at(deadline, async {
+            let statement = client.prepare_cached(GATE_MANY_SQL).await?;
+            client.query(&statement, &[&resources, &terms, &lease_keys, &owners, &bind_leases, &self.forward_ms]).await
         })
         .await;
         match answer {
-            Ok(Ok(row)) => {
-                Gate::from_row(&row).map_err(|error| Undecided::Failed(error.to_string()))
-            }
+            Ok(Ok(rows)) if rows.len() == batch.len() => rows
+                .iter()
+                .map(|row| Gate::from_row(row).map_err(|error| Undecided::Failed(error.to_string())))
+                .collect(),
+            Ok(Ok(rows)) => Err(Undecided::Failed(format!(
+                "fencing.gate_many answered {} rows for {} decisions",
+                rows.len(),
+                batch.len()
+            ))),
             Ok(Err(error)) => {
                 let failure = fencing_schema::Error::from(error);
                 if failure.is_store_failure() {
@@ -190,7 +279,7 @@ impl FenceStore {
                 Err(Undecided::Failed(failure.to_string()))
             }
             Err(_) => {
-                warn!(timeout = ?self.check_timeout, "fence decision timed out");
+                warn!(timeout = ?self.check_timeout, decisions = batch.len(), "fence decision timed out");
                 discard(client);
                 Err(Undecided::TimedOut)
             }

@@ -77,25 +77,18 @@ pub async fn run(
         pool,
         config.database.fence_check_timeout,
         config.upstream.forward_timeout,
+        config.database.max_batches_in_flight,
     ));
-    tokio::spawn(migrate_until_done(
-        database_url.to_owned(),
-        shutdown.clone(),
-    ));
+    tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
 
     let proxy = Arc::new(Proxy::new(
         Arc::clone(&config),
         Arc::clone(&fences),
         proxy::upstream_client(config.upstream.connect_timeout),
     ));
-    let proxy_handler: Handler =
-        Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
-    let control = control::router(ControlState {
-        config: Arc::clone(&config),
-        fences,
-        metrics,
-        granted_terms: Arc::default(),
-    });
+    let proxy_handler: Handler = Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
+    let control =
+        control::router(ControlState { config: Arc::clone(&config), fences, metrics, granted_terms: Arc::default() });
     let control_handler: Handler = Arc::new(move |request, _remote| {
         let control = control.clone();
         Box::pin(async move {
@@ -112,22 +105,10 @@ pub async fn run(
         max_connections: config.proxy.max_connections,
     };
     let grace = config.shutdown_grace;
-    let proxy_server = tokio::spawn(server::serve(
-        "proxy",
-        listeners.proxy,
-        proxy_handler,
-        limits,
-        shutdown.clone(),
-        grace,
-    ));
-    let control_server = tokio::spawn(server::serve(
-        "control",
-        listeners.control,
-        control_handler,
-        limits,
-        shutdown.clone(),
-        grace,
-    ));
+    let proxy_server =
+        tokio::spawn(server::serve("proxy", listeners.proxy, proxy_handler, limits, shutdown.clone(), grace));
+    let control_server =
+        tokio::spawn(server::serve("control", listeners.control, control_handler, limits, shutdown.clone(), grace));
     let proxy_drained = proxy_server.await.unwrap_or(false);
     let control_drained = control_server.await.unwrap_or(false);
     Ok(proxy_drained && control_drained)

@@ -24,33 +24,26 @@ async fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
         .init();
 
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()).await,
-        Command::Migrate { database_url } => {
-            match fencing_gateway::migrate::run(&database_url).await {
-                Ok(report) if report.applied.is_empty() => {
-                    println!("schema fencing is current at version {}", report.version);
-                    ExitCode::SUCCESS
-                }
-                Ok(report) => {
-                    println!(
-                        "applied migrations {:?}; schema fencing is at version {}",
-                        report.applied, report.version
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("fencing-gateway migrate: {}", error_chain(&error));
-                    ExitCode::FAILURE
-                }
+        Command::Migrate { database_url } => match fencing_gateway::migrate::run(&database_url).await {
+            Ok(report) if report.applied.is_empty() => {
+                println!("schema fencing is current at version {}", report.version);
+                ExitCode::SUCCESS
             }
-        }
+            Ok(report) => {
+                println!("applied migrations {:?}; schema fencing is at version {}", report.applied, report.version);
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("fencing-gateway migrate: {}", error_chain(&error));
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -65,10 +58,7 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
         }
     };
     let shutdown = CancellationToken::new();
-    let (mut terminate, mut interrupt) = match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
+    let (mut terminate, mut interrupt) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
         (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
         _ => {
             eprintln!("fencing-gateway: cannot install signal handlers");
@@ -78,10 +68,7 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
     let listeners = match Listeners::bind(&config).await {
         Ok(listeners) => listeners,
         Err(error) => {
-            eprintln!(
-                "fencing-gateway: bind {} / {}: {error}",
-                config.proxy.listen, config.control.listen
-            );
+            eprintln!("fencing-gateway: bind {} / {}: {error}", config.proxy.listen, config.control.listen);
             return ExitCode::from(EXIT_UNAVAILABLE);
         }
     };
@@ -130,9 +117,8 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
     });
     let result = fencing_gateway::run(config, &database_url, listeners, metrics, shutdown).await;
     if let Some(server) = embedded
-        && let Err(error) = tokio::task::spawn_blocking(move || server.stop())
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()))
+        && let Err(error) =
+            tokio::task::spawn_blocking(move || server.stop()).await.unwrap_or_else(|e| Err(e.to_string()))
     {
         error!(%error, "could not stop the embedded PostgreSQL");
     }

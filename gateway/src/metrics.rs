@@ -26,15 +26,19 @@ pub const UPSTREAM_ERRORS: &str = "fencing_upstream_errors_total";
 pub const PASSTHROUGH: &str = "fencing_passthrough_requests_total";
 /// Counter: refusals decided from the gateway's cache of maxima, without a round trip.
 pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
+/// Histogram: fence decisions carried by one round trip to Postgres.
+pub const BATCH_SIZE: &str = "fencing_check_batch_size";
 
-const LATENCY_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 /// Installs the Prometheus recorder for this process and describes every metric.
 pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
+        .map_err(|error| error.to_string())?
+        .set_buckets_for_metric(Matcher::Full(BATCH_SIZE.to_owned()), BATCH_BUCKETS)
         .map_err(|error| error.to_string())?
         .install_recorder()
         .map_err(|error| error.to_string())?;
@@ -44,35 +48,14 @@ pub fn install() -> Result<PrometheusHandle, String> {
 
 fn describe() {
     metrics::describe_counter!(WRITES, "Fenced writes by route and outcome");
-    metrics::describe_histogram!(
-        WRITE_DURATION,
-        Unit::Seconds,
-        "Fenced writes, from arrival to response head"
-    );
+    metrics::describe_histogram!(WRITE_DURATION, Unit::Seconds, "Fenced writes, from arrival to response head");
     metrics::describe_histogram!(CHECK_DURATION, Unit::Seconds, "Fence decisions in Postgres");
-    metrics::describe_counter!(
-        LEASE_OPERATIONS,
-        "Lease API operations by operation and result"
-    );
-    metrics::describe_counter!(
-        LEASE_TRANSITIONS,
-        "New leadership periods granted through this gateway"
-    );
-    metrics::describe_counter!(
-        STORE_ERRORS,
-        "Fence decisions that could not be made, by kind"
-    );
+    metrics::describe_counter!(LEASE_OPERATIONS, "Lease API operations by operation and result");
+    metrics::describe_counter!(LEASE_TRANSITIONS, "New leadership periods granted through this gateway");
+    metrics::describe_counter!(STORE_ERRORS, "Fence decisions that could not be made, by kind");
     metrics::describe_gauge!(INFLIGHT_WRITES, "Fenced writes being decided or forwarded");
-    metrics::describe_counter!(
-        UPSTREAM_ERRORS,
-        "Admitted writes the upstream did not answer, by kind"
-    );
-    metrics::describe_counter!(
-        PASSTHROUGH,
-        "Unfenced requests passed straight through, by route"
-    );
-    metrics::describe_counter!(
-        CACHED_REFUSALS,
-        "Stale writes refused from the cached maximum, without Postgres"
-    );
+    metrics::describe_counter!(UPSTREAM_ERRORS, "Admitted writes the upstream did not answer, by kind");
+    metrics::describe_counter!(PASSTHROUGH, "Unfenced requests passed straight through, by route");
+    metrics::describe_histogram!(BATCH_SIZE, "Fence decisions carried by one round trip to Postgres");
+    metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
 }

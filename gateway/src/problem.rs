@@ -115,24 +115,14 @@ impl Rejection {
     pub fn problem(&self) -> Problem {
         let status = self.status();
         match self {
-            Rejection::NoRoute => Problem::new(
-                status,
-                "no-route",
-                "No route",
-                "no configured route matches this path",
-            ),
+            Rejection::NoRoute => Problem::new(status, "no-route", "No route", "no configured route matches this path"),
             Rejection::MethodNotAllowed => Problem::new(
                 status,
                 "method-not-allowed",
                 "Method not allowed",
                 "the gateway forwards only to configured upstreams; CONNECT is refused",
             ),
-            Rejection::Fenced {
-                outcome,
-                resource,
-                presented_term,
-                current_term,
-            } => {
+            Rejection::Fenced { outcome, resource, presented_term, current_term } => {
                 let (kind, title, detail) = match outcome {
                     Outcome::FutureTerm => (
                         "future-term",
@@ -144,9 +134,7 @@ impl Rejection {
                     Outcome::NotLeader => (
                         "not-leader",
                         "Not the leader",
-                        format!(
-                            "the writer does not hold the lease that resource {resource:?} needs"
-                        ),
+                        format!("the writer does not hold the lease that resource {resource:?} needs"),
                     ),
                     _ => (
                         "stale-term",
@@ -168,9 +156,7 @@ impl Rejection {
                 "Fencing token required",
                 "a fenced write must present Fencing-Token, or Fencing-Lease with Fencing-Owner",
             ),
-            Rejection::Malformed(detail) => {
-                Problem::new(status, "malformed-request", "Malformed request", detail)
-            }
+            Rejection::Malformed(detail) => Problem::new(status, "malformed-request", "Malformed request", detail),
             Rejection::BodyTooLarge { limit } => Problem::new(
                 status,
                 "body-too-large",
@@ -213,19 +199,11 @@ impl Problem {
     /// A problem with `type`, `title`, `status` and `detail`.
     pub fn new(status: StatusCode, kind: &str, title: &str, detail: &str) -> Problem {
         let mut body = serde_json::Map::new();
-        body.insert(
-            "type".to_owned(),
-            json!(format!("urn:fencing-gateway:problem:{kind}")),
-        );
+        body.insert("type".to_owned(), json!(format!("urn:fencing-gateway:problem:{kind}")));
         body.insert("title".to_owned(), json!(title));
         body.insert("status".to_owned(), json!(status.as_u16()));
         body.insert("detail".to_owned(), json!(detail));
-        Problem {
-            status,
-            body,
-            retry_after: None,
-            current_term: None,
-        }
+        Problem { status, body, retry_after: None, current_term: None }
     }
 
     /// Adds a member.
@@ -252,10 +230,7 @@ impl Problem {
         let mut response = Response::new(Body::from(bytes));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
-        headers.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if let Some(seconds) = self.retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
         }

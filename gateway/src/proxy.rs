@@ -59,9 +59,7 @@ pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
 }
 
 /// Everything a proxied request needs.
@@ -77,21 +75,11 @@ pub struct Proxy {
 impl Proxy {
     /// A proxy for `config`'s routes, deciding through `fences`.
     pub fn new(config: Arc<Config>, fences: Arc<FenceStore>, client: UpstreamClient) -> Proxy {
-        Proxy {
-            config,
-            fences,
-            client,
-            next_request_id: AtomicU64::new(1),
-            request_id_prefix: rand::random(),
-        }
+        Proxy { config, fences, client, next_request_id: AtomicU64::new(1), request_id_prefix: rand::random() }
     }
 
     /// Handles one request from `remote`.
-    pub async fn handle(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-        remote: SocketAddr,
-    ) -> Response<Body> {
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>, remote: SocketAddr) -> Response<Body> {
         let request_id = self.request_id(request.headers());
         let span = info_span!(
             "request",
@@ -101,10 +89,7 @@ impl Proxy {
             resource = field::Empty,
             term = field::Empty,
         );
-        let mut response = self
-            .route(request, remote, &request_id)
-            .instrument(span)
-            .await;
+        let mut response = self.route(request, remote, &request_id).instrument(span).await;
         if let Ok(value) = HeaderValue::from_str(&request_id) {
             response.headers_mut().insert(REQUEST_ID, value);
         }
@@ -112,36 +97,20 @@ impl Proxy {
     }
 
     fn request_id(&self, headers: &HeaderMap) -> String {
-        let sane = |id: &&str| {
-            !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic())
-        };
-        match headers
-            .get(&REQUEST_ID)
-            .and_then(|value| value.to_str().ok())
-            .filter(sane)
-        {
+        let sane = |id: &&str| !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic());
+        match headers.get(&REQUEST_ID).and_then(|value| value.to_str().ok()).filter(sane) {
             Some(id) => id.to_owned(),
-            None => format!(
-                "{:08x}-{}",
-                self.request_id_prefix,
-                self.next_request_id.fetch_add(1, Ordering::Relaxed)
-            ),
+            None => format!("{:08x}-{}", self.request_id_prefix, self.next_request_id.fetch_add(1, Ordering::Relaxed)),
         }
     }
 
-    async fn route(
-        &self,
-        mut request: Request<Incoming>,
-        remote: SocketAddr,
-        request_id: &str,
-    ) -> Response<Body> {
+    async fn route(&self, mut request: Request<Incoming>, remote: SocketAddr, request_id: &str) -> Response<Body> {
         if request.method() == Method::CONNECT {
             return Rejection::MethodNotAllowed.problem().into_response();
         }
         if request.uri().scheme().is_some() || request.uri().authority().is_some() {
             return Rejection::Malformed(
-                "absolute-form request targets are not accepted: send origin-form (a path)"
-                    .to_owned(),
+                "absolute-form request targets are not accepted: send origin-form (a path)".to_owned(),
             )
             .problem()
             .into_response();
@@ -192,10 +161,7 @@ impl Proxy {
     ) -> Response<Body> {
         remove_fencing_headers(request.headers_mut());
         let deadline = Instant::now() + self.config.upstream.forward_timeout;
-        match self
-            .forward(route, request, remote, request_id, deadline, None)
-            .await
-        {
+        match self.forward(route, request, remote, request_id, deadline, None).await {
             Ok(response) => response,
             Err(rejection) => rejection.problem().into_response(),
         }
@@ -219,16 +185,12 @@ impl Proxy {
         tracing::Span::current().record("resource", resource.as_str());
 
         let sent = Instant::now();
-        let gate = self
-            .fences
-            .decide(&resource, &presented, route.lease.as_deref())
-            .await
-            .map_err(|error| {
-                warn!(%error, "fence decision could not be made; refusing the write");
-                match error {
-                    Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
-                }
-            })?;
+        let gate = self.fences.decide(&resource, &presented, route.lease.as_deref()).await.map_err(|error| {
+            warn!(%error, "fence decision could not be made; refusing the write");
+            match error {
+                Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
+            }
+        })?;
         let term = admitted_term(&gate, &resource, &presented)?;
         tracing::Span::current().record("term", term);
 
@@ -245,8 +207,7 @@ impl Proxy {
         let resource_value = HeaderValue::from_str(&resource)
             .map_err(|_| Rejection::Malformed("resource is not a header value".to_owned()))?;
         headers.insert(FENCING_RESOURCE, resource_value);
-        self.forward(route, request, remote, request_id, deadline, Some(term))
-            .await
+        self.forward(route, request, remote, request_id, deadline, Some(term)).await
     }
 
     /// Sends `request` to the route's upstream and streams the answer back. The upstream's
@@ -289,33 +250,19 @@ impl Proxy {
         if let Some(term) = term {
             parts.headers.insert(FENCING_TOKEN, HeaderValue::from(term));
         }
-        Ok(Response::from_parts(
-            parts,
-            Body::new(body.map_err(axum::Error::new)),
-        ))
+        Ok(Response::from_parts(parts, Body::new(body.map_err(axum::Error::new))))
     }
 
-    fn upstream_failure(
-        &self,
-        route: &Route,
-        error: &hyper_util::client::legacy::Error,
-    ) -> Rejection {
+    fn upstream_failure(&self, route: &Route, error: &hyper_util::client::legacy::Error) -> Rejection {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
         while let Some(cause) = source {
             if cause.is::<LengthLimitError>() {
-                return Rejection::BodyTooLarge {
-                    limit: self.config.proxy.body_limit_bytes,
-                };
+                return Rejection::BodyTooLarge { limit: self.config.proxy.body_limit_bytes };
             }
             source = cause.source();
         }
-        let kind = if error.is_connect() {
-            "connect"
-        } else {
-            "request"
-        };
-        metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind)
-            .increment(1);
+        let kind = if error.is_connect() { "connect" } else { "request" };
+        metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind).increment(1);
         debug!(%error, kind, "upstream failed");
         Rejection::UpstreamUnreachable
     }
@@ -335,12 +282,7 @@ fn admitted_term(gate: &Gate, resource: &str, presented: &Presented) -> Result<i
         StoreOutcome::FutureTerm => Outcome::FutureTerm,
         StoreOutcome::NotLeader => Outcome::NotLeader,
     };
-    Err(Rejection::Fenced {
-        outcome,
-        resource: resource.to_owned(),
-        presented_term,
-        current_term: gate.current_term(),
-    })
+    Err(Rejection::Fenced { outcome, resource: resource.to_owned(), presented_term, current_term: gate.current_term() })
 }
 
 /// Removes the hop-by-hop headers, including every header the `Connection` header names.
@@ -361,12 +303,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 fn remove_fencing_headers(headers: &mut HeaderMap) {
-    for name in [
-        FENCING_TOKEN,
-        FENCING_RESOURCE,
-        FENCING_LEASE,
-        FENCING_OWNER,
-    ] {
+    for name in [FENCING_TOKEN, FENCING_RESOURCE, FENCING_LEASE, FENCING_OWNER] {
         headers.remove(name);
     }
 }
@@ -376,18 +313,10 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Rejection> {
     let Some(first) = values.next() else {
         return Ok(None);
     };
-    let parse = |value: &HeaderValue| {
-        value
-            .to_str()
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-    };
-    let length = parse(first)
-        .ok_or_else(|| Rejection::Malformed("Content-Length is not a number".to_owned()))?;
+    let parse = |value: &HeaderValue| value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok());
+    let length = parse(first).ok_or_else(|| Rejection::Malformed("Content-Length is not a number".to_owned()))?;
     if values.any(|value| parse(value) != Some(length)) {
-        return Err(Rejection::Malformed(
-            "conflicting Content-Length headers".to_owned(),
-        ));
+        return Err(Rejection::Malformed("conflicting Content-Length headers".to_owned()));
     }
     Ok(Some(length))
 }
@@ -399,22 +328,16 @@ fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a st
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err(Rejection::Malformed(format!(
-            "{name} must appear at most once"
-        )));
+        return Err(Rejection::Malformed(format!("{name} must appear at most once")));
     }
-    let text = value
-        .to_str()
-        .map_err(|_| Rejection::Malformed(format!("{name} is not visible ASCII")))?;
+    let text = value.to_str().map_err(|_| Rejection::Malformed(format!("{name} is not visible ASCII")))?;
     Ok(Some(text.trim()))
 }
 
 /// Parses a `Fencing-Token`: a decimal integer in 1..=2^63-1, nothing else.
 pub fn parse_token(text: &str) -> Result<i64, Rejection> {
     let malformed = || {
-        Rejection::Malformed(format!(
-            "Fencing-Token must be a decimal integer in 1..9223372036854775807, got {text:?}"
-        ))
+        Rejection::Malformed(format!("Fencing-Token must be a decimal integer in 1..9223372036854775807, got {text:?}"))
     };
     if text.is_empty() || text.len() > 19 || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(malformed());
@@ -435,23 +358,16 @@ fn presented(headers: &HeaderMap) -> Result<Presented, Rejection> {
         (None, Some(key), Some(owner)) => {
             for (name, value) in [("Fencing-Lease", key), ("Fencing-Owner", owner)] {
                 if value.is_empty() || value.chars().count() > 256 {
-                    return Err(Rejection::Malformed(format!(
-                        "{name} must be 1 to 256 characters"
-                    )));
+                    return Err(Rejection::Malformed(format!("{name} must be 1 to 256 characters")));
                 }
             }
-            Ok(Presented::Lease {
-                key: key.to_owned(),
-                owner: owner.to_owned(),
-            })
+            Ok(Presented::Lease { key: key.to_owned(), owner: owner.to_owned() })
         }
         (None, None, None) => Err(Rejection::MissingToken),
         (Some(_), _, _) => Err(Rejection::Malformed(
             "present either Fencing-Token or Fencing-Lease with Fencing-Owner, not both".to_owned(),
         )),
-        (None, _, _) => Err(Rejection::Malformed(
-            "Fencing-Lease and Fencing-Owner go together".to_owned(),
-        )),
+        (None, _, _) => Err(Rejection::Malformed("Fencing-Lease and Fencing-Owner go together".to_owned())),
     }
 }
 
@@ -459,11 +375,7 @@ fn resource(route: &Route, request: &Request<Incoming>) -> Result<String, Reject
     let name = match &route.resource {
         ResourceNaming::Fixed(name) => name.clone(),
         ResourceNaming::Header(header) => single(request.headers(), header)?
-            .ok_or_else(|| {
-                Rejection::Malformed(format!(
-                    "this route names the resource by the {header} header"
-                ))
-            })?
+            .ok_or_else(|| Rejection::Malformed(format!("this route names the resource by the {header} header")))?
             .to_owned(),
         ResourceNaming::Segment(n) => request
             .uri()
@@ -472,16 +384,12 @@ fn resource(route: &Route, request: &Request<Incoming>) -> Result<String, Reject
             .filter(|segment| !segment.is_empty())
             .nth(n - 1)
             .ok_or_else(|| {
-                Rejection::Malformed(format!(
-                    "this route names the resource by path segment {n}, which is missing"
-                ))
+                Rejection::Malformed(format!("this route names the resource by path segment {n}, which is missing"))
             })?
             .to_owned(),
     };
     if name.is_empty() || name.chars().count() > 256 {
-        return Err(Rejection::Malformed(
-            "the resource name must be 1 to 256 characters".to_owned(),
-        ));
+        return Err(Rejection::Malformed("the resource name must be 1 to 256 characters".to_owned()));
     }
     Ok(name)
 }
@@ -506,10 +414,7 @@ fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result
 
 fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>) {
     let mut element = format!("for=\"{remote}\";proto=http");
-    if let Some(host) = host
-        .and_then(|value| value.to_str().ok())
-        .filter(|h| !h.contains('"'))
-    {
+    if let Some(host) = host.and_then(|value| value.to_str().ok()).filter(|h| !h.contains('"')) {
         element.push_str(&format!(";host=\"{host}\""));
     }
     if let Ok(value) = HeaderValue::from_str(&element) {
@@ -564,10 +469,7 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, x-secret, fencing-token"),
-        );
+        headers.insert("connection", HeaderValue::from_static("keep-alive, x-secret, fencing-token"));
         headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         headers.insert("x-secret", HeaderValue::from_static("1"));
         headers.insert("te", HeaderValue::from_static("trailers"));

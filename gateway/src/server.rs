@@ -21,11 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 /// A request handler: the request and the client's address in, the response out.
-pub type Handler = Arc<
-    dyn Fn(Request<Incoming>, SocketAddr) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>
-        + Send
-        + Sync,
->;
+pub type Handler =
+    Arc<dyn Fn(Request<Incoming>, SocketAddr) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
 
 /// What protects a listener from slow or greedy clients.
 #[derive(Debug, Clone, Copy)]
@@ -89,22 +86,14 @@ pub async fn serve(
         });
     }
     drop(listener);
-    info!(
-        listener = name,
-        ?grace,
-        "stopped accepting; draining open connections"
-    );
+    info!(listener = name, ?grace, "stopped accepting; draining open connections");
     match tokio::time::timeout(grace, graceful.shutdown()).await {
         Ok(()) => {
             info!(listener = name, "drained");
             true
         }
         Err(_) => {
-            warn!(
-                listener = name,
-                ?grace,
-                "grace period passed with requests still open; closing them"
-            );
+            warn!(listener = name, ?grace, "grace period passed with requests still open; closing them");
             false
         }
     }

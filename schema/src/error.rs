@@ -33,9 +33,7 @@ pub enum Error {
     },
 
     /// A migration file ran but did not record its version, so it would run again.
-    #[error(
-        "migration {version} ({name}) ran but did not record itself in fencing.schema_migrations"
-    )]
+    #[error("migration {version} ({name}) ran but did not record itself in fencing.schema_migrations")]
     MigrationUnrecorded {
         /// The migration's version.
         version: i32,
@@ -97,13 +95,9 @@ impl From<tokio_postgres::Error> for Error {
         };
         let code = db.code();
         if code == &SqlState::from_code(SQLSTATE_REFUSED) {
-            Error::Refused {
-                message: db.message().to_owned(),
-            }
+            Error::Refused { message: db.message().to_owned() }
         } else if code == &SqlState::from_code(SQLSTATE_INVALID_ARGUMENT) {
-            Error::InvalidArgument {
-                message: db.message().to_owned(),
-            }
+            Error::InvalidArgument { message: db.message().to_owned() }
         } else {
             Error::Store(error)
         }

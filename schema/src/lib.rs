@@ -22,8 +22,8 @@ pub mod store;
 
 pub use error::Error;
 pub use migrations::{
-    ADVISORY_LOCK_KEY, LATEST_VERSION, MIGRATIONS, Migration, MigrationReport,
-    check_schema_version, migrate, schema_version,
+    ADVISORY_LOCK_KEY, LATEST_VERSION, MIGRATIONS, Migration, MigrationReport, check_schema_version, migrate,
+    schema_version,
 };
 
 /// The SQLSTATE every refused write raises (class `ZF`, implementation-defined: "fencing").

@@ -22,16 +22,8 @@ pub struct Migration {
 
 /// Every migration this binary knows, in the order they apply.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "init",
-        sql: include_str!("../migrations/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "gate",
-        sql: include_str!("../migrations/0002_gate.sql"),
-    },
+    Migration { version: 1, name: "init", sql: include_str!("../migrations/0001_init.sql") },
+    Migration { version: 2, name: "gate", sql: include_str!("../migrations/0002_gate.sql") },
 ];
 
 /// The schema version this binary expects to find.
@@ -59,47 +51,28 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let transaction = client.transaction().await.map_err(Error::Store)?;
-        transaction
-            .execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY])
-            .await
-            .map_err(Error::Store)?;
+        transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY]).await.map_err(Error::Store)?;
         let current = schema_version(&transaction).await?;
         if let Some(found) = current.filter(|found| *found > LATEST_VERSION) {
-            return Err(Error::SchemaTooNew {
-                found,
-                known: LATEST_VERSION,
-            });
+            return Err(Error::SchemaTooNew { found, known: LATEST_VERSION });
         }
         if current.is_some_and(|found| found >= migration.version) {
             continue;
         }
-        transaction
-            .batch_execute(migration.sql)
-            .await
-            .map_err(|source| Error::MigrationFailed {
-                version: migration.version,
-                name: migration.name,
-                source,
-            })?;
+        transaction.batch_execute(migration.sql).await.map_err(|source| Error::MigrationFailed {
+            version: migration.version,
+            name: migration.name,
+            source,
+        })?;
         let recorded = transaction
-            .query_opt(
-                "SELECT 1 FROM fencing.schema_migrations WHERE version = $1",
-                &[&migration.version],
-            )
+            .query_opt("SELECT 1 FROM fencing.schema_migrations WHERE version = $1", &[&migration.version])
             .await
             .map_err(Error::Store)?;
         if recorded.is_none() {
-            return Err(Error::MigrationUnrecorded {
-                version: migration.version,
-                name: migration.name,
-            });
+            return Err(Error::MigrationUnrecorded { version: migration.version, name: migration.name });
         }
         transaction.commit().await.map_err(Error::Store)?;
-        info!(
-            version = migration.version,
-            name = migration.name,
-            "applied migration"
-        );
+        info!(version = migration.version, name = migration.name, "applied migration");
         applied.push(migration.version);
     }
     let version = check_schema_version(client).await?;
@@ -107,14 +80,9 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
 }
 
 /// The highest applied migration version, or `None` when the schema is not installed.
-pub async fn schema_version(
-    client: &impl tokio_postgres::GenericClient,
-) -> Result<Option<i32>, Error> {
+pub async fn schema_version(client: &impl tokio_postgres::GenericClient) -> Result<Option<i32>, Error> {
     let installed: bool = client
-        .query_one(
-            "SELECT to_regclass('fencing.schema_migrations') IS NOT NULL",
-            &[],
-        )
+        .query_one("SELECT to_regclass('fencing.schema_migrations') IS NOT NULL", &[])
         .await
         .and_then(|row| row.try_get(0))
         .map_err(Error::Store)?;
@@ -129,19 +97,11 @@ pub async fn schema_version(
 }
 
 /// Returns the schema version when it is exactly the one this binary expects, else the reason.
-pub async fn check_schema_version(
-    client: &impl tokio_postgres::GenericClient,
-) -> Result<i32, Error> {
+pub async fn check_schema_version(client: &impl tokio_postgres::GenericClient) -> Result<i32, Error> {
     match schema_version(client).await? {
         Some(found) if found == LATEST_VERSION => Ok(found),
-        Some(found) if found > LATEST_VERSION => Err(Error::SchemaTooNew {
-            found,
-            known: LATEST_VERSION,
-        }),
-        found => Err(Error::SchemaOutdated {
-            found,
-            expected: LATEST_VERSION,
-        }),
+        Some(found) if found > LATEST_VERSION => Err(Error::SchemaTooNew { found, known: LATEST_VERSION }),
+        found => Err(Error::SchemaOutdated { found, expected: LATEST_VERSION }),
     }
 }
 
@@ -153,10 +113,7 @@ mod tests {
     fn migrations_are_numbered_in_order_and_record_themselves() {
         for (index, migration) in MIGRATIONS.iter().enumerate() {
             let expected = i32::try_from(index + 1).expect("few migrations");
-            assert_eq!(
-                migration.version, expected,
-                "versions start at 1 and have no gaps"
-            );
+            assert_eq!(migration.version, expected, "versions start at 1 and have no gaps");
             let record = format!("VALUES ({}, '{}')", migration.version, migration.name);
             assert!(
                 migration.sql.contains(&record),

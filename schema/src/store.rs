@@ -123,10 +123,7 @@ fn lease_reply(row: &Row) -> Result<LeaseReply, Error> {
         holder: row.try_get("holder").map_err(Error::Store)?,
         term: row.try_get("term").map_err(Error::Store)?,
         expires_at: row.try_get("expires_at").map_err(Error::Store)?,
-        remaining: ms(row
-            .try_get::<_, Option<i64>>("remaining_ms")
-            .map_err(Error::Store)?
-            .unwrap_or(0)),
+        remaining: ms(row.try_get::<_, Option<i64>>("remaining_ms").map_err(Error::Store)?.unwrap_or(0)),
     })
 }
 
@@ -148,30 +145,18 @@ async fn lease_call(
 }
 
 /// Calls `fencing.acquire(key, owner, ttl)`.
-pub async fn acquire(
-    client: &impl GenericClient,
-    key: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<LeaseReply, Error> {
+pub async fn acquire(client: &impl GenericClient, key: &str, owner: &str, ttl: Duration) -> Result<LeaseReply, Error> {
     lease_call(client, ACQUIRE_SQL, key, owner, ttl).await
 }
 
 /// Calls `fencing.renew(key, owner, ttl)`.
-pub async fn renew(
-    client: &impl GenericClient,
-    key: &str,
-    owner: &str,
-    ttl: Duration,
-) -> Result<LeaseReply, Error> {
+pub async fn renew(client: &impl GenericClient, key: &str, owner: &str, ttl: Duration) -> Result<LeaseReply, Error> {
     lease_call(client, RENEW_SQL, key, owner, ttl).await
 }
 
 /// Calls `fencing.release(key, owner)`: true when the caller held the lease and now does not.
 pub async fn release(client: &impl GenericClient, key: &str, owner: &str) -> Result<bool, Error> {
-    let row = client
-        .query_one("SELECT fencing.release($1, $2)", &[&key, &owner])
-        .await?;
+    let row = client.query_one("SELECT fencing.release($1, $2)", &[&key, &owner]).await?;
     row.try_get(0).map_err(Error::Store)
 }
 
@@ -198,10 +183,7 @@ pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<
 }
 
 /// Reads one fence row.
-pub async fn get_fence(
-    client: &impl GenericClient,
-    resource: &str,
-) -> Result<Option<FenceRow>, Error> {
+pub async fn get_fence(client: &impl GenericClient, resource: &str) -> Result<Option<FenceRow>, Error> {
     let row = client
         .query_opt(
             "SELECT resource, max_term, lease_key, updated_at FROM fencing.fences WHERE resource = $1",
@@ -244,21 +226,13 @@ pub async fn try_admit(
 
 /// Calls `fencing.admit(resource, term)`: the resource's maximum, or [`Error::Refused`].
 pub async fn admit(client: &impl GenericClient, resource: &str, term: i64) -> Result<i64, Error> {
-    let row = client
-        .query_one("SELECT fencing.admit($1, $2)", &[&resource, &term])
-        .await?;
+    let row = client.query_one("SELECT fencing.admit($1, $2)", &[&resource, &term]).await?;
     row.try_get(0).map_err(Error::Store)
 }
 
 /// Calls `fencing.bind(resource, lease_key)`: the resource's maximum.
-pub async fn bind(
-    client: &impl GenericClient,
-    resource: &str,
-    lease_key: &str,
-) -> Result<i64, Error> {
-    let row = client
-        .query_one("SELECT fencing.bind($1, $2)", &[&resource, &lease_key])
-        .await?;
+pub async fn bind(client: &impl GenericClient, resource: &str, lease_key: &str) -> Result<i64, Error> {
+    let row = client.query_one("SELECT fencing.bind($1, $2)", &[&resource, &lease_key]).await?;
     row.try_get(0).map_err(Error::Store)
 }
 
@@ -303,23 +277,23 @@ impl Gate {
             max_term: row.try_get("max_term").map_err(Error::Store)?,
             lease_key: row.try_get("lease_key").map_err(Error::Store)?,
             lease_term: row.try_get("lease_term").map_err(Error::Store)?,
-            wait: ms(row
-                .try_get::<_, Option<i64>>("wait_ms")
-                .map_err(Error::Store)?
-                .unwrap_or(0)),
+            wait: ms(row.try_get::<_, Option<i64>>("wait_ms").map_err(Error::Store)?.unwrap_or(0)),
         })
     }
 }
 
 /// `fencing.gate(resource, term, forward timeout ms, bind lease)`: prepare it once per connection.
-pub const GATE_SQL: &str =
-    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+pub const GATE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
     FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4)";
 
 /// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease)`.
-pub const GATE_LEASE_SQL: &str =
-    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
     FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5)";
+
+/// `fencing.gate_many(resources, terms, lease keys, owners, bind leases, forward timeout ms)`:
+/// one row per item, in order.
+pub const GATE_MANY_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
+    FROM fencing.gate_many($1, $2, $3, $4, $5, $6::bigint * interval '1 millisecond')";
 
 /// Calls `fencing.gate`: the gateway's decision for a write presenting `term` (verify mode).
 pub async fn gate(
@@ -329,12 +303,7 @@ pub async fn gate(
     forward_timeout: Duration,
     bind_lease: Option<&str>,
 ) -> Result<Gate, Error> {
-    let row = client
-        .query_one(
-            GATE_SQL,
-            &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease],
-        )
-        .await?;
+    let row = client.query_one(GATE_SQL, &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease]).await?;
     Gate::from_row(&row)
 }
 
@@ -349,16 +318,7 @@ pub async fn gate_lease(
     bind_lease: Option<&str>,
 ) -> Result<Gate, Error> {
     let row = client
-        .query_one(
-            GATE_LEASE_SQL,
-            &[
-                &resource,
-                &lease_key,
-                &owner,
-                &ttl_ms(forward_timeout),
-                &bind_lease,
-            ],
-        )
+        .query_one(GATE_LEASE_SQL, &[&resource, &lease_key, &owner, &ttl_ms(forward_timeout), &bind_lease])
         .await?;
     Gate::from_row(&row)
 }

@@ -26,10 +26,7 @@ use crate::workspace_bin;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Reads `child`'s stdout lines into a channel; returns the first line.
-async fn first_line_then_forward(
-    child: &mut Child,
-    sender: mpsc::UnboundedSender<String>,
-) -> Result<String> {
+async fn first_line_then_forward(child: &mut Child, sender: mpsc::UnboundedSender<String>) -> Result<String> {
     let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
     let mut lines = BufReader::new(stdout).lines();
     let first = tokio::time::timeout(START_TIMEOUT, lines.next_line())
@@ -72,12 +69,7 @@ impl Upstream {
             .strip_prefix("listening ")
             .and_then(|a| a.parse().ok())
             .ok_or_else(|| anyhow!("unexpected first line {first:?}"))?;
-        Ok(Upstream {
-            addr,
-            child,
-            lines,
-            log: Vec::new(),
-        })
+        Ok(Upstream { addr, child, lines, log: Vec::new() })
     }
 
     /// The base URL to configure a route with.
@@ -99,9 +91,7 @@ impl Upstream {
 
     /// Whether a request with this `x-request-id` reached the upstream (after [`Upstream::collect`]).
     pub fn received(&self, request_id: &str) -> bool {
-        self.log
-            .iter()
-            .any(|line| line.get("x_request_id").and_then(Value::as_str) == Some(request_id))
+        self.log.iter().any(|line| line.get("x_request_id").and_then(Value::as_str) == Some(request_id))
     }
 
     /// Stops the upstream.
@@ -141,10 +131,7 @@ impl Gateway {
             .env("FENCING_DATABASE_URL", database_url)
             .env("FENCING_PROXY_LISTEN", "127.0.0.1:0")
             .env("FENCING_CONTROL_LISTEN", "127.0.0.1:0")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -164,13 +151,7 @@ impl Gateway {
         let (Some(proxy), Some(control)) = (proxy, control) else {
             bail!("unexpected first line {first:?}");
         };
-        let gateway = Gateway {
-            proxy,
-            control,
-            child,
-            config_path,
-            _stdout: stdout,
-        };
+        let gateway = Gateway { proxy, control, child, config_path, _stdout: stdout };
         gateway.wait_ready().await?;
         Ok(gateway)
     }
@@ -190,12 +171,7 @@ impl Gateway {
 
     /// The process id.
     pub fn pid(&self) -> Pid {
-        Pid::from_raw(
-            self.child
-                .id()
-                .and_then(|id| i32::try_from(id).ok())
-                .unwrap_or(0),
-        )
+        Pid::from_raw(self.child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0))
     }
 
     /// Sends `signal` to the gateway.
@@ -246,16 +222,8 @@ fn client() -> Client<HttpConnector, Full<Bytes>> {
 }
 
 /// Sends one request to `addr` and reads the whole response.
-pub async fn send(
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Result<Reply> {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"));
+pub async fn send(addr: SocketAddr, method: Method, path: &str, headers: &[(&str, &str)], body: &str) -> Result<Reply> {
+    let mut request = Request::builder().method(method).uri(format!("http://{addr}{path}"));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -265,11 +233,7 @@ pub async fn send(
         .map_err(|_| anyhow!("no response within 30 s"))??;
     let (parts, body) = response.into_parts();
     let body = body.collect().await?.to_bytes();
-    Ok(Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    })
+    Ok(Reply { status: parts.status, headers: parts.headers, body })
 }
 
 /// Writes `raw` bytes to `addr` and returns everything read back until the server closes or

@@ -48,15 +48,9 @@ pub fn workspace_example(name: &str) -> anyhow::Result<PathBuf> {
 fn workspace_bin_dir() -> anyhow::Result<PathBuf> {
     // A test binary lives in target/<profile>/deps, a binary in target/<profile>.
     let exe = std::env::current_exe()?;
-    let dir = exe.parent().ok_or_else(|| {
-        anyhow::anyhow!("cannot locate the target directory from {}", exe.display())
-    })?;
-    Ok(if dir.ends_with("deps") {
-        dir.parent().unwrap_or(dir)
-    } else {
-        dir
-    }
-    .to_path_buf())
+    let dir =
+        exe.parent().ok_or_else(|| anyhow::anyhow!("cannot locate the target directory from {}", exe.display()))?;
+    Ok(if dir.ends_with("deps") { dir.parent().unwrap_or(dir) } else { dir }.to_path_buf())
 }
 
 /// The SQLSTATE of a database error, if it is one.
@@ -66,9 +60,7 @@ pub fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
 
 /// The message of a database error, or the error's text.
 pub fn message(error: &tokio_postgres::Error) -> String {
-    error
-        .as_db_error()
-        .map_or_else(|| error.to_string(), |db| db.message().to_owned())
+    error.as_db_error().map_or_else(|| error.to_string(), |db| db.message().to_owned())
 }
 
 /// Every row of `query`, each rendered as text in order: compare two of these to prove that
@@ -91,10 +83,7 @@ pub async fn fencing_state(client: &tokio_postgres::Client) -> Vec<String> {
 /// Waits (bounded, 30 s) until the store's clock has passed `instant`.
 pub async fn wait_for_store_clock(client: &tokio_postgres::Client, instant: std::time::SystemTime) {
     for _ in 0..3000 {
-        match client
-            .query_one("SELECT clock_timestamp() >= $1", &[&instant])
-            .await
-        {
+        match client.query_one("SELECT clock_timestamp() >= $1", &[&instant]).await {
             Ok(row) if row.get::<_, bool>(0) => return,
             Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
             Err(error) => panic!("read the store's clock: {error}"),

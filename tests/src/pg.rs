@@ -70,15 +70,8 @@ impl PgCluster {
         let root = make_root(run_as.as_ref())?;
         let data_dir = root.join("data");
         let log_file = root.join("server.log");
-        let mut cluster = PgCluster {
-            bin_dir,
-            root,
-            data_dir,
-            log_file,
-            port: 0,
-            run_as,
-            supervisor: Mutex::new(None),
-        };
+        let mut cluster =
+            PgCluster { bin_dir, root, data_dir, log_file, port: 0, run_as, supervisor: Mutex::new(None) };
         // The supervisor is started first, so the temp dir is removed even if initdb fails.
         cluster.spawn_supervisor()?;
         cluster.initdb()?;
@@ -185,15 +178,7 @@ impl PgCluster {
     /// libpq environment removed so it cannot point the tools elsewhere.
     fn pg_command(&self, program: &str) -> Command {
         let mut command = Command::new(self.bin_dir.join(program));
-        for variable in [
-            "PGDATA",
-            "PGHOST",
-            "PGHOSTADDR",
-            "PGPORT",
-            "PGUSER",
-            "PGDATABASE",
-            "PGOPTIONS",
-        ] {
+        for variable in ["PGDATA", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS"] {
             command.env_remove(variable);
         }
         command.current_dir(&self.root).stdin(Stdio::null());
@@ -208,14 +193,7 @@ impl PgCluster {
             .pg_command("initdb")
             .arg("-D")
             .arg(&self.data_dir)
-            .args([
-                "-U",
-                SUPERUSER,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ])
+            .args(["-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"])
             .output()
             .context("run initdb")?;
         if !output.status.success() {
@@ -247,8 +225,7 @@ impl PgCluster {
             .append(true)
             .open(self.data_dir.join("postgresql.conf"))
             .context("open postgresql.conf")?;
-        file.write_all(settings.as_bytes())
-            .context("write postgresql.conf")?;
+        file.write_all(settings.as_bytes()).context("write postgresql.conf")?;
         Ok(())
     }
 
@@ -271,13 +248,8 @@ rm -rf "$3""#;
         if let Some(user) = &self.run_as {
             command.uid(user.uid).gid(user.gid);
         }
-        let child = command
-            .spawn()
-            .context("spawn the cluster supervisor (sh)")?;
-        *self
-            .supervisor
-            .get_mut()
-            .map_err(|_| anyhow!("supervisor lock poisoned"))? = Some(child);
+        let child = command.spawn().context("spawn the cluster supervisor (sh)")?;
+        *self.supervisor.get_mut().map_err(|_| anyhow!("supervisor lock poisoned"))? = Some(child);
         Ok(())
     }
 }
@@ -320,10 +292,7 @@ impl TestDb {
         let cluster = PgCluster::shared();
         let name = format!("test_{}", NEXT.fetch_add(1, Ordering::Relaxed));
         let admin = connect(&cluster.url("postgres")).await;
-        if let Err(error) = admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-        {
+        if let Err(error) = admin.batch_execute(&format!("CREATE DATABASE {name}")).await {
             panic!("create database {name}: {error}");
         }
         TestDb { name, cluster }
@@ -376,21 +345,14 @@ pub async fn try_connect(url: &str) -> Result<Client, tokio_postgres::Error> {
 fn make_root(run_as: Option<&RunAs>) -> Result<PathBuf> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     // As root, the temp dir must be one the cluster's user can reach: /tmp always is.
-    let base = if run_as.is_some() {
-        PathBuf::from("/tmp")
-    } else {
-        std::env::temp_dir()
-    };
+    let base = if run_as.is_some() { PathBuf::from("/tmp") } else { std::env::temp_dir() };
     let root = base.join(format!(
         "fencing-pg-{}-{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed),
         rand::random::<u32>()
     ));
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&root)
-        .with_context(|| format!("create {}", root.display()))?;
+    fs::DirBuilder::new().mode(0o700).create(&root).with_context(|| format!("create {}", root.display()))?;
     if let Some(user) = run_as {
         nix::unistd::chown(
             &root,

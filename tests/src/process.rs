@@ -46,13 +46,7 @@ pub struct Timing {
 
 impl Timing {
     /// A short lease for fault tests: takeovers within about two seconds.
-    pub const FAST: Timing = Timing {
-        ttl_ms: 1500,
-        renew_ms: 500,
-        margin_ms: 150,
-        query_timeout_ms: 300,
-        tick_ms: 50,
-    };
+    pub const FAST: Timing = Timing { ttl_ms: 1500, renew_ms: 500, margin_ms: 150, query_timeout_ms: 300, tick_ms: 50 };
 }
 
 impl ElectorProcess {
@@ -60,12 +54,7 @@ impl ElectorProcess {
     pub fn spawn(url: &str, key: &str, owner: &str, timing: Timing) -> Result<ElectorProcess> {
         let mut child = Command::new(workspace_example("elector")?)
             .args(["--database-url", url, "--key", key, "--owner", owner])
-            .args([
-                "--ttl-ms",
-                &timing.ttl_ms.to_string(),
-                "--renew-ms",
-                &timing.renew_ms.to_string(),
-            ])
+            .args(["--ttl-ms", &timing.ttl_ms.to_string(), "--renew-ms", &timing.renew_ms.to_string()])
             .args(["--margin-ms", &timing.margin_ms.to_string()])
             .args([
                 "--query-timeout-ms",
@@ -97,22 +86,12 @@ impl ElectorProcess {
                 }
             }
         });
-        Ok(ElectorProcess {
-            owner: owner.to_owned(),
-            child,
-            lines,
-            seen: Vec::new(),
-        })
+        Ok(ElectorProcess { owner: owner.to_owned(), child, lines, seen: Vec::new() })
     }
 
     /// The process id.
     pub fn pid(&self) -> Pid {
-        Pid::from_raw(
-            self.child
-                .id()
-                .and_then(|id| i32::try_from(id).ok())
-                .unwrap_or(0),
-        )
+        Pid::from_raw(self.child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0))
     }
 
     /// Sends `signal` to the process.
@@ -127,16 +106,8 @@ impl ElectorProcess {
         loop {
             let line = tokio::time::timeout_at(deadline, self.lines.recv())
                 .await
-                .map_err(|_| {
-                    anyhow!(
-                        "{}: no {what} within {LINE_TIMEOUT:?}; saw {:?}",
-                        self.owner,
-                        self.seen
-                    )
-                })?
-                .ok_or_else(|| {
-                    anyhow!("{}: exited before {what}; saw {:?}", self.owner, self.seen)
-                })?;
+                .map_err(|_| anyhow!("{}: no {what} within {LINE_TIMEOUT:?}; saw {:?}", self.owner, self.seen))?
+                .ok_or_else(|| anyhow!("{}: exited before {what}; saw {:?}", self.owner, self.seen))?;
             self.seen.push(line.clone());
             if wanted(&line) {
                 return Ok(line);

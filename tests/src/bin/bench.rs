@@ -42,10 +42,7 @@ struct Options {
 }
 
 fn options() -> Result<Options> {
-    let mut options = Options {
-        seconds: 5,
-        concurrency: 8,
-    };
+    let mut options = Options { seconds: 5, concurrency: 8 };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| anyhow!("{flag} needs a value"))?;
@@ -74,10 +71,7 @@ async fn passthrough(upstream: Uri) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
     let client = upstream_client(Duration::from_secs(1));
-    let authority = upstream
-        .authority()
-        .cloned()
-        .context("upstream authority")?;
+    let authority = upstream.authority().cloned().context("upstream authority")?;
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
@@ -87,26 +81,15 @@ async fn passthrough(upstream: Uri) -> Result<()> {
                 let (client, authority) = (client.clone(), authority.clone());
                 async move {
                     let (mut parts, body) = request.into_parts();
-                    let path = parts
-                        .uri
-                        .path_and_query()
-                        .map_or("/", |p| p.as_str())
-                        .to_owned();
-                    let forwarded = Uri::builder()
-                        .scheme("http")
-                        .authority(authority)
-                        .path_and_query(path)
-                        .build();
+                    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+                    let forwarded = Uri::builder().scheme("http").authority(authority).path_and_query(path).build();
                     let Ok(uri) = forwarded else {
                         return Ok::<_, Infallible>(status(StatusCode::BAD_REQUEST));
                     };
                     parts.uri = uri;
                     strip_hop_by_hop(&mut parts.headers);
                     parts.headers.remove(http::header::HOST);
-                    match client
-                        .request(Request::from_parts(parts, Body::new(body)))
-                        .await
-                    {
+                    match client.request(Request::from_parts(parts, Body::new(body))).await {
                         Ok(response) => {
                             let (mut parts, body) = response.into_parts();
                             strip_hop_by_hop(&mut parts.headers);
@@ -116,9 +99,7 @@ async fn passthrough(upstream: Uri) -> Result<()> {
                     }
                 }
             });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }
@@ -141,12 +122,8 @@ struct Stats {
 /// answer arrived, for `seconds` after one second of warm-up.
 async fn load(addr: SocketAddr, path: &str, headers: &[(&str, &str)], options: &Options) -> Stats {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let headers: Arc<Vec<(String, String)>> = Arc::new(
-        headers
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-    );
+    let headers: Arc<Vec<(String, String)>> =
+        Arc::new(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
     let uri: Uri = format!("http://{addr}{path}").parse().unwrap_or_default();
     let warm_until = Instant::now() + Duration::from_secs(1);
     let until = warm_until + Duration::from_secs(options.seconds);
@@ -165,9 +142,7 @@ async fn load(addr: SocketAddr, path: &str, headers: &[(&str, &str)], options: &
                     for (name, value) in headers.iter() {
                         request = request.header(name, value);
                     }
-                    let Ok(request) =
-                        request.body(Full::new(Bytes::from_static(b"{\"amount\":1}")))
-                    else {
+                    let Ok(request) = request.body(Full::new(Bytes::from_static(b"{\"amount\":1}"))) else {
                         break;
                     };
                     let ok = match client.request(request).await {
@@ -221,22 +196,14 @@ async fn store_counters(client: &tokio_postgres::Client, database: &str) -> Resu
         )
         .await?
         .get(0);
-    let flushes: i64 = client
-        .query_one("SELECT wal_sync::bigint FROM pg_stat_wal", &[])
-        .await?
-        .get(0);
+    let flushes: i64 = client.query_one("SELECT wal_sync::bigint FROM pg_stat_wal", &[]).await?.get(0);
     Ok((transactions, flushes))
 }
 
 async fn run(options: &Options) -> Result<()> {
-    eprintln!(
-        "bench: starting a durable PostgreSQL, an upstream, a pass-through proxy and the gateway"
-    );
+    eprintln!("bench: starting a durable PostgreSQL, an upstream, a pass-through proxy and the gateway");
     let cluster = PgCluster::start_with(Durability::On)?;
-    connect(&cluster.url("postgres"))
-        .await
-        .batch_execute("CREATE DATABASE bench")
-        .await?;
+    connect(&cluster.url("postgres")).await.batch_execute("CREATE DATABASE bench").await?;
     let database_url = cluster.url("bench");
     let stats_client = connect(&cluster.url("postgres")).await;
 
@@ -267,33 +234,18 @@ async fn run(options: &Options) -> Result<()> {
         r#"{"owner":"bench","ttl_ms":3600000}"#,
     )
     .await?;
-    let term = lease.json()["term"]
-        .as_i64()
-        .context("lease term")?
-        .to_string();
+    let term = lease.json()["term"].as_i64().context("lease term")?.to_string();
 
-    eprintln!(
-        "bench: {} workers, {} s per target after 1 s of warm-up",
-        options.concurrency, options.seconds
-    );
+    eprintln!("bench: {} workers, {} s per target after 1 s of warm-up", options.concurrency, options.seconds);
     let direct = load(upstream_addr, "/ledger/acct-1/entries", &[], options).await;
     let pass = load(passthrough_addr, "/ledger/acct-1/entries", &[], options).await;
     let before = store_counters(&stats_client, "bench").await?;
-    let verify = load(
-        gateway.proxy,
-        "/ledger/acct-1/entries",
-        &[("fencing-token", &term)],
-        options,
-    )
-    .await;
+    let verify = load(gateway.proxy, "/ledger/acct-1/entries", &[("fencing-token", &term)], options).await;
     let middle = store_counters(&stats_client, "bench").await?;
     let stamp = load(
         gateway.proxy,
         "/stamped/acct-2/entries",
-        &[
-            ("fencing-lease", "bench-writer"),
-            ("fencing-owner", "bench"),
-        ],
+        &[("fencing-lease", "bench-writer"), ("fencing-owner", "bench")],
         options,
     )
     .await;
@@ -303,12 +255,9 @@ async fn run(options: &Options) -> Result<()> {
         "{:<16} {:>10} {:>9} {:>9} {:>8} {:>13} {:>13}",
         "target", "req/s", "p50 ms", "p99 ms", "errors", "req/s ratio", "p99 ratio"
     );
-    for (name, stats) in [
-        ("direct", &direct),
-        ("pass-through", &pass),
-        ("gateway-verify", &verify),
-        ("gateway-stamp", &stamp),
-    ] {
+    for (name, stats) in
+        [("direct", &direct), ("pass-through", &pass), ("gateway-verify", &verify), ("gateway-stamp", &stamp)]
+    {
         println!(
             "{:<16} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>12.2}x {:>12.2}x",
             name,
@@ -349,8 +298,5 @@ async fn first_address(child: &mut tokio::process::Child) -> Result<SocketAddr> 
         .map_err(|_| anyhow!("no address line"))??
         .context("exited")?;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    line.strip_prefix("listening ")
-        .context("address line")?
-        .parse()
-        .context("address")
+    line.strip_prefix("listening ").context("address line")?.parse().context("address")
 }

@@ -37,11 +37,8 @@ async fn answer(
     seq: Arc<AtomicU64>,
     quiet: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let delay = request
-        .headers()
-        .get("x-upstream-delay-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let delay =
+        request.headers().get("x-upstream-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let n = seq.fetch_add(1, Ordering::SeqCst);
     let line = if quiet {
         None
@@ -78,13 +75,8 @@ async fn answer(
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     let mut response = Response::new(Full::new(Bytes::from(format!("{{\"seq\":{n}}}"))));
-    response.headers_mut().insert(
-        "content-type",
-        http::HeaderValue::from_static("application/json"),
-    );
-    response
-        .headers_mut()
-        .insert("x-upstream-seq", http::HeaderValue::from(n));
+    response.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert("x-upstream-seq", http::HeaderValue::from(n));
     Ok(response)
 }
 
@@ -132,9 +124,7 @@ async fn main() {
         let seq = Arc::clone(&seq);
         tokio::spawn(async move {
             let service = service_fn(move |request| answer(request, Arc::clone(&seq), quiet));
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }

@@ -18,13 +18,7 @@ const QUERY_TIMEOUT: Duration = Duration::from_millis(600);
 
 fn pool(url: &str) -> Pool {
     let config: tokio_postgres::Config = url.parse().unwrap();
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager).max_size(2).build().unwrap()
 }
 
@@ -43,11 +37,8 @@ fn elector(db: &TestDb, key: &str, owner: &str) -> ElectorHandle {
 /// Waits (bounded) until exactly one of `handles` leads; returns its index and term.
 async fn sole_leader(handles: &[ElectorHandle]) -> (usize, i64) {
     for _ in 0..600 {
-        let leaders: Vec<(usize, i64)> = handles
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| h.current_term().map(|term| (i, term)))
-            .collect();
+        let leaders: Vec<(usize, i64)> =
+            handles.iter().enumerate().filter_map(|(i, h)| h.current_term().map(|term| (i, term))).collect();
         if leaders.len() == 1 {
             return leaders[0];
         }
@@ -59,25 +50,16 @@ async fn sole_leader(handles: &[ElectorHandle]) -> (usize, i64) {
 
 async fn steady_state_has_one_leader_and_no_changes(electors: usize) {
     let db = TestDb::new().await;
-    let handles: Vec<ElectorHandle> = (0..electors)
-        .map(|i| elector(&db, "stable", &format!("elector-{i}")))
-        .collect();
+    let handles: Vec<ElectorHandle> = (0..electors).map(|i| elector(&db, "stable", &format!("elector-{i}"))).collect();
     let (leader, term) = sole_leader(&handles).await;
     let mut events: Vec<_> = handles.iter().map(ElectorHandle::events).collect();
 
     // Thirty renew periods, sampled every 50 ms.
     let samples = 30 * RENEW.as_millis() / 50;
     for sample in 0..samples {
-        let leaders: Vec<(usize, i64)> = handles
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| h.current_term().map(|t| (i, t)))
-            .collect();
-        assert_eq!(
-            leaders,
-            vec![(leader, term)],
-            "sample {sample}: exactly the same one leader"
-        );
+        let leaders: Vec<(usize, i64)> =
+            handles.iter().enumerate().filter_map(|(i, h)| h.current_term().map(|t| (i, t))).collect();
+        assert_eq!(leaders, vec![(leader, term)], "sample {sample}: exactly the same one leader");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for (index, receiver) in events.iter_mut().enumerate() {
@@ -94,11 +76,7 @@ async fn steady_state_has_one_leader_and_no_changes(electors: usize) {
     }
     let client = db.connect().await;
     let lease = store::get_lease(&client, "stable").await.unwrap().unwrap();
-    assert_eq!(
-        (lease.owner.as_str(), lease.term),
-        (handles[leader].owner(), term),
-        "the store agrees"
-    );
+    assert_eq!((lease.owner.as_str(), lease.term), (handles[leader].owner(), term), "the store agrees");
     for handle in handles {
         handle.shutdown().await;
     }
@@ -137,25 +115,11 @@ async fn leader_work_and_fenced_writes_run_only_while_leader_and_stop_when_a_ren
     let b = elector(&db, "work", "b");
 
     // Fenced writes: the leader's carry its term; a follower's are refused without sending.
-    assert_eq!(
-        a.write_fenced(|token| async move { token.term() }).await,
-        Ok(term)
-    );
+    assert_eq!(a.write_fenced(|token| async move { token.term() }).await, Ok(term));
     let sent = AtomicUsize::new(0);
-    let refused = b
-        .write_fenced(|_| async { sent.fetch_add(1, Ordering::SeqCst) })
-        .await;
-    assert_eq!(
-        refused,
-        Err(Error::NotLeader {
-            key: "work".to_owned()
-        })
-    );
-    assert_eq!(
-        sent.load(Ordering::SeqCst),
-        0,
-        "a follower's write is never sent"
-    );
+    let refused = b.write_fenced(|_| async { sent.fetch_add(1, Ordering::SeqCst) }).await;
+    assert_eq!(refused, Err(Error::NotLeader { key: "work".to_owned() }));
+    assert_eq!(sent.load(Ordering::SeqCst), 0, "a follower's write is never sent");
 
     let counts = Arc::new(WorkCounts::default());
     let work_counts = Arc::clone(&counts);
@@ -175,22 +139,13 @@ async fn leader_work_and_fenced_writes_run_only_while_leader_and_stop_when_a_ren
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(
-        counts.started.load(Ordering::SeqCst),
-        1,
-        "leader work starts while leader"
-    );
+    assert_eq!(counts.started.load(Ordering::SeqCst), 1, "leader work starts while leader");
 
     // Hold the lease row locked: A's next renewal hangs, times out, and A steps down.
     let mut events = a.events();
     let mut locker = db.connect().await;
     let lock = locker.transaction().await.unwrap();
-    lock.execute(
-        "SELECT 1 FROM fencing.leases WHERE key = 'work' FOR UPDATE",
-        &[],
-    )
-    .await
-    .unwrap();
+    lock.execute("SELECT 1 FROM fencing.leases WHERE key = 'work' FOR UPDATE", &[]).await.unwrap();
     let lost = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
             if let Event::Lost { term, reason } = events.recv().await.unwrap() {
@@ -210,26 +165,14 @@ async fn leader_work_and_fenced_writes_run_only_while_leader_and_stop_when_a_ren
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(
-        counts.stopped.load(Ordering::SeqCst),
-        1,
-        "leader work stopped at the loss"
-    );
-    assert!(
-        a.write_fenced(|token| async move { token.term() })
-            .await
-            .is_err(),
-        "no fenced write after loss"
-    );
+    assert_eq!(counts.stopped.load(Ordering::SeqCst), 1, "leader work stopped at the loss");
+    assert!(a.write_fenced(|token| async move { token.term() }).await.is_err(), "no fenced write after loss");
     lock.rollback().await.unwrap();
 
     // The row is free again: one of them leads, A again with its term if its lease had not
     // expired at the store meanwhile, else whoever acquires first with the next term.
     let (leader, again) = sole_leader(&[a, b]).await;
-    assert!(
-        again == term && leader == 0 || again == term + 1,
-        "leader {leader} with term {again} after {term}"
-    );
+    assert!(again == term && leader == 0 || again == term + 1, "leader {leader} with term {again} after {term}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,9 +197,5 @@ async fn shutdown_stops_leader_work_then_releases_the_lease() {
     assert_eq!(counts.stopped.load(Ordering::SeqCst), 1);
     let client = db.connect().await;
     let lease = store::get_lease(&client, "release").await.unwrap().unwrap();
-    assert_eq!(
-        (lease.term, lease.remaining),
-        (term, Duration::ZERO),
-        "released: the row stays, expired"
-    );
+    assert_eq!((lease.term, lease.remaining), (term, Duration::ZERO), "released: the row stays, expired");
 }

@@ -12,24 +12,15 @@ use tokio_postgres::Client;
 const KEY: &str = "jobs";
 
 async fn store_now(client: &Client) -> SystemTime {
-    client
-        .query_one("SELECT clock_timestamp()", &[])
-        .await
-        .unwrap()
-        .get(0)
+    client.query_one("SELECT clock_timestamp()", &[]).await.unwrap().get(0)
 }
 
 /// Starts `a` first and waits until it leads, then starts `b`: returns both and a's term.
 async fn leader_and_follower(url: &str, timing: Timing) -> (ElectorProcess, ElectorProcess, i64) {
     let mut a = ElectorProcess::spawn(url, KEY, "a", timing).unwrap();
-    let elected = a
-        .wait_for("elected", |l| event(l) == "elected")
-        .await
-        .unwrap();
+    let elected = a.wait_for("elected", |l| event(l) == "elected").await.unwrap();
     let mut b = ElectorProcess::spawn(url, KEY, "b", timing).unwrap();
-    b.wait_for("started", |l| event(l) == "started")
-        .await
-        .unwrap();
+    b.wait_for("started", |l| event(l) == "started").await.unwrap();
     (a, b, int(&elected, "term"))
 }
 
@@ -46,24 +37,16 @@ async fn killed_leader_is_replaced_with_term_plus_one_within_ttl_and_one_retry_p
 
     let killed_at = store_now(&client).await;
     a.signal(Signal::SIGKILL).unwrap();
-    b.wait_for("elected with term + 1", is_elected_with(term + 1))
-        .await
-        .unwrap();
+    b.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
 
     let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
     assert_eq!((lease.owner.as_str(), lease.term), ("b", term + 1));
     // Measured on the store's clock: the new period began at most one ttl (the dead leader's
     // lease running out) plus one retry period (the follower's next attempt) after the kill,
     // plus one second for process scheduling on a loaded machine.
-    let takeover = lease
-        .acquired_at
-        .duration_since(killed_at)
-        .unwrap_or_default();
+    let takeover = lease.acquired_at.duration_since(killed_at).unwrap_or_default();
     let bound = Duration::from_millis(timing.ttl_ms + timing.renew_ms + 1000);
-    assert!(
-        takeover <= bound,
-        "takeover took {takeover:?}, more than {bound:?}"
-    );
+    assert!(takeover <= bound, "takeover took {takeover:?}, more than {bound:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,32 +57,16 @@ async fn paused_leader_is_replaced_and_on_resume_reports_loss_without_acting_pas
     a.wait_for("a tick", |l| event(l) == "tick").await.unwrap();
 
     a.signal(Signal::SIGSTOP).unwrap();
-    let elected = b
-        .wait_for("b elected", |l| event(l) == "elected")
-        .await
-        .unwrap();
+    let elected = b.wait_for("b elected", |l| event(l) == "elected").await.unwrap();
     let new_term = int(&elected, "term");
-    assert!(
-        new_term > term,
-        "B leads with a higher term: {new_term} after {term}"
-    );
+    assert!(new_term > term, "B leads with a higher term: {new_term} after {term}");
     // Let B act as leader for a while before the zombie wakes.
-    b.wait_for("b tick", |l| {
-        event(l) == "tick" && int(l, "term") == new_term
-    })
-    .await
-    .unwrap();
+    b.wait_for("b tick", |l| event(l) == "tick" && int(l, "term") == new_term).await.unwrap();
     a.signal(Signal::SIGCONT).unwrap();
 
-    let lost = a
-        .wait_for("a reports loss", |l| event(l) == "lost")
-        .await
-        .unwrap();
+    let lost = a.wait_for("a reports loss", |l| event(l) == "lost").await.unwrap();
     assert_eq!(int(&lost, "term"), term);
-    let holder = a
-        .wait_for("a sees b", |l| event(l) == "holder_changed")
-        .await
-        .unwrap();
+    let holder = a.wait_for("a sees b", |l| event(l) == "holder_changed").await.unwrap();
     assert_eq!(holder.get("holder").and_then(Value::as_str), Some("b"));
     assert_eq!(int(&holder, "term"), new_term);
 
@@ -114,33 +81,19 @@ async fn paused_leader_is_replaced_and_on_resume_reports_loss_without_acting_pas
         .map(|l| int(l, "deadline_ms"))
         .collect();
     let mut ticks = 0;
-    for (index, line) in a
-        .seen
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| event(l) == "tick")
-    {
+    for (index, line) in a.seen.iter().enumerate().filter(|(_, l)| event(l) == "tick") {
         ticks += 1;
         assert!(index < lost_index, "a tick after the loss: {line}");
         assert_eq!(int(line, "term"), term);
         let deadline = int(line, "deadline_ms");
-        assert!(
-            published.contains(&deadline),
-            "tick {line} used a deadline never published: {published:?}"
-        );
-        assert!(
-            int(line, "at_ms") < deadline,
-            "a tick past its deadline: {line}"
-        );
+        assert!(published.contains(&deadline), "tick {line} used a deadline never published: {published:?}");
+        assert!(int(line, "at_ms") < deadline, "a tick past its deadline: {line}");
     }
     assert!(ticks > 0, "the zombie acted while it led");
     // And none since: a's work stays stopped while b leads.
     tokio::time::sleep(Duration::from_millis(3 * timing.tick_ms)).await;
     a.drain();
-    assert!(
-        a.seen[lost_index..].iter().all(|l| event(l) != "tick"),
-        "the zombie acted after its loss"
-    );
+    assert!(a.seen[lost_index..].iter().all(|l| event(l) != "tick"), "the zombie acted after its loss");
 }
 
 /// Waits for `process` to report a loss, and checks on the store's clock that the lease it
@@ -151,16 +104,9 @@ async fn steps_down_before_expiry(
     now: impl AsyncFnOnce() -> SystemTime,
     reason: &str,
 ) {
-    let lost = process
-        .wait_for("lost", |l| event(l) == "lost")
-        .await
-        .unwrap();
+    let lost = process.wait_for("lost", |l| event(l) == "lost").await.unwrap();
     let observed = now().await;
-    assert_eq!(
-        lost.get("reason").and_then(Value::as_str),
-        Some(reason),
-        "{lost}"
-    );
+    assert_eq!(lost.get("reason").and_then(Value::as_str), Some(reason), "{lost}");
     assert!(
         observed < expires_at,
         "the leader reported its loss at {observed:?}, after its lease expired at the store at {expires_at:?}"
@@ -170,25 +116,12 @@ async fn steps_down_before_expiry(
 /// The lease's expiry as the store has it, read right after a renewal so that no renewal can
 /// land between this read and the fault that follows.
 async fn expiry_after_a_renewal(process: &mut ElectorProcess, client: &Client) -> SystemTime {
-    process
-        .wait_for("a renewal", |l| event(l) == "leader")
-        .await
-        .unwrap();
-    store::get_lease(client, KEY)
-        .await
-        .unwrap()
-        .unwrap()
-        .expires_at
+    process.wait_for("a renewal", |l| event(l) == "leader").await.unwrap();
+    store::get_lease(client, KEY).await.unwrap().unwrap().expires_at
 }
 
 /// Fault timing with room for the test to act while a renewal is in flight.
-const SLOW_QUERY: Timing = Timing {
-    ttl_ms: 3000,
-    renew_ms: 1000,
-    margin_ms: 300,
-    query_timeout_ms: 800,
-    tick_ms: 50,
-};
+const SLOW_QUERY: Timing = Timing { ttl_ms: 3000, renew_ms: 1000, margin_ms: 300, query_timeout_ms: 800, tick_ms: 50 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_whose_backend_is_terminated_mid_renewal_steps_down_before_its_lease_expires() {
@@ -197,20 +130,13 @@ async fn leader_whose_backend_is_terminated_mid_renewal_steps_down_before_its_le
     let observer = db.connect().await;
     let url = format!("{}?application_name=elector-a", db.url());
     let mut a = ElectorProcess::spawn(&url, KEY, "a", SLOW_QUERY).unwrap();
-    a.wait_for("elected", |l| event(l) == "elected")
-        .await
-        .unwrap();
+    a.wait_for("elected", |l| event(l) == "elected").await.unwrap();
     let expires_at = expiry_after_a_renewal(&mut a, &client).await;
 
     // The pool replaces an idle connection that died, so the backend is killed while a renewal
     // runs on it: the row is locked so the renewal waits, and its backend is then terminated.
     let lock = client.transaction().await.unwrap();
-    lock.execute(
-        "SELECT 1 FROM fencing.leases WHERE key = $1 FOR UPDATE",
-        &[&KEY],
-    )
-    .await
-    .unwrap();
+    lock.execute("SELECT 1 FROM fencing.leases WHERE key = $1 FOR UPDATE", &[&KEY]).await.unwrap();
     let mut terminated = false;
     for _ in 0..1000 {
         terminated = observer
@@ -227,17 +153,8 @@ async fn leader_whose_backend_is_terminated_mid_renewal_steps_down_before_its_le
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(
-        terminated,
-        "the elector's renewal was found waiting and its backend terminated"
-    );
-    steps_down_before_expiry(
-        &mut a,
-        expires_at,
-        async || store_now(&observer).await,
-        "renew_failed",
-    )
-    .await;
+    assert!(terminated, "the elector's renewal was found waiting and its backend terminated");
+    steps_down_before_expiry(&mut a, expires_at, async || store_now(&observer).await, "renew_failed").await;
     lock.rollback().await.unwrap();
 }
 
@@ -246,26 +163,13 @@ async fn leader_whose_renewal_hangs_steps_down_at_the_query_timeout_before_its_l
     let db = TestDb::new().await;
     let mut client = db.connect().await;
     let mut a = ElectorProcess::spawn(&db.url(), KEY, "a", Timing::FAST).unwrap();
-    a.wait_for("elected", |l| event(l) == "elected")
-        .await
-        .unwrap();
+    a.wait_for("elected", |l| event(l) == "elected").await.unwrap();
 
     let expires_at = expiry_after_a_renewal(&mut a, &client).await;
     let lock = client.transaction().await.unwrap();
-    lock.execute(
-        "SELECT 1 FROM fencing.leases WHERE key = $1 FOR UPDATE",
-        &[&KEY],
-    )
-    .await
-    .unwrap();
+    lock.execute("SELECT 1 FROM fencing.leases WHERE key = $1 FOR UPDATE", &[&KEY]).await.unwrap();
     let observer = db.connect().await;
-    steps_down_before_expiry(
-        &mut a,
-        expires_at,
-        async || store_now(&observer).await,
-        "renew_timed_out",
-    )
-    .await;
+    steps_down_before_expiry(&mut a, expires_at, async || store_now(&observer).await, "renew_timed_out").await;
     lock.rollback().await.unwrap();
 }
 
@@ -276,10 +180,7 @@ async fn leader_steps_down_when_postgres_stops_and_leadership_resumes_when_it_re
     // A cluster of its own: stopping the shared one would disturb the other tests.
     let cluster = PgCluster::start().unwrap();
     let admin = connect(&cluster.url("postgres")).await;
-    admin
-        .batch_execute("CREATE DATABASE electors")
-        .await
-        .unwrap();
+    admin.batch_execute("CREATE DATABASE electors").await.unwrap();
     let url = cluster.url("electors");
     let mut client = connect(&url).await;
     fencing_schema::migrate(&mut client).await.unwrap();
@@ -288,23 +189,13 @@ async fn leader_steps_down_when_postgres_stops_and_leadership_resumes_when_it_re
     let expires_at = expiry_after_a_renewal(&mut a, &client).await;
     cluster.stop().unwrap();
     // With the store down, its clock is this machine's clock, which it shares.
-    steps_down_before_expiry(
-        &mut a,
-        expires_at,
-        async || SystemTime::now(),
-        "renew_failed",
-    )
-    .await;
+    steps_down_before_expiry(&mut a, expires_at, async || SystemTime::now(), "renew_failed").await;
 
     cluster.start_server().unwrap();
     let client = connect(&url).await;
     let mut leader = None;
     for _ in 0..300 {
-        if let Some(lease) = store::get_lease(&client, KEY)
-            .await
-            .unwrap()
-            .filter(|l| !l.remaining.is_zero())
-        {
+        if let Some(lease) = store::get_lease(&client, KEY).await.unwrap().filter(|l| !l.remaining.is_zero()) {
             leader = Some(lease);
             break;
         }
@@ -319,35 +210,19 @@ async fn graceful_shutdown_releases_so_the_follower_leads_well_before_the_ttl() 
     let db = TestDb::new().await;
     let client = db.connect().await;
     // A long lease: without the release, B would wait about 6 s.
-    let timing = Timing {
-        ttl_ms: 6000,
-        renew_ms: 1000,
-        margin_ms: 500,
-        query_timeout_ms: 1000,
-        tick_ms: 50,
-    };
+    let timing = Timing { ttl_ms: 6000, renew_ms: 1000, margin_ms: 500, query_timeout_ms: 1000, tick_ms: 50 };
     let (mut a, mut b, term) = leader_and_follower(&db.url(), timing).await;
     let expires_at = expiry_after_a_renewal(&mut a, &client).await;
 
     a.signal(Signal::SIGTERM).unwrap();
-    let shutdown = a
-        .wait_for("shutdown", |l| event(l) == "shutdown")
-        .await
-        .unwrap();
-    assert_eq!(
-        shutdown.get("released").and_then(Value::as_bool),
-        Some(true)
-    );
+    let shutdown = a.wait_for("shutdown", |l| event(l) == "shutdown").await.unwrap();
+    assert_eq!(shutdown.get("released").and_then(Value::as_bool), Some(true));
     assert_eq!(a.wait_exit().await.unwrap(), Some(0));
-    b.wait_for("b elected", is_elected_with(term + 1))
-        .await
-        .unwrap();
+    b.wait_for("b elected", is_elected_with(term + 1)).await.unwrap();
 
     let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
     assert_eq!((lease.owner.as_str(), lease.term), ("b", term + 1));
-    let early = expires_at
-        .duration_since(lease.acquired_at)
-        .unwrap_or_default();
+    let early = expires_at.duration_since(lease.acquired_at).unwrap_or_default();
     assert!(
         early >= Duration::from_millis(timing.ttl_ms / 3),
         "B took over only {early:?} before A's lease would have expired"
@@ -359,28 +234,13 @@ async fn elector_with_unsafe_settings_exits_64_naming_the_setting() {
     let db = TestDb::new().await;
     // Renewing after 900 ms of a 1000 ms lease cannot complete before the deadline.
     let output = tokio::process::Command::new(fencing_tests::workspace_example("elector").unwrap())
-        .args([
-            "--database-url",
-            &db.url(),
-            "--key",
-            KEY,
-            "--ttl-ms",
-            "1000",
-            "--renew-ms",
-            "900",
-        ])
+        .args(["--database-url", &db.url(), "--key", KEY, "--ttl-ms", "1000", "--renew-ms", "900"])
         .output()
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "stderr: {stderr}");
-    assert!(
-        stderr.contains("invalid elector setting: renew interval"),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains("invalid elector setting: renew interval"), "stderr: {stderr}");
     let client = db.connect().await;
-    assert!(
-        store::get_lease(&client, KEY).await.unwrap().is_none(),
-        "nothing was written"
-    );
+    assert!(store::get_lease(&client, KEY).await.unwrap().is_none(), "nothing was written");
 }

@@ -15,92 +15,38 @@ async fn lease_api_acquires_renews_releases_and_reports_conflicts() {
         send(control, method, path, &[], body).await.unwrap()
     };
 
-    let a = call(
-        Method::POST,
-        "/v1/leases/jobs/acquire",
-        r#"{"owner":"a","ttl_ms":30000}"#,
-    )
-    .await;
+    let a = call(Method::POST, "/v1/leases/jobs/acquire", r#"{"owner":"a","ttl_ms":30000}"#).await;
     assert_eq!(a.status, StatusCode::OK);
     let lease = a.json();
     assert_eq!(
-        (
-            lease["key"].as_str(),
-            lease["owner"].as_str(),
-            lease["term"].as_i64()
-        ),
+        (lease["key"].as_str(), lease["owner"].as_str(), lease["term"].as_i64()),
         (Some("jobs"), Some("a"), Some(1))
     );
     assert_eq!(lease["ttl_ms"], 30000);
-    assert!(
-        lease["remaining_ms"]
-            .as_u64()
-            .is_some_and(|ms| ms > 25_000 && ms <= 30_000),
-        "{lease}"
-    );
-    assert!(
-        lease["expires_at"]
-            .as_str()
-            .is_some_and(|t| t.ends_with('Z') && t.contains('T')),
-        "RFC 3339: {lease}"
-    );
+    assert!(lease["remaining_ms"].as_u64().is_some_and(|ms| ms > 25_000 && ms <= 30_000), "{lease}");
+    assert!(lease["expires_at"].as_str().is_some_and(|t| t.ends_with('Z') && t.contains('T')), "RFC 3339: {lease}");
 
-    let b = call(
-        Method::POST,
-        "/v1/leases/jobs/acquire",
-        r#"{"owner":"b","ttl_ms":30000}"#,
-    )
-    .await;
+    let b = call(Method::POST, "/v1/leases/jobs/acquire", r#"{"owner":"b","ttl_ms":30000}"#).await;
     assert_eq!(b.status, StatusCode::CONFLICT);
     assert_eq!(b.header("content-type"), Some("application/problem+json"));
-    assert_eq!(
-        (b.json()["holder"].as_str(), b.json()["term"].as_i64()),
-        (Some("a"), Some(1))
-    );
+    assert_eq!((b.json()["holder"].as_str(), b.json()["term"].as_i64()), (Some("a"), Some(1)));
     assert!(b.json()["expires_at"].is_string());
 
-    let renewed = call(
-        Method::POST,
-        "/v1/leases/jobs/renew",
-        r#"{"owner":"a","ttl_ms":20000}"#,
-    )
-    .await;
-    assert_eq!(
-        (renewed.status, renewed.json()["term"].as_i64()),
-        (StatusCode::OK, Some(1))
-    );
-    let not_holder = call(
-        Method::POST,
-        "/v1/leases/jobs/renew",
-        r#"{"owner":"b","ttl_ms":20000}"#,
-    )
-    .await;
+    let renewed = call(Method::POST, "/v1/leases/jobs/renew", r#"{"owner":"a","ttl_ms":20000}"#).await;
+    assert_eq!((renewed.status, renewed.json()["term"].as_i64()), (StatusCode::OK, Some(1)));
+    let not_holder = call(Method::POST, "/v1/leases/jobs/renew", r#"{"owner":"b","ttl_ms":20000}"#).await;
     assert_eq!(not_holder.status, StatusCode::CONFLICT);
     let not_holder = call(Method::POST, "/v1/leases/jobs/release", r#"{"owner":"b"}"#).await;
     assert_eq!(not_holder.status, StatusCode::CONFLICT);
 
     let got = call(Method::GET, "/v1/leases/jobs", "").await;
-    assert_eq!(
-        (got.status, got.json()["owner"].as_str()),
-        (StatusCode::OK, Some("a"))
-    );
-    assert_eq!(
-        call(Method::GET, "/v1/leases/nobody", "").await.status,
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        call(Method::GET, "/v1/fences/nothing", "").await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!((got.status, got.json()["owner"].as_str()), (StatusCode::OK, Some("a")));
+    assert_eq!(call(Method::GET, "/v1/leases/nobody", "").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(call(Method::GET, "/v1/fences/nothing", "").await.status, StatusCode::NOT_FOUND);
 
     let released = call(Method::POST, "/v1/leases/jobs/release", r#"{"owner":"a"}"#).await;
     assert_eq!(released.status, StatusCode::NO_CONTENT);
-    let next = call(
-        Method::POST,
-        "/v1/leases/jobs/acquire",
-        r#"{"owner":"b","ttl_ms":30000}"#,
-    )
-    .await;
+    let next = call(Method::POST, "/v1/leases/jobs/acquire", r#"{"owner":"b","ttl_ms":30000}"#).await;
     assert_eq!(
         (next.status, next.json()["term"].as_i64()),
         (StatusCode::OK, Some(2)),
@@ -110,18 +56,9 @@ async fn lease_api_acquires_renews_releases_and_reports_conflicts() {
     let metrics = call(Method::GET, "/metrics", "").await;
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(text.contains("fencing_lease_operations_total"), "{text}");
-    assert!(
-        text.contains("fencing_lease_transitions_total{key=\"jobs\"} 2"),
-        "{text}"
-    );
-    assert_eq!(
-        call(Method::GET, "/healthz", "").await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        call(Method::GET, "/readyz", "").await.status,
-        StatusCode::OK
-    );
+    assert!(text.contains("fencing_lease_transitions_total{key=\"jobs\"} 2"), "{text}");
+    assert_eq!(call(Method::GET, "/healthz", "").await.status, StatusCode::OK);
+    assert_eq!(call(Method::GET, "/readyz", "").await.status, StatusCode::OK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -133,98 +70,31 @@ async fn bad_lease_requests_get_400_or_422_and_write_nothing() {
     for (body, status, fragment) in [
         ("{not json", StatusCode::BAD_REQUEST, "malformed-json"),
         ("", StatusCode::BAD_REQUEST, "malformed-json"),
-        (
-            r#"{"owner":"a","ttl_ms":1000,"extra":1}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-body",
-        ),
-        (
-            r#"{"owner":"a"}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-body",
-        ),
-        (
-            r#"{"owner":"a","ttl_ms":"soon"}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-body",
-        ),
-        (
-            r#"{"owner":"a","ttl_ms":-5}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-body",
-        ),
-        (
-            r#"{"owner":"a","ttl_ms":10}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "ttl-out-of-bounds",
-        ),
-        (
-            r#"{"owner":"a","ttl_ms":99999999}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "ttl-out-of-bounds",
-        ),
-        (
-            r#"{"owner":"","ttl_ms":1000}"#,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-argument",
-        ),
+        (r#"{"owner":"a","ttl_ms":1000,"extra":1}"#, StatusCode::UNPROCESSABLE_ENTITY, "invalid-body"),
+        (r#"{"owner":"a"}"#, StatusCode::UNPROCESSABLE_ENTITY, "invalid-body"),
+        (r#"{"owner":"a","ttl_ms":"soon"}"#, StatusCode::UNPROCESSABLE_ENTITY, "invalid-body"),
+        (r#"{"owner":"a","ttl_ms":-5}"#, StatusCode::UNPROCESSABLE_ENTITY, "invalid-body"),
+        (r#"{"owner":"a","ttl_ms":10}"#, StatusCode::UNPROCESSABLE_ENTITY, "ttl-out-of-bounds"),
+        (r#"{"owner":"a","ttl_ms":99999999}"#, StatusCode::UNPROCESSABLE_ENTITY, "ttl-out-of-bounds"),
+        (r#"{"owner":"","ttl_ms":1000}"#, StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument"),
     ] {
         for op in ["acquire", "renew"] {
-            let reply = send(
-                control,
-                Method::POST,
-                &format!("/v1/leases/k/{op}"),
-                &[],
-                body,
-            )
-            .await
-            .unwrap();
-            assert_eq!(
-                reply.status,
-                status,
-                "{op} {body}: {}",
-                String::from_utf8_lossy(&reply.body)
-            );
-            assert_eq!(
-                reply.header("content-type"),
-                Some("application/problem+json")
-            );
+            let reply = send(control, Method::POST, &format!("/v1/leases/k/{op}"), &[], body).await.unwrap();
+            assert_eq!(reply.status, status, "{op} {body}: {}", String::from_utf8_lossy(&reply.body));
+            assert_eq!(reply.header("content-type"), Some("application/problem+json"));
             assert!(
-                reply.json()["type"]
-                    .as_str()
-                    .is_some_and(|t| t.ends_with(fragment)),
+                reply.json()["type"].as_str().is_some_and(|t| t.ends_with(fragment)),
                 "{op} {body}: {}",
                 reply.json()
             );
         }
     }
-    let reply = send(
-        control,
-        Method::POST,
-        "/v1/leases/k/release",
-        &[],
-        r#"{"owner":"a","x":1}"#,
-    )
-    .await
-    .unwrap();
+    let reply = send(control, Method::POST, "/v1/leases/k/release", &[], r#"{"owner":"a","x":1}"#).await.unwrap();
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
     let long_key = format!("/v1/leases/{}/acquire", "k".repeat(300));
-    let reply = send(
-        control,
-        Method::POST,
-        &long_key,
-        &[],
-        r#"{"owner":"a","ttl_ms":1000}"#,
-    )
-    .await
-    .unwrap();
+    let reply = send(control, Method::POST, &long_key, &[], r#"{"owner":"a","ttl_ms":1000}"#).await.unwrap();
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let unknown = send(control, Method::GET, "/v2/anything", &[], "")
-        .await
-        .unwrap();
-    assert_eq!(
-        (unknown.status, unknown.json()["status"].clone()),
-        (StatusCode::NOT_FOUND, Value::from(404))
-    );
+    let unknown = send(control, Method::GET, "/v2/anything", &[], "").await.unwrap();
+    assert_eq!((unknown.status, unknown.json()["status"].clone()), (StatusCode::NOT_FOUND, Value::from(404)));
     assert_eq!(fencing_state(&client).await, before, "nothing was written");
 }

@@ -13,11 +13,7 @@ use crate::Setup;
 async fn s6_postgres_stopped_mid_load_gives_503_forwards_nothing_and_recovers_without_restart() {
     // A cluster of its own: stopping the shared one would disturb the other tests.
     let cluster = PgCluster::start().unwrap();
-    connect(&cluster.url("postgres"))
-        .await
-        .batch_execute("CREATE DATABASE gw")
-        .await
-        .unwrap();
+    connect(&cluster.url("postgres")).await.batch_execute("CREATE DATABASE gw").await.unwrap();
     let url = cluster.url("gw");
     let mut upstream = Upstream::start().await.unwrap();
     let config = format!(
@@ -29,15 +25,10 @@ async fn s6_postgres_stopped_mid_load_gives_503_forwards_nothing_and_recovers_wi
     let proxy = gateway.proxy;
     let write = |n: usize| async move {
         let id = format!("w-{n}");
-        let reply = send(
-            proxy,
-            Method::POST,
-            &format!("/w/r{}", n % 4),
-            &[("fencing-token", "1"), ("x-request-id", &id)],
-            "",
-        )
-        .await
-        .unwrap();
+        let reply =
+            send(proxy, Method::POST, &format!("/w/r{}", n % 4), &[("fencing-token", "1"), ("x-request-id", &id)], "")
+                .await
+                .unwrap();
         (id, reply)
     };
 
@@ -52,41 +43,16 @@ async fn s6_postgres_stopped_mid_load_gives_503_forwards_nothing_and_recovers_wi
     for _ in 0..20 {
         let (id, reply) = write(n).await;
         n += 1;
-        assert_eq!(
-            reply.status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        assert!(
-            reply.header("retry-after").is_some(),
-            "503 carries Retry-After"
-        );
-        assert_eq!(
-            reply.header("content-type"),
-            Some("application/problem+json")
-        );
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", String::from_utf8_lossy(&reply.body));
+        assert!(reply.header("retry-after").is_some(), "503 carries Retry-After");
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"));
         unavailable.push(id);
     }
     // Unfenced methods never touch Postgres: reads still pass while it is down.
-    let read = send(
-        proxy,
-        Method::GET,
-        "/w/r1",
-        &[("x-request-id", "read-while-down")],
-        "",
-    )
-    .await
-    .unwrap();
+    let read = send(proxy, Method::GET, "/w/r1", &[("x-request-id", "read-while-down")], "").await.unwrap();
     assert_eq!(read.status, StatusCode::OK);
-    let ready = send(gateway.control, Method::GET, "/readyz", &[], "")
-        .await
-        .unwrap();
-    assert_eq!(
-        ready.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "not ready while the store is down"
-    );
+    let ready = send(gateway.control, Method::GET, "/readyz", &[], "").await.unwrap();
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "not ready while the store is down");
 
     cluster.start_server().unwrap();
     let mut recovered = false;
@@ -99,17 +65,11 @@ async fn s6_postgres_stopped_mid_load_gives_503_forwards_nothing_and_recovers_wi
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        recovered,
-        "writes flow again once Postgres is back, without restarting the gateway"
-    );
+    assert!(recovered, "writes flow again once Postgres is back, without restarting the gateway");
 
     upstream.collect(Duration::from_millis(300)).await;
     for id in &unavailable {
-        assert!(
-            !upstream.received(id),
-            "{id} got 503 but reached the upstream"
-        );
+        assert!(!upstream.received(id), "{id} got 503 but reached the upstream");
     }
     assert!(upstream.received("read-while-down"));
 }
@@ -118,36 +78,20 @@ async fn s6_postgres_stopped_mid_load_gives_503_forwards_nothing_and_recovers_wi
 async fn s6_a_fence_decision_slower_than_the_timeout_gives_503_and_forwards_nothing() {
     let mut setup = Setup::new().await;
     let proxy = setup.gateway.proxy;
-    let first = send(proxy, Method::POST, "/fixed", &[("fencing-token", "1")], "")
-        .await
-        .unwrap();
+    let first = send(proxy, Method::POST, "/fixed", &[("fencing-token", "1")], "").await.unwrap();
     assert_eq!(first.status, StatusCode::OK);
 
     // Hold the fence row: raising its term must wait for the lock, past the check timeout.
     let mut locker = setup.db.connect().await;
     let lock = locker.transaction().await.unwrap();
-    lock.execute(
-        "SELECT 1 FROM fencing.fences WHERE resource = 'the-fixed-one' FOR UPDATE",
-        &[],
-    )
-    .await
-    .unwrap();
-    let slow = send(
-        proxy,
-        Method::POST,
-        "/fixed",
-        &[("fencing-token", "2"), ("x-request-id", "slow-check")],
-        "",
-    )
-    .await
-    .unwrap();
+    lock.execute("SELECT 1 FROM fencing.fences WHERE resource = 'the-fixed-one' FOR UPDATE", &[]).await.unwrap();
+    let slow = send(proxy, Method::POST, "/fixed", &[("fencing-token", "2"), ("x-request-id", "slow-check")], "")
+        .await
+        .unwrap();
     assert_eq!(slow.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(slow.header("retry-after").is_some());
     lock.rollback().await.unwrap();
 
     setup.upstream.collect(Duration::from_millis(300)).await;
-    assert!(
-        !setup.upstream.received("slow-check"),
-        "an undecided write was forwarded"
-    );
+    assert!(!setup.upstream.received("slow-check"), "an undecided write was forwarded");
 }

@@ -57,13 +57,7 @@ impl Setup {
     pub async fn new() -> Setup {
         let db = TestDb::new().await;
         let upstream = Upstream::start().await.unwrap();
-        let gateway = Gateway::start(&db.url(), &routes(&upstream.url()))
-            .await
-            .unwrap();
-        Setup {
-            db,
-            upstream,
-            gateway,
-        }
+        let gateway = Gateway::start(&db.url(), &routes(&upstream.url())).await.unwrap();
+        Setup { db, upstream, gateway }
     }
 }

@@ -58,11 +58,7 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
             results
         })
     });
-    let results: Vec<_> = join_all(writers)
-        .await
-        .into_iter()
-        .flat_map(Result::unwrap)
-        .collect();
+    let results: Vec<_> = join_all(writers).await.into_iter().flat_map(Result::unwrap).collect();
 
     let log = upstream.collect(Duration::from_millis(500)).await.to_vec();
     let mut last_term: HashMap<String, i64> = HashMap::new();
@@ -70,10 +66,7 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
         let resource = line["fencing_resource"].as_str().unwrap().to_owned();
         let term: i64 = line["fencing_token"].as_str().unwrap().parse().unwrap();
         let last = last_term.entry(resource.clone()).or_insert(term);
-        assert!(
-            term >= *last,
-            "seed {seed}: {resource} received term {term} after {last}"
-        );
+        assert!(term >= *last, "seed {seed}: {resource} received term {term} after {last}");
         *last = term;
     }
     let (mut admitted, mut stale) = (0, 0);
@@ -88,34 +81,19 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
             }
             StatusCode::CONFLICT => {
                 stale += 1;
-                assert!(
-                    !upstream.received(id),
-                    "seed {seed}: {id} got 409 but reached the upstream"
-                );
+                assert!(!upstream.received(id), "seed {seed}: {id} got 409 but reached the upstream");
             }
             other => panic!("seed {seed}: {id} got {other}"),
         }
     }
-    assert_eq!(
-        log.len(),
-        admitted,
-        "the upstream received exactly the admitted writes"
-    );
-    assert!(
-        admitted > 0 && stale > 0,
-        "both paths exercised: {admitted} admitted, {stale} stale"
-    );
+    assert_eq!(log.len(), admitted, "the upstream received exactly the admitted writes");
+    assert!(admitted > 0 && stale > 0, "both paths exercised: {admitted} admitted, {stale} stale");
     println!("replicas: {admitted} admitted, {stale} refused as stale");
 }
 
 /// Sends a fenced write to `proxy` whose body trickles in over `body_time`, and returns the
 /// status line.
-async fn slow_write(
-    proxy: std::net::SocketAddr,
-    term: i64,
-    id: &str,
-    body_time: Duration,
-) -> String {
+async fn slow_write(proxy: std::net::SocketAddr, term: i64, id: &str, body_time: Duration) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
     let head = format!(
@@ -148,37 +126,18 @@ async fn s5_a_higher_term_is_never_forwarded_ahead_of_a_slow_lower_term_write_on
     let first = Gateway::start(&db.url(), &config).await.unwrap();
     let second = Gateway::start(&db.url(), &config).await.unwrap();
     // Term 1 is the resource's current term.
-    let reply = send(
-        first.proxy,
-        Method::PUT,
-        "/r/s5/item",
-        &[("fencing-token", "1")],
-        "",
-    )
-    .await
-    .unwrap();
+    let reply = send(first.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "1")], "").await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
 
     let proxy = first.proxy;
-    let lower =
-        tokio::spawn(
-            async move { slow_write(proxy, 1, "lower", Duration::from_millis(700)).await },
-        );
+    let lower = tokio::spawn(async move { slow_write(proxy, 1, "lower", Duration::from_millis(700)).await });
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let higher = send(
-        second.proxy,
-        Method::PUT,
-        "/r/s5/item",
-        &[("fencing-token", "2"), ("x-request-id", "higher")],
-        "",
-    )
-    .await
-    .unwrap();
+    let higher =
+        send(second.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "2"), ("x-request-id", "higher")], "")
+            .await
+            .unwrap();
     assert_eq!(higher.status, StatusCode::OK);
-    assert!(
-        lower.await.unwrap().starts_with("HTTP/1.1 200"),
-        "the lower-term write was admitted before the raise"
-    );
+    assert!(lower.await.unwrap().starts_with("HTTP/1.1 200"), "the lower-term write was admitted before the raise");
 
     let order: Vec<String> = upstream
         .collect(Duration::from_millis(300))
@@ -187,9 +146,5 @@ async fn s5_a_higher_term_is_never_forwarded_ahead_of_a_slow_lower_term_write_on
         .filter_map(|line| line["x_request_id"].as_str().map(str::to_owned))
         .filter(|id| id == "lower" || id == "higher")
         .collect();
-    assert_eq!(
-        order,
-        vec!["lower", "higher"],
-        "the higher term overtook a lower-term write in flight"
-    );
+    assert_eq!(order, vec!["lower", "higher"], "the higher term overtook a lower-term write in flight");
 }

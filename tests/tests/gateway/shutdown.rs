@@ -29,11 +29,7 @@ async fn sigterm_lets_in_flight_writes_finish_refuses_new_ones_and_exits_within_
                     proxy,
                     Method::POST,
                     "/slow",
-                    &[
-                        ("fencing-token", "1"),
-                        ("x-upstream-delay-ms", "1000"),
-                        ("x-request-id", &id),
-                    ],
+                    &[("fencing-token", "1"), ("x-upstream-delay-ms", "1000"), ("x-request-id", &id)],
                     "",
                 )
                 .await
@@ -52,21 +48,11 @@ async fn sigterm_lets_in_flight_writes_finish_refuses_new_ones_and_exits_within_
 
     // New connections are refused once it stopped accepting.
     let refused = send(proxy, Method::POST, "/slow", &[("fencing-token", "1")], "").await;
-    assert!(
-        refused.is_err(),
-        "a new request after SIGTERM was served: {refused:?}"
-    );
+    assert!(refused.is_err(), "a new request after SIGTERM was served: {refused:?}");
 
     for request in in_flight {
-        let reply = request
-            .await
-            .unwrap()
-            .expect("an in-flight write completes");
+        let reply = request.await.unwrap().expect("an in-flight write completes");
         assert_eq!(reply.status, StatusCode::OK);
     }
-    assert_eq!(
-        gateway.wait_exit(Duration::from_secs(5)).await.unwrap(),
-        Some(0),
-        "drained within the grace period"
-    );
+    assert_eq!(gateway.wait_exit(Duration::from_secs(5)).await.unwrap(), Some(0), "drained within the grace period");
 }

@@ -17,20 +17,9 @@ async fn check(client: &Client, sql: &str, code: &str, fragment: &str) {
     client.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(sqlstate(&error), Some(code), "{sql}: {error}");
     let text = message(&error);
-    assert!(
-        text.contains(fragment),
-        "{sql}: message {text:?} lacks {fragment:?}"
-    );
-    assert_eq!(
-        fencing_state(client).await,
-        state_before,
-        "{sql} changed the fencing tables"
-    );
-    assert_eq!(
-        snapshot(client, "SELECT * FROM orders ORDER BY id").await,
-        table_before,
-        "{sql} changed orders"
-    );
+    assert!(text.contains(fragment), "{sql}: message {text:?} lacks {fragment:?}");
+    assert_eq!(fencing_state(client).await, state_before, "{sql} changed the fencing tables");
+    assert_eq!(snapshot(client, "SELECT * FROM orders ORDER BY id").await, table_before, "{sql} changed orders");
 }
 
 async fn setup(db: &TestDb) -> Client {
@@ -98,27 +87,12 @@ async fn bad_lease_arguments_raise_22023_and_write_nothing() {
             "owner must be at most 256",
         )
         .await;
-        check(
-            &client,
-            &format!("SELECT fencing.{function}('k', 'holder', '0 s')"),
-            invalid,
-            "ttl must be positive",
-        )
-        .await;
-        check(
-            &client,
-            &format!("SELECT fencing.{function}('k', 'holder', '-5 s')"),
-            invalid,
-            "ttl must be positive",
-        )
-        .await;
-        check(
-            &client,
-            &format!("SELECT fencing.{function}('k', 'holder', NULL)"),
-            invalid,
-            "ttl must be positive",
-        )
-        .await;
+        check(&client, &format!("SELECT fencing.{function}('k', 'holder', '0 s')"), invalid, "ttl must be positive")
+            .await;
+        check(&client, &format!("SELECT fencing.{function}('k', 'holder', '-5 s')"), invalid, "ttl must be positive")
+            .await;
+        check(&client, &format!("SELECT fencing.{function}('k', 'holder', NULL)"), invalid, "ttl must be positive")
+            .await;
         check(
             &client,
             &format!("SELECT fencing.{function}('k', 'holder', '2 hours')"),
@@ -126,42 +100,13 @@ async fn bad_lease_arguments_raise_22023_and_write_nothing() {
             "ttl must be at most 01:00:00",
         )
         .await;
-        check(
-            &client,
-            &format!("SELECT fencing.{function}('k', 'holder', '1 month')"),
-            invalid,
-            "ttl must be at most",
-        )
-        .await;
+        check(&client, &format!("SELECT fencing.{function}('k', 'holder', '1 month')"), invalid, "ttl must be at most")
+            .await;
     }
-    check(
-        &client,
-        "SELECT fencing.release(NULL, 'holder')",
-        invalid,
-        "lease key must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.release('', 'holder')",
-        invalid,
-        "lease key must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.release('k', '')",
-        invalid,
-        "owner must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.release('k', NULL)",
-        invalid,
-        "owner must not be null or empty",
-    )
-    .await;
+    check(&client, "SELECT fencing.release(NULL, 'holder')", invalid, "lease key must not be null or empty").await;
+    check(&client, "SELECT fencing.release('', 'holder')", invalid, "lease key must not be null or empty").await;
+    check(&client, "SELECT fencing.release('k', '')", invalid, "owner must not be null or empty").await;
+    check(&client, "SELECT fencing.release('k', NULL)", invalid, "owner must not be null or empty").await;
 }
 
 #[tokio::test]
@@ -169,112 +114,22 @@ async fn bad_fence_arguments_raise_22023_and_write_nothing() {
     let db = TestDb::new().await;
     let client = setup(&db).await;
     let invalid = SQLSTATE_INVALID_ARGUMENT;
-    check(
-        &client,
-        "SELECT fencing.admit(NULL, 1)",
-        invalid,
-        "resource must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.admit('', 1)",
-        invalid,
-        "resource must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.admit('r', 0)",
-        invalid,
-        "term must be an integer >= 1, got 0",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.admit('r', -7)",
-        invalid,
-        "term must be an integer >= 1, got -7",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.admit('r', NULL)",
-        invalid,
-        "term must be an integer >= 1, got null",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.try_admit('r', 0)",
-        invalid,
-        "term must be an integer >= 1",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.bind('', 'k')",
-        invalid,
-        "resource must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.bind('r', '')",
-        invalid,
-        "lease key must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.bind('r', NULL)",
-        invalid,
-        "lease key must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.protect('orders', '')",
-        invalid,
-        "resource must not be null or empty",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.protect('orders', 'orders', 'nope')",
-        invalid,
-        "has no column \"nope\"",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.protect('orders', 'orders', 'label')",
-        invalid,
-        "must be bigint, got text",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.protect(NULL, 'orders')",
-        invalid,
-        "table must not be null",
-    )
-    .await;
+    check(&client, "SELECT fencing.admit(NULL, 1)", invalid, "resource must not be null or empty").await;
+    check(&client, "SELECT fencing.admit('', 1)", invalid, "resource must not be null or empty").await;
+    check(&client, "SELECT fencing.admit('r', 0)", invalid, "term must be an integer >= 1, got 0").await;
+    check(&client, "SELECT fencing.admit('r', -7)", invalid, "term must be an integer >= 1, got -7").await;
+    check(&client, "SELECT fencing.admit('r', NULL)", invalid, "term must be an integer >= 1, got null").await;
+    check(&client, "SELECT fencing.try_admit('r', 0)", invalid, "term must be an integer >= 1").await;
+    check(&client, "SELECT fencing.bind('', 'k')", invalid, "resource must not be null or empty").await;
+    check(&client, "SELECT fencing.bind('r', '')", invalid, "lease key must not be null or empty").await;
+    check(&client, "SELECT fencing.bind('r', NULL)", invalid, "lease key must not be null or empty").await;
+    check(&client, "SELECT fencing.protect('orders', '')", invalid, "resource must not be null or empty").await;
+    check(&client, "SELECT fencing.protect('orders', 'orders', 'nope')", invalid, "has no column \"nope\"").await;
+    check(&client, "SELECT fencing.protect('orders', 'orders', 'label')", invalid, "must be bigint, got text").await;
+    check(&client, "SELECT fencing.protect(NULL, 'orders')", invalid, "table must not be null").await;
     // A term beyond bigint is refused by Postgres's own type resolution.
-    check(
-        &client,
-        "SELECT fencing.admit('r', 9223372036854775808)",
-        "42883",
-        "does not exist",
-    )
-    .await;
-    check(
-        &client,
-        "SELECT fencing.admit('r', '9223372036854775808')",
-        "22003",
-        "out of range",
-    )
-    .await;
+    check(&client, "SELECT fencing.admit('r', 9223372036854775808)", "42883", "does not exist").await;
+    check(&client, "SELECT fencing.admit('r', '9223372036854775808')", "22003", "out of range").await;
 }
 
 #[tokio::test]
@@ -282,24 +137,9 @@ async fn malformed_fencing_token_settings_raise_22023_and_write_nothing() {
     let db = TestDb::new().await;
     let client = setup(&db).await;
     let invalid = SQLSTATE_INVALID_ARGUMENT;
-    for token in [
-        "abc",
-        "-1",
-        "1.5",
-        "0x10",
-        "9223372036854775808",
-        "99999999999999999999",
-        "7 8",
-        "+3",
-    ] {
+    for token in ["abc", "-1", "1.5", "0x10", "9223372036854775808", "99999999999999999999", "7 8", "+3"] {
         let sql = format!("SET LOCAL fencing.token = '{token}'; UPDATE orders SET label = 'y'");
-        check(
-            &client,
-            &sql,
-            invalid,
-            "fencing.token must be a decimal integer in 1..9223372036854775807",
-        )
-        .await;
+        check(&client, &sql, invalid, "fencing.token must be a decimal integer in 1..9223372036854775807").await;
     }
     check(
         &client,
@@ -309,19 +149,7 @@ async fn malformed_fencing_token_settings_raise_22023_and_write_nothing() {
     )
     .await;
     // A term column holding a non-positive term is bad input too, not a stale write.
-    check(
-        &client,
-        "INSERT INTO orders VALUES (2, 0, 'z')",
-        invalid,
-        "term must be an integer >= 1, got 0",
-    )
-    .await;
+    check(&client, "INSERT INTO orders VALUES (2, 0, 'z')", invalid, "term must be an integer >= 1, got 0").await;
     // A write presenting nothing is a refusal, not bad input.
-    check(
-        &client,
-        "TRUNCATE orders",
-        SQLSTATE_REFUSED,
-        "presents no term",
-    )
-    .await;
+    check(&client, "TRUNCATE orders", SQLSTATE_REFUSED, "presents no term").await;
 }

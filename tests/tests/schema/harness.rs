@@ -36,11 +36,7 @@ async fn probe(mode: &str) -> (Child, Pid, PathBuf) {
     }
     let (pid, root) = (pid.unwrap(), root.unwrap());
     assert!(kill(pid, None).is_ok(), "the probe's postmaster {pid} runs");
-    assert!(
-        root.is_dir(),
-        "the probe's cluster dir {} exists",
-        root.display()
-    );
+    assert!(root.is_dir(), "the probe's cluster dir {} exists", root.display());
     (child, pid, root)
 }
 
@@ -52,10 +48,7 @@ async fn assert_cleaned_up(pid: Pid, root: &std::path::Path) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!(
-        "postmaster {pid} or {} outlived its test process by 30 s",
-        root.display()
-    );
+    panic!("postmaster {pid} or {} outlived its test process by 30 s", root.display());
 }
 
 #[tokio::test]

@@ -3,9 +3,7 @@
 
 use std::process::Stdio;
 
-use fencing_schema::{
-    Error, LATEST_VERSION, MIGRATIONS, check_schema_version, migrate, schema_version,
-};
+use fencing_schema::{Error, LATEST_VERSION, MIGRATIONS, check_schema_version, migrate, schema_version};
 use fencing_tests::pg::TestDb;
 use fencing_tests::workspace_bin;
 use tokio_postgres::Client;
@@ -42,10 +40,7 @@ async fn reference_snapshot() -> String {
 
 async fn recorded_versions(client: &Client) -> Vec<i32> {
     client
-        .query(
-            "SELECT version FROM fencing.schema_migrations ORDER BY version",
-            &[],
-        )
+        .query("SELECT version FROM fencing.schema_migrations ORDER BY version", &[])
         .await
         .unwrap()
         .iter()
@@ -69,11 +64,7 @@ async fn migrate_twice_applies_each_file_once_and_changes_nothing_the_second_tim
     let after_first = snapshot(&client).await;
 
     let second = migrate(&mut client).await.unwrap();
-    assert!(
-        second.applied.is_empty(),
-        "second run applied {:?}",
-        second.applied
-    );
+    assert!(second.applied.is_empty(), "second run applied {:?}", second.applied);
     assert_eq!(second.version, LATEST_VERSION);
     assert_eq!(snapshot(&client).await, after_first);
     assert_eq!(recorded_versions(&client).await, all_versions());
@@ -104,21 +95,14 @@ async fn migrate_from_eight_processes_at_once_leaves_one_correct_schema() {
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
-        if let Some(list) = stdout
-            .strip_prefix("applied migrations [")
-            .and_then(|rest| rest.split(']').next())
-        {
+        if let Some(list) = stdout.strip_prefix("applied migrations [").and_then(|rest| rest.split(']').next()) {
             applied.extend(list.split(", ").map(|v| v.parse::<i32>().unwrap()));
         } else {
             assert!(stdout.contains("is current"), "unexpected output: {stdout}");
         }
     }
     applied.sort_unstable();
-    assert_eq!(
-        applied,
-        all_versions(),
-        "each migration is applied by exactly one process"
-    );
+    assert_eq!(applied, all_versions(), "each migration is applied by exactly one process");
 
     let client = db.connect().await;
     assert_eq!(recorded_versions(&client).await, all_versions());
@@ -132,10 +116,7 @@ async fn a_schema_newer_than_the_binary_is_refused_and_left_alone() {
     let mut client = db.connect().await;
     let newer = LATEST_VERSION + 1;
     client
-        .execute(
-            "INSERT INTO fencing.schema_migrations (version, name) VALUES ($1, 'from_the_future')",
-            &[&newer],
-        )
+        .execute("INSERT INTO fencing.schema_migrations (version, name) VALUES ($1, 'from_the_future')", &[&newer])
         .await
         .unwrap();
     let before = snapshot(&client).await;
@@ -146,10 +127,7 @@ async fn a_schema_newer_than_the_binary_is_refused_and_left_alone() {
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
-    assert!(matches!(
-        check_schema_version(&client).await,
-        Err(Error::SchemaTooNew { .. })
-    ));
+    assert!(matches!(check_schema_version(&client).await, Err(Error::SchemaTooNew { .. })));
     assert_eq!(snapshot(&client).await, before);
 
     let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
@@ -159,12 +137,7 @@ async fn a_schema_newer_than_the_binary_is_refused_and_left_alone() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
-    assert!(
-        stderr.contains(&format!(
-            "at version {newer}, newer than version {LATEST_VERSION}"
-        )),
-        "stderr: {stderr}"
-    );
+    assert!(stderr.contains(&format!("at version {newer}, newer than version {LATEST_VERSION}")), "stderr: {stderr}");
     assert_eq!(snapshot(&client).await, before);
 }
 
@@ -173,10 +146,7 @@ async fn a_database_without_the_schema_is_reported_outdated() {
     let db = TestDb::empty().await;
     let client = db.connect().await;
     match check_schema_version(&client).await {
-        Err(Error::SchemaOutdated {
-            found: None,
-            expected,
-        }) => assert_eq!(expected, LATEST_VERSION),
+        Err(Error::SchemaOutdated { found: None, expected }) => assert_eq!(expected, LATEST_VERSION),
         other => panic!("expected SchemaOutdated, got {other:?}"),
     }
 }
@@ -184,31 +154,17 @@ async fn a_database_without_the_schema_is_reported_outdated() {
 #[tokio::test]
 async fn files_applied_by_hand_with_psql_are_the_same_schema_and_known_to_the_runner() {
     let db = TestDb::empty().await;
-    let migrations_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/migrations");
+    let migrations_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/migrations");
     let mut files: Vec<_> = std::fs::read_dir(&migrations_dir)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
         .collect();
     files.sort();
-    assert_eq!(
-        files.len(),
-        MIGRATIONS.len(),
-        "every file is embedded and every embedded file is a file"
-    );
+    assert_eq!(files.len(), MIGRATIONS.len(), "every file is embedded and every embedded file is a file");
     for file in &files {
         let output = tokio::process::Command::new(db.cluster().bin("psql"))
-            .args([
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "--single-transaction",
-                "-d",
-                &db.url(),
-                "-f",
-            ])
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", &db.url(), "-f"])
             .arg(file)
             .output()
             .await
@@ -222,10 +178,6 @@ async fn files_applied_by_hand_with_psql_are_the_same_schema_and_known_to_the_ru
     }
     let mut client = db.connect().await;
     let report = migrate(&mut client).await.unwrap();
-    assert!(
-        report.applied.is_empty(),
-        "the runner re-applied {:?}",
-        report.applied
-    );
+    assert!(report.applied.is_empty(), "the runner re-applied {:?}", report.applied);
     assert_eq!(snapshot(&client).await, reference_snapshot().await);
 }

@@ -29,12 +29,7 @@ struct Period {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_sixteen_racers_for_200_rounds_never_see_two_unexpired_holders() {
     let db = TestDb::new().await;
-    let clients: Vec<Arc<Client>> = db
-        .connect_many(RACERS)
-        .await
-        .into_iter()
-        .map(Arc::new)
-        .collect();
+    let clients: Vec<Arc<Client>> = db.connect_many(RACERS).await.into_iter().map(Arc::new).collect();
     let observer = db.connect().await;
     let key = "s1-race";
     let mut history: Vec<Period> = Vec::with_capacity(ROUNDS);
@@ -49,39 +44,21 @@ async fn s1_sixteen_racers_for_200_rounds_never_see_two_unexpired_holders() {
             let client = Arc::clone(&clients[i]);
             tokio::spawn(async move {
                 let owner = format!("racer-{i}");
-                let reply = store::acquire(client.as_ref(), key, &owner, ttl)
-                    .await
-                    .unwrap();
+                let reply = store::acquire(client.as_ref(), key, &owner, ttl).await.unwrap();
                 (owner, reply)
             })
         });
-        let replies: Vec<_> = join_all(tasks)
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
+        let replies: Vec<_> = join_all(tasks).await.into_iter().map(Result::unwrap).collect();
 
         let winners: Vec<_> = replies.iter().filter(|(_, reply)| reply.ok).collect();
-        assert_eq!(
-            winners.len(),
-            1,
-            "round {round}: exactly one racer acquires, got {replies:#?}"
-        );
+        assert_eq!(winners.len(), 1, "round {round}: exactly one racer acquires, got {replies:#?}");
         let (winner, won) = winners[0];
         let term = won.term.unwrap();
         let expires_at = won.expires_at.unwrap();
         assert_eq!(won.holder.as_deref(), Some(winner.as_str()));
         for (owner, reply) in replies.iter().filter(|(_, reply)| !reply.ok) {
-            assert_eq!(
-                reply.holder.as_deref(),
-                Some(winner.as_str()),
-                "round {round}: {owner} sees the winner"
-            );
-            assert_eq!(
-                reply.term,
-                Some(term),
-                "round {round}: {owner} sees the winner's term"
-            );
+            assert_eq!(reply.holder.as_deref(), Some(winner.as_str()), "round {round}: {owner} sees the winner");
+            assert_eq!(reply.term, Some(term), "round {round}: {owner} sees the winner's term");
             assert_eq!(reply.expires_at, Some(expires_at));
         }
         let start = expires_at.checked_sub(ttl).unwrap();
@@ -90,39 +67,16 @@ async fn s1_sixteen_racers_for_200_rounds_never_see_two_unexpired_holders() {
             fencing_tests::wait_for_store_clock(&observer, expires_at).await;
             expires_at
         } else {
-            let loser = if winner.as_str() == "racer-0" {
-                "racer-1"
-            } else {
-                "racer-0"
-            };
-            assert!(
-                !store::release(&observer, key, loser).await.unwrap(),
-                "a non-holder cannot release"
-            );
-            assert!(
-                store::release(&observer, key, winner).await.unwrap(),
-                "the holder releases"
-            );
-            store::get_lease(&observer, key)
-                .await
-                .unwrap()
-                .unwrap()
-                .expires_at
+            let loser = if winner.as_str() == "racer-0" { "racer-1" } else { "racer-0" };
+            assert!(!store::release(&observer, key, loser).await.unwrap(), "a non-holder cannot release");
+            assert!(store::release(&observer, key, winner).await.unwrap(), "the holder releases");
+            store::get_lease(&observer, key).await.unwrap().unwrap().expires_at
         };
-        history.push(Period {
-            term,
-            owner: winner.clone(),
-            start,
-            end,
-        });
+        history.push(Period { term, owner: winner.clone(), start, end });
     }
 
     for (index, period) in history.iter().enumerate() {
-        assert_eq!(
-            period.term,
-            i64::try_from(index).unwrap() + 1,
-            "terms grow by exactly one per period"
-        );
+        assert_eq!(period.term, i64::try_from(index).unwrap() + 1, "terms grow by exactly one per period");
         assert!(period.start < period.end, "period {period:?} is not empty");
     }
     for pair in history.windows(2) {
@@ -133,10 +87,6 @@ async fn s1_sixteen_racers_for_200_rounds_never_see_two_unexpired_holders() {
             pair[0]
         );
     }
-    let distinct_winners: std::collections::HashSet<_> =
-        history.iter().map(|p| p.owner.as_str()).collect();
-    assert!(
-        distinct_winners.len() > 1,
-        "the race had more than one winner over {ROUNDS} rounds"
-    );
+    let distinct_winners: std::collections::HashSet<_> = history.iter().map(|p| p.owner.as_str()).collect();
+    assert!(distinct_winners.len() > 1, "the race had more than one winner over {ROUNDS} rounds");
 }

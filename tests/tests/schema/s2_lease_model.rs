@@ -58,27 +58,12 @@ fn seed() -> u64 {
 fn check_refusal(model: &Model, reply: &LeaseReply, context: &str) {
     assert!(!reply.ok, "{context}: expected a refusal, got {reply:?}");
     if model.valid {
-        assert_eq!(
-            reply.holder.as_deref(),
-            model.holder,
-            "{context}: names the holder"
-        );
-        assert_eq!(
-            reply.term,
-            Some(model.term),
-            "{context}: names the holder's term"
-        );
-        assert!(
-            reply.remaining > Duration::ZERO,
-            "{context}: the holder's lease has time left"
-        );
+        assert_eq!(reply.holder.as_deref(), model.holder, "{context}: names the holder");
+        assert_eq!(reply.term, Some(model.term), "{context}: names the holder's term");
+        assert!(reply.remaining > Duration::ZERO, "{context}: the holder's lease has time left");
     } else {
         assert_eq!(reply.holder, None, "{context}: nobody holds the lease");
-        assert_eq!(
-            reply.term,
-            (model.term > 0).then_some(model.term),
-            "{context}: names the last term"
-        );
+        assert_eq!(reply.term, (model.term > 0).then_some(model.term), "{context}: names the last term");
         assert_eq!(reply.remaining, Duration::ZERO, "{context}");
     }
 }
@@ -103,33 +88,18 @@ async fn s2_terms_strictly_increase_across_periods_in_2000_random_operations() {
                 let reply = store::acquire(&client, KEY, owner, LONG_TTL).await.unwrap();
                 if model.valid && model.holder != Some(owner) {
                     check_refusal(&model, &reply, &context);
-                    assert_eq!(
-                        fencing_state(&client).await,
-                        before,
-                        "{context}: a refused acquire changes nothing"
-                    );
+                    assert_eq!(fencing_state(&client).await, before, "{context}: a refused acquire changes nothing");
                 } else {
                     let new_period = !(model.valid && model.holder == Some(owner));
-                    let expected_term = if new_period {
-                        model.term + 1
-                    } else {
-                        model.term
-                    };
+                    let expected_term = if new_period { model.term + 1 } else { model.term };
                     assert!(reply.ok, "{context}: expected success, got {reply:?}");
                     assert_eq!(reply.holder.as_deref(), Some(owner), "{context}");
                     assert_eq!(reply.term, Some(expected_term), "{context}");
-                    assert!(
-                        reply.remaining <= LONG_TTL && reply.remaining > LONG_TTL / 2,
-                        "{context}: {reply:?}"
-                    );
+                    assert!(reply.remaining <= LONG_TTL && reply.remaining > LONG_TTL / 2, "{context}: {reply:?}");
                     if new_period {
                         period_terms.push(expected_term);
                     }
-                    model = Model {
-                        holder: Some(owner),
-                        term: expected_term,
-                        valid: true,
-                    };
+                    model = Model { holder: Some(owner), term: expected_term, valid: true };
                     counts[0] += 1;
                 }
             }
@@ -137,19 +107,11 @@ async fn s2_terms_strictly_increase_across_periods_in_2000_random_operations() {
                 let reply = store::renew(&client, KEY, owner, LONG_TTL).await.unwrap();
                 if model.valid && model.holder == Some(owner) {
                     assert!(reply.ok, "{context}: the holder renews, got {reply:?}");
-                    assert_eq!(
-                        reply.term,
-                        Some(model.term),
-                        "{context}: a renewal keeps the term"
-                    );
+                    assert_eq!(reply.term, Some(model.term), "{context}: a renewal keeps the term");
                     counts[1] += 1;
                 } else {
                     check_refusal(&model, &reply, &context);
-                    assert_eq!(
-                        fencing_state(&client).await,
-                        before,
-                        "{context}: a refused renew changes nothing"
-                    );
+                    assert_eq!(fencing_state(&client).await, before, "{context}: a refused renew changes nothing");
                 }
             }
             Op::Release(owner) => {
@@ -157,31 +119,18 @@ async fn s2_terms_strictly_increase_across_periods_in_2000_random_operations() {
                 if model.valid && model.holder == Some(owner) {
                     assert!(released, "{context}: the holder releases");
                     let row = store::get_lease(&client, KEY).await.unwrap().unwrap();
-                    assert_eq!(
-                        row.term, model.term,
-                        "{context}: release keeps the row and its term"
-                    );
-                    assert_eq!(
-                        row.remaining,
-                        Duration::ZERO,
-                        "{context}: released means expired"
-                    );
+                    assert_eq!(row.term, model.term, "{context}: release keeps the row and its term");
+                    assert_eq!(row.remaining, Duration::ZERO, "{context}: released means expired");
                     model.valid = false;
                     counts[2] += 1;
                 } else {
                     assert!(!released, "{context}: a non-holder cannot release");
-                    assert_eq!(
-                        fencing_state(&client).await,
-                        before,
-                        "{context}: a refused release changes nothing"
-                    );
+                    assert_eq!(fencing_state(&client).await, before, "{context}: a refused release changes nothing");
                 }
             }
             Op::Expire => {
                 if let (true, Some(holder)) = (model.valid, model.holder) {
-                    let reply = store::renew(&client, KEY, holder, EXPIRING_TTL)
-                        .await
-                        .unwrap();
+                    let reply = store::renew(&client, KEY, holder, EXPIRING_TTL).await.unwrap();
                     assert!(reply.ok, "{context}: the holder renews with a short ttl");
                     fencing_tests::wait_for_store_clock(&client, reply.expires_at.unwrap()).await;
                     model.valid = false;
@@ -194,33 +143,18 @@ async fn s2_terms_strictly_increase_across_periods_in_2000_random_operations() {
         match store::get_lease(&client, KEY).await.unwrap() {
             None => assert_eq!(model.term, 0, "{context}: the row exists once acquired"),
             Some(row) => {
-                assert_eq!(
-                    Some(row.owner.as_str()),
-                    model.holder,
-                    "{context}: row {row:?}"
-                );
+                assert_eq!(Some(row.owner.as_str()), model.holder, "{context}: row {row:?}");
                 assert_eq!(row.term, model.term, "{context}: row {row:?}");
-                assert_eq!(
-                    row.remaining > Duration::ZERO,
-                    model.valid,
-                    "{context}: row {row:?}"
-                );
+                assert_eq!(row.remaining > Duration::ZERO, model.valid, "{context}: row {row:?}");
             }
         }
     }
 
     assert!(
-        period_terms.windows(2).all(|pair| pair[1] == pair[0] + 1)
-            && period_terms.first() == Some(&1),
+        period_terms.windows(2).all(|pair| pair[1] == pair[0] + 1) && period_terms.first() == Some(&1),
         "seed {seed}: terms of successive periods are 1, 2, 3, ...: {period_terms:?}"
     );
     // The run exercised every path: successful acquires, renewals, releases and expiries.
-    assert!(
-        counts.iter().all(|count| *count > 10),
-        "seed {seed}: too few successes of some operation: {counts:?}"
-    );
-    println!(
-        "s2: {} periods; successes (acquire, renew, release, expire): {counts:?}",
-        period_terms.len()
-    );
+    assert!(counts.iter().all(|count| *count > 10), "seed {seed}: too few successes of some operation: {counts:?}");
+    println!("s2: {} periods; successes (acquire, renew, release, expire): {counts:?}", period_terms.len());
 }

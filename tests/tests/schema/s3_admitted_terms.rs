@@ -69,11 +69,7 @@ async fn s3_sixteen_sessions_admitting_random_terms_commit_a_never_decreasing_se
             (admitted, refused)
         })
     });
-    let results: Vec<(usize, usize)> = join_all(sessions)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let results: Vec<(usize, usize)> = join_all(sessions).await.into_iter().map(Result::unwrap).collect();
     let admitted: usize = results.iter().map(|r| r.0).sum();
     let refused: usize = results.iter().map(|r| r.1).sum();
 
@@ -84,27 +80,14 @@ async fn s3_sixteen_sessions_admitting_random_terms_commit_a_never_decreasing_se
         .iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
-    assert_eq!(
-        log.len(),
-        admitted,
-        "every admitted write committed its log row"
-    );
+    assert_eq!(log.len(), admitted, "every admitted write committed its log row");
     for pair in log.windows(2) {
-        assert!(
-            pair[1].1 >= pair[0].1,
-            "seed {seed}: admitted terms decreased in commit order: {pair:?}"
-        );
+        assert!(pair[1].1 >= pair[0].1, "seed {seed}: admitted terms decreased in commit order: {pair:?}");
     }
     let highest = log.iter().map(|(_, term)| *term).max().unwrap();
     let fence = store::get_fence(&setup, RESOURCE).await.unwrap().unwrap();
-    assert_eq!(
-        fence.max_term, highest,
-        "the final maximum is the highest term ever admitted"
-    );
-    assert!(
-        admitted > 100 && refused > 100,
-        "both paths were exercised: {admitted} admitted, {refused} refused"
-    );
+    assert_eq!(fence.max_term, highest, "the final maximum is the highest term ever admitted");
+    assert!(admitted > 100 && refused > 100, "both paths were exercised: {admitted} admitted, {refused} refused");
     println!("s3: {admitted} admitted, {refused} refused, final maximum {highest}");
 }
 
@@ -114,45 +97,25 @@ async fn s3_sixteen_sessions_admitting_random_terms_commit_a_never_decreasing_se
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_try_admit_without_lock_never_lowers_or_skips_the_maximum() {
     let db = TestDb::new().await;
-    let sessions =
-        db.connect_many(SESSIONS)
-            .await
-            .into_iter()
-            .enumerate()
-            .map(|(session, client)| {
-                tokio::spawn(async move {
-                    let mut rng = StdRng::seed_from_u64(session as u64);
-                    let mut outcomes = Vec::new();
-                    for write in 0..WRITES_PER_SESSION {
-                        let term = i64::try_from(write / 8).unwrap() + rng.random_range(1..=4);
-                        let admission = store::try_admit(&client, RESOURCE, term, false)
-                            .await
-                            .unwrap();
-                        if admission.is_admitted() {
-                            assert_eq!(admission.max_term, term);
-                        } else {
-                            assert!(
-                                term < admission.max_term,
-                                "refused {term} against maximum {}",
-                                admission.max_term
-                            );
-                        }
-                        outcomes.push((term, admission.is_admitted()));
-                    }
-                    outcomes
-                })
-            });
-    let outcomes: Vec<(i64, bool)> = join_all(sessions)
-        .await
-        .into_iter()
-        .flat_map(Result::unwrap)
-        .collect();
-    let highest_admitted = outcomes
-        .iter()
-        .filter(|(_, ok)| *ok)
-        .map(|(term, _)| *term)
-        .max()
-        .unwrap();
+    let sessions = db.connect_many(SESSIONS).await.into_iter().enumerate().map(|(session, client)| {
+        tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(session as u64);
+            let mut outcomes = Vec::new();
+            for write in 0..WRITES_PER_SESSION {
+                let term = i64::try_from(write / 8).unwrap() + rng.random_range(1..=4);
+                let admission = store::try_admit(&client, RESOURCE, term, false).await.unwrap();
+                if admission.is_admitted() {
+                    assert_eq!(admission.max_term, term);
+                } else {
+                    assert!(term < admission.max_term, "refused {term} against maximum {}", admission.max_term);
+                }
+                outcomes.push((term, admission.is_admitted()));
+            }
+            outcomes
+        })
+    });
+    let outcomes: Vec<(i64, bool)> = join_all(sessions).await.into_iter().flat_map(Result::unwrap).collect();
+    let highest_admitted = outcomes.iter().filter(|(_, ok)| *ok).map(|(term, _)| *term).max().unwrap();
     let client = db.connect().await;
     let fence = store::get_fence(&client, RESOURCE).await.unwrap().unwrap();
     assert_eq!(fence.max_term, highest_admitted);

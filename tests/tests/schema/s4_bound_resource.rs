@@ -17,17 +17,12 @@ const TTL: Duration = Duration::from_secs(60);
 /// Calls `fencing.admit` and expects a refusal that changes nothing.
 async fn expect_refused(client: &Client, term: i64, expected: Outcome) {
     let before = fencing_state(client).await;
-    let decision = store::try_admit(client, RESOURCE, term, true)
-        .await
-        .unwrap();
+    let decision = store::try_admit(client, RESOURCE, term, true).await.unwrap();
     assert_eq!(decision.outcome, expected, "term {term}: {decision:?}");
     match store::admit(client, RESOURCE, term).await {
         Err(Error::Refused { message }) => {
             assert!(message.contains(RESOURCE), "names the resource: {message}");
-            assert!(
-                message.contains(&format!("presented term {term}")),
-                "names the presented term: {message}"
-            );
+            assert!(message.contains(&format!("presented term {term}")), "names the presented term: {message}");
             assert!(
                 message.contains(&format!("current term {}", decision.current_term())),
                 "names the current term: {message}"
@@ -35,16 +30,11 @@ async fn expect_refused(client: &Client, term: i64, expected: Outcome) {
         }
         other => panic!("term {term}: expected a refusal, got {other:?}"),
     }
-    assert_eq!(
-        fencing_state(client).await,
-        before,
-        "a refused term {term} changes nothing"
-    );
+    assert_eq!(fencing_state(client).await, before, "a refused term {term} changes nothing");
 }
 
 #[tokio::test]
-async fn s4_bound_resource_refuses_future_and_forged_terms_and_the_old_term_once_a_new_one_is_granted()
- {
+async fn s4_bound_resource_refuses_future_and_forged_terms_and_the_old_term_once_a_new_one_is_granted() {
     let db = TestDb::new().await;
     let client = db.connect().await;
     assert_eq!(store::bind(&client, RESOURCE, LEASE).await.unwrap(), 0);
@@ -52,25 +42,17 @@ async fn s4_bound_resource_refuses_future_and_forged_terms_and_the_old_term_once
     // No lease yet: no term is current, so every term is a future one.
     expect_refused(&client, 1, Outcome::FutureTerm).await;
 
-    let a = store::acquire(&client, LEASE, "leader-a", TTL)
-        .await
-        .unwrap();
+    let a = store::acquire(&client, LEASE, "leader-a", TTL).await.unwrap();
     assert_eq!(a.term, Some(1));
     // A forged or future token cannot poison the fence.
     expect_refused(&client, 2, Outcome::FutureTerm).await;
     expect_refused(&client, i64::MAX, Outcome::FutureTerm).await;
     assert_eq!(store::admit(&client, RESOURCE, 1).await.unwrap(), 1);
-    assert_eq!(
-        store::admit(&client, RESOURCE, 1).await.unwrap(),
-        1,
-        "the leader writes again"
-    );
+    assert_eq!(store::admit(&client, RESOURCE, 1).await.unwrap(), 1, "the leader writes again");
 
     // A's period ends; B is granted term 2 and has not written.
     assert!(store::release(&client, LEASE, "leader-a").await.unwrap());
-    let b = store::acquire(&client, LEASE, "leader-b", TTL)
-        .await
-        .unwrap();
+    let b = store::acquire(&client, LEASE, "leader-b", TTL).await.unwrap();
     assert_eq!(b.term, Some(2));
     let fence = store::get_fence(&client, RESOURCE).await.unwrap().unwrap();
     assert_eq!(fence.max_term, 1, "B has not written yet");
@@ -89,17 +71,13 @@ async fn s4_bound_resource_refuses_the_old_term_after_expiry_and_takeover() {
     let db = TestDb::new().await;
     let client = db.connect().await;
     store::bind(&client, RESOURCE, LEASE).await.unwrap();
-    let a = store::acquire(&client, LEASE, "leader-a", Duration::from_millis(200))
-        .await
-        .unwrap();
+    let a = store::acquire(&client, LEASE, "leader-a", Duration::from_millis(200)).await.unwrap();
     assert_eq!(store::admit(&client, RESOURCE, 1).await.unwrap(), 1);
 
     // A stops renewing (paused, partitioned); its lease runs out by the store's clock.
     fencing_tests::wait_for_store_clock(&client, a.expires_at.unwrap()).await;
     expect_refused(&client, 1, Outcome::NotLeader).await;
-    let b = store::acquire(&client, LEASE, "leader-b", TTL)
-        .await
-        .unwrap();
+    let b = store::acquire(&client, LEASE, "leader-b", TTL).await.unwrap();
     assert_eq!(b.term, Some(2));
     expect_refused(&client, 1, Outcome::Stale).await;
 }
@@ -108,16 +86,13 @@ async fn s4_bound_resource_refuses_the_old_term_after_expiry_and_takeover() {
 /// live), but the new leader's first admission waits until they end, so the old leader's
 /// already-admitted write commits before any write of the new term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s4_new_term_is_granted_at_once_and_its_first_write_waits_for_the_old_terms_open_transaction()
- {
+async fn s4_new_term_is_granted_at_once_and_its_first_write_waits_for_the_old_terms_open_transaction() {
     let db = TestDb::new().await;
     let mut old_leader = db.connect().await;
     let new_leader = db.connect().await;
     let observer = db.connect().await;
     store::bind(&observer, RESOURCE, LEASE).await.unwrap();
-    store::acquire(&observer, LEASE, "leader-a", Duration::from_millis(300))
-        .await
-        .unwrap();
+    store::acquire(&observer, LEASE, "leader-a", Duration::from_millis(300)).await.unwrap();
 
     let transaction = old_leader.transaction().await.unwrap();
     assert_eq!(store::admit(&transaction, RESOURCE, 1).await.unwrap(), 1);
@@ -125,9 +100,7 @@ async fn s4_new_term_is_granted_at_once_and_its_first_write_waits_for_the_old_te
     // A's lease expires while its transaction is open; B is granted term 2 without waiting.
     let granted = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            let reply = store::acquire(&observer, LEASE, "leader-b", TTL)
-                .await
-                .unwrap();
+            let reply = store::acquire(&observer, LEASE, "leader-b", TTL).await.unwrap();
             if reply.ok {
                 return reply;
             }
@@ -138,20 +111,13 @@ async fn s4_new_term_is_granted_at_once_and_its_first_write_waits_for_the_old_te
     .expect("acquire is never blocked by an open transaction of the old term");
     assert_eq!(granted.term, Some(2));
 
-    let new_pid: i32 = new_leader
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let new_pid: i32 = new_leader.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let first_write = tokio::spawn(async move { store::admit(&new_leader, RESOURCE, 2).await });
     // Wait until the new leader's admission is blocked on the old transaction's lock.
     let mut blocked = false;
     for _ in 0..500 {
         let row = observer
-            .query_one(
-                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
-                &[&new_pid],
-            )
+            .query_one("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", &[&new_pid])
             .await
             .unwrap();
         if row.get::<_, Option<bool>>(0) == Some(true) {
@@ -160,18 +126,12 @@ async fn s4_new_term_is_granted_at_once_and_its_first_write_waits_for_the_old_te
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(
-        blocked,
-        "the new term's first admission waits for the old term's open transaction"
-    );
+    assert!(blocked, "the new term's first admission waits for the old term's open transaction");
     assert!(!first_write.is_finished());
 
     transaction.commit().await.unwrap();
     assert_eq!(first_write.await.unwrap().unwrap(), 2);
-    let error = old_leader
-        .query_one("SELECT fencing.admit($1, 1)", &[&RESOURCE])
-        .await
-        .unwrap_err();
+    let error = old_leader.query_one("SELECT fencing.admit($1, 1)", &[&RESOURCE]).await.unwrap_err();
     assert_eq!(sqlstate(&error), Some(SQLSTATE_REFUSED));
 }
 
@@ -183,9 +143,6 @@ async fn unbound_resource_admits_any_term_at_or_above_its_maximum() {
     assert_eq!(store::admit(&client, "free", 5).await.unwrap(), 5);
     assert_eq!(store::admit(&client, "free", 9).await.unwrap(), 9);
     let before = fencing_state(&client).await;
-    assert!(matches!(
-        store::admit(&client, "free", 8).await,
-        Err(Error::Refused { .. })
-    ));
+    assert!(matches!(store::admit(&client, "free", 8).await, Err(Error::Refused { .. })));
     assert_eq!(fencing_state(&client).await, before);
 }

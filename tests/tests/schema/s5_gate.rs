@@ -12,14 +12,7 @@ const FORWARD: Duration = Duration::from_secs(4);
 
 /// The fence row's version: it changes exactly when the row is written.
 async fn row_version(client: &Client, resource: &str) -> String {
-    client
-        .query_one(
-            "SELECT xmin::text FROM fencing.fences WHERE resource = $1",
-            &[&resource],
-        )
-        .await
-        .unwrap()
-        .get(0)
+    client.query_one("SELECT xmin::text FROM fencing.fences WHERE resource = $1", &[&resource]).await.unwrap().get(0)
 }
 
 #[tokio::test]
@@ -28,71 +21,41 @@ async fn s5_a_new_term_waits_for_the_old_terms_horizon_and_same_term_writes_need
     let client = db.connect().await;
 
     let first = store::gate(&client, "r", 1, FORWARD, None).await.unwrap();
-    assert_eq!(
-        (first.outcome, first.term, first.wait),
-        (Outcome::Admitted, Some(1), Duration::ZERO)
-    );
+    assert_eq!((first.outcome, first.term, first.wait), (Outcome::Admitted, Some(1), Duration::ZERO));
     // The horizon now covers more than this write's deadline: the next writes do not write.
     let version = row_version(&client, "r").await;
     for _ in 0..5 {
         let again = store::gate(&client, "r", 1, FORWARD, None).await.unwrap();
-        assert_eq!(
-            (again.outcome, again.wait),
-            (Outcome::Admitted, Duration::ZERO)
-        );
+        assert_eq!((again.outcome, again.wait), (Outcome::Admitted, Duration::ZERO));
     }
-    assert_eq!(
-        row_version(&client, "r").await,
-        version,
-        "same-term admissions wrote nothing"
-    );
+    assert_eq!(row_version(&client, "r").await, version, "same-term admissions wrote nothing");
 
     // A refusal writes nothing either.
     let before = fencing_state(&client).await;
     let raised = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
     assert!(raised.is_admitted());
     // Term 1 writes admitted just before may be forwarded until about now + FORWARD: term 2 waits.
-    assert!(
-        raised.wait > FORWARD / 2 && raised.wait <= FORWARD * 5 / 4,
-        "waits {:?}",
-        raised.wait
-    );
+    assert!(raised.wait > FORWARD / 2 && raised.wait <= FORWARD * 5 / 4, "waits {:?}", raised.wait);
     let after_raise = fencing_state(&client).await;
     assert_ne!(after_raise, before);
     let stale = store::gate(&client, "r", 1, FORWARD, None).await.unwrap();
-    assert_eq!(
-        (stale.outcome, stale.current_term()),
-        (Outcome::Stale, Some(2))
-    );
-    assert_eq!(
-        fencing_state(&client).await,
-        after_raise,
-        "a refusal changes nothing"
-    );
+    assert_eq!((stale.outcome, stale.current_term()), (Outcome::Stale, Some(2)));
+    assert_eq!(fencing_state(&client).await, after_raise, "a refusal changes nothing");
 
     // Every term-2 write admitted during the settle period waits for it too, through any replica.
     let other_replica = db.connect().await;
-    let follower = store::gate(&other_replica, "r", 2, FORWARD, None)
-        .await
-        .unwrap();
-    assert!(
-        follower.wait > Duration::ZERO && follower.wait <= raised.wait,
-        "{follower:?} vs {raised:?}"
-    );
+    let follower = store::gate(&other_replica, "r", 2, FORWARD, None).await.unwrap();
+    assert!(follower.wait > Duration::ZERO && follower.wait <= raised.wait, "{follower:?} vs {raised:?}");
 }
 
 #[tokio::test]
 async fn s5_a_term_change_through_the_sql_guard_also_makes_gateway_writes_settle() {
     let db = TestDb::new().await;
     let client = db.connect().await;
-    store::gate(&client, "shared", 3, FORWARD, None)
-        .await
-        .unwrap();
+    store::gate(&client, "shared", 3, FORWARD, None).await.unwrap();
     // A SQL writer raises the term inside Postgres; gateway writes of term 3 may still be in flight.
     assert_eq!(store::admit(&client, "shared", 4).await.unwrap(), 4);
-    let next = store::gate(&client, "shared", 4, FORWARD, None)
-        .await
-        .unwrap();
+    let next = store::gate(&client, "shared", 4, FORWARD, None).await.unwrap();
     assert!(next.is_admitted() && next.wait > Duration::ZERO, "{next:?}");
 }
 
@@ -100,47 +63,72 @@ async fn s5_a_term_change_through_the_sql_guard_also_makes_gateway_writes_settle
 async fn gate_lease_stamps_the_holders_term_and_refuses_anyone_else() {
     let db = TestDb::new().await;
     let client = db.connect().await;
-    let lease = store::acquire(&client, "writer", "a", Duration::from_secs(60))
-        .await
-        .unwrap();
+    let lease = store::acquire(&client, "writer", "a", Duration::from_secs(60)).await.unwrap();
     let term = lease.term.unwrap();
 
-    let stamped = store::gate_lease(&client, "ledger", "writer", "a", FORWARD, Some("writer"))
-        .await
-        .unwrap();
-    assert_eq!(
-        (stamped.outcome, stamped.term),
-        (Outcome::Admitted, Some(term))
-    );
+    let stamped = store::gate_lease(&client, "ledger", "writer", "a", FORWARD, Some("writer")).await.unwrap();
+    assert_eq!((stamped.outcome, stamped.term), (Outcome::Admitted, Some(term)));
     let fence = store::get_fence(&client, "ledger").await.unwrap().unwrap();
-    assert_eq!(
-        (fence.max_term, fence.lease_key.as_deref()),
-        (term, Some("writer")),
-        "bound on first write"
-    );
+    assert_eq!((fence.max_term, fence.lease_key.as_deref()), (term, Some("writer")), "bound on first write");
 
     let before = fencing_state(&client).await;
-    let intruder = store::gate_lease(&client, "ledger", "writer", "b", FORWARD, Some("writer"))
-        .await
-        .unwrap();
-    assert_eq!(
-        (intruder.outcome, intruder.term, intruder.current_term()),
-        (Outcome::NotLeader, None, Some(term))
-    );
-    let unknown = store::gate_lease(&client, "ledger", "nobody-holds-this", "a", FORWARD, None)
-        .await
-        .unwrap();
+    let intruder = store::gate_lease(&client, "ledger", "writer", "b", FORWARD, Some("writer")).await.unwrap();
+    assert_eq!((intruder.outcome, intruder.term, intruder.current_term()), (Outcome::NotLeader, None, Some(term)));
+    let unknown = store::gate_lease(&client, "ledger", "nobody-holds-this", "a", FORWARD, None).await.unwrap();
     assert_eq!(unknown.outcome, Outcome::NotLeader);
-    assert_eq!(
-        fencing_state(&client).await,
-        before,
-        "refusals change nothing"
-    );
+    assert_eq!(fencing_state(&client).await, before, "refusals change nothing");
 
     // Verify mode on the bound resource: a forged future term is refused.
-    let forged = store::gate(&client, "ledger", term + 5, FORWARD, Some("writer"))
+    let forged = store::gate(&client, "ledger", term + 5, FORWARD, Some("writer")).await.unwrap();
+    assert_eq!(forged.outcome, Outcome::FutureTerm);
+    assert_eq!(fencing_state(&client).await, before);
+}
+
+#[tokio::test]
+async fn gate_many_decides_each_item_in_input_order_in_one_statement() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::acquire(&client, "writer", "a", Duration::from_secs(60)).await.unwrap();
+    store::gate(&client, "r1", 5, FORWARD, None).await.unwrap();
+
+    let resources = vec!["r1", "r1", "r2", "r2", "r1"];
+    let terms: Vec<Option<i64>> = vec![Some(5), Some(4), None, None, Some(6)];
+    let lease_keys: Vec<Option<&str>> = vec![None, None, Some("writer"), Some("writer"), None];
+    let owners: Vec<Option<&str>> = vec![None, None, Some("a"), Some("b"), None];
+    let bind_leases: Vec<Option<&str>> = vec![None; 5];
+    let forward_ms: i64 = 4000;
+    let rows = client
+        .query(store::GATE_MANY_SQL, &[&resources, &terms, &lease_keys, &owners, &bind_leases, &forward_ms])
         .await
         .unwrap();
-    assert_eq!(forged.outcome, Outcome::FutureTerm);
+    let outcomes: Vec<(Outcome, Option<i64>)> =
+        rows.iter().map(|row| store::Gate::from_row(row).unwrap()).map(|gate| (gate.outcome, gate.term)).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (Outcome::Admitted, Some(5)),
+            (Outcome::Stale, Some(4)),
+            (Outcome::Admitted, Some(1)),
+            (Outcome::NotLeader, None),
+            (Outcome::Admitted, Some(6)),
+        ]
+    );
+    // Arrays of different lengths are bad input, and nothing is decided.
+    let before = fencing_state(&client).await;
+    let error = client
+        .query(
+            store::GATE_MANY_SQL,
+            &[
+                &vec!["r1"],
+                &vec![Some(9_i64), Some(9)],
+                &vec![None::<&str>],
+                &vec![None::<&str>],
+                &vec![None::<&str>],
+                &forward_ms,
+            ],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(fencing_tests::sqlstate(&error), Some(fencing_schema::SQLSTATE_INVALID_ARGUMENT));
     assert_eq!(fencing_state(&client).await, before);
 }
