@@ -216,7 +216,8 @@ impl EmbeddedPostgres {
     }
 }
 
-fn describe(output: &Output) -> String {
+/// A finished command's status and output, on one line, for error messages.
+pub fn describe(output: &Output) -> String {
     format!(
         "{}; stdout: {}; stderr: {}",
         output.status,

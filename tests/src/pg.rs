@@ -17,12 +17,12 @@ use std::net::TcpListener;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Context, Result, anyhow, bail};
-use fencing_gateway::embedded::{RunAs, find_bin_dir, unprivileged_user};
+use fencing_gateway::embedded::{RunAs, describe, find_bin_dir, unprivileged_user};
 use tokio_postgres::{Client, NoTls};
 
 /// The superuser every test cluster is initialised with.
@@ -368,13 +368,4 @@ fn make_root(run_as: Option<&RunAs>) -> Result<PathBuf> {
 fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("probe for a free port")?;
     Ok(listener.local_addr()?.port())
-}
-
-fn describe(output: &Output) -> String {
-    format!(
-        "{}; stdout: {}; stderr: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout).trim(),
-        String::from_utf8_lossy(&output.stderr).trim()
-    )
 }
