@@ -3,7 +3,8 @@
 //! ```text
 //! cargo run -p fencing-election --example elector -- \
 //!     --database-url postgres://postgres@127.0.0.1:5432/app --key demo [--owner NAME] \
-//!     [--ttl-ms 10000] [--renew-ms N] [--margin-ms N] [--query-timeout-ms N] [--tick-ms 100]
+//!     [--ttl-ms 10000] [--renew-ms N] [--margin-ms N] [--query-timeout-ms N] [--tick-ms 100] \
+//!     [--metrics-listen 127.0.0.1:9464]
 //! ```
 //!
 //! Every line has `event` and `at_ms`, milliseconds on this process's monotonic clock since it
@@ -29,6 +30,7 @@ struct Args {
     margin: Option<Duration>,
     query_timeout: Option<Duration>,
     tick: Duration,
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -41,6 +43,7 @@ fn parse_args() -> Result<Args, String> {
         margin: None,
         query_timeout: None,
         tick: Duration::from_millis(100),
+        metrics_listen: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
@@ -55,6 +58,7 @@ fn parse_args() -> Result<Args, String> {
             "--margin-ms" => args.margin = Some(ms()?),
             "--query-timeout-ms" => args.query_timeout = Some(ms()?),
             "--tick-ms" => args.tick = ms()?,
+            "--metrics-listen" => args.metrics_listen = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -95,6 +99,14 @@ async fn main() -> ExitCode {
     };
     let origin = Instant::now();
     let at = move || ms_since(origin, Instant::now());
+    if let Some(address) = args.metrics_listen {
+        // The election metrics, at http://ADDRESS/metrics, for Prometheus.
+        if let Err(error) = metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(address).install()
+        {
+            eprintln!("elector: --metrics-listen {address}: {error}");
+            return ExitCode::from(70);
+        }
+    }
 
     let pg_config = match args.database_url.parse::<tokio_postgres::Config>() {
         Ok(config) => config,

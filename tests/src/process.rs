@@ -52,7 +52,13 @@ impl Timing {
 impl ElectorProcess {
     /// Starts `elector --database-url url --key key --owner owner` with `timing`.
     pub fn spawn(url: &str, key: &str, owner: &str, timing: Timing) -> Result<ElectorProcess> {
+        ElectorProcess::spawn_with(url, key, owner, timing, &[])
+    }
+
+    /// As [`ElectorProcess::spawn`], with more arguments (`--metrics-listen ADDR`).
+    pub fn spawn_with(url: &str, key: &str, owner: &str, timing: Timing, extra: &[&str]) -> Result<ElectorProcess> {
         let mut child = Command::new(workspace_example("elector")?)
+            .args(extra)
             .args(["--database-url", url, "--key", key, "--owner", owner])
             .args(["--ttl-ms", &timing.ttl_ms.to_string(), "--renew-ms", &timing.renew_ms.to_string()])
             .args(["--margin-ms", &timing.margin_ms.to_string()])

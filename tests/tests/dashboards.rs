@@ -95,7 +95,9 @@ fn dashboard_panels_query_only_exported_metrics_through_the_datasource_variable(
             }
         }
     }
-    for required in ["fencing_writes_total", "election_term", "election_renew_failures_total", "fencing_check_duration_seconds"] {
+    for required in
+        ["fencing_writes_total", "election_term", "election_renew_failures_total", "fencing_check_duration_seconds"]
+    {
         assert!(used.contains(required), "no panel shows {required}");
     }
     let rules = std::fs::read_to_string(dashboards_dir().join("alerts.yml")).unwrap();

@@ -8,6 +8,7 @@ mod contract;
 mod control_api;
 mod embedded;
 mod faults;
+mod observability;
 mod replicas;
 mod shutdown;
 mod zombie;
