@@ -30,6 +30,25 @@ pub enum Command {
         #[arg(long, env = "FENCING_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Show leases, fences, refused writes and the admin audit.
+    Inspect {
+        /// What to show.
+        #[command(subcommand)]
+        what: Inspect,
+        /// The database, as a libpq URL or key=value string.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+        database_url: Option<String>,
+    },
+    /// Change a lease or a fence by hand after an incident: asks for confirmation, leaves an
+    /// audit row in fencing.admin_audit.
+    Admin {
+        /// What to change.
+        #[command(subcommand)]
+        action: Admin,
+        /// The database, as a libpq URL or key=value string.
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+        database_url: Option<String>,
+    },
     /// Apply the pending schema migrations (schema `fencing`) to a database, then exit.
     ///
     /// Safe to run from several replicas at once; refuses a database migrated by a newer release.
@@ -37,5 +56,70 @@ pub enum Command {
         /// The database, as a libpq URL or key=value string.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
+    },
+}
+
+/// `fencing-gateway inspect ...`
+#[derive(Debug, Subcommand)]
+pub enum Inspect {
+    /// Every lease: holder, term (the number of leadership periods so far), time left.
+    Leases,
+    /// One resource's fence: its maximum term and the lease it is bound to.
+    Fence {
+        /// The resource.
+        resource: String,
+    },
+    /// The newest refused writes, newest first.
+    Refusals {
+        /// Only this resource's.
+        #[arg(long)]
+        resource: Option<String>,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// The newest admin actions, newest first.
+    Audit {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+}
+
+/// `fencing-gateway admin ...`
+#[derive(Debug, Subcommand)]
+pub enum Admin {
+    /// End a lease's current period now, whoever holds it (a dead owner); the next holder gets
+    /// the next term.
+    ReleaseLease {
+        /// The lease key.
+        key: String,
+        /// Why, for the audit row.
+        #[arg(long)]
+        reason: String,
+        /// Who, for the audit row (default: $USER@host).
+        #[arg(long)]
+        actor: Option<String>,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Raise a resource's fence to a term, so every writer below it is refused from now on.
+    /// A fence never goes back.
+    AdvanceFence {
+        /// The resource.
+        resource: String,
+        /// The new maximum term; must be above the current one.
+        #[arg(long)]
+        term: i64,
+        /// Why, for the audit row.
+        #[arg(long)]
+        reason: String,
+        /// Who, for the audit row (default: $USER@host).
+        #[arg(long)]
+        actor: Option<String>,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
     },
 }

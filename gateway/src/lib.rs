@@ -8,9 +8,11 @@
 //! - [`fence`]: the fence decision, one prepared call of `fencing.gate` per write.
 //! - [`control`]: the control listener: lease API, fences, metrics, health.
 //! - [`server`]: the accept loop both listeners share (timeouts, limits, graceful drain).
+//! - [`refusals`]: the background record of refused writes in `fencing.refusals`.
 //! - [`problem`]: every response the gateway makes itself, as problem+json.
 //! - [`metrics`]: metric names and help.
 //! - [`embedded`]: the private local Postgres started when no database URL is configured.
+//! - [`inspect`]: `fencing-gateway inspect` and `admin`.
 //! - [`migrate`]: `fencing-gateway migrate`.
 //! - [`cli`]: the command line.
 
@@ -20,10 +22,12 @@ pub mod control;
 pub mod embedded;
 mod error;
 pub mod fence;
+pub mod inspect;
 pub mod metrics;
 pub mod migrate;
 pub mod problem;
 pub mod proxy;
+pub mod refusals;
 pub mod server;
 
 use std::sync::Arc;
@@ -81,10 +85,12 @@ pub async fn run(
     ));
     tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
 
+    let refusal_log = refusals::RefusalLog::start(fences.pool().clone());
     let proxy = Arc::new(Proxy::new(
         Arc::clone(&config),
         Arc::clone(&fences),
         proxy::upstream_client(config.upstream.connect_timeout),
+        refusal_log,
     ));
     let proxy_handler: Handler = Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
     let control =

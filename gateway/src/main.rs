@@ -30,6 +30,43 @@ async fn main() -> ExitCode {
 
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()).await,
+        Command::Inspect { what, database_url } => {
+            let Some(url) = database_url else {
+                eprintln!("fencing-gateway inspect: --database-url or DATABASE_URL is required");
+                return ExitCode::from(EXIT_USAGE);
+            };
+            match fencing_gateway::inspect::inspect(&url, &what).await {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("fencing-gateway inspect: {}", error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Admin { action, database_url } => {
+            let Some(url) = database_url else {
+                eprintln!("fencing-gateway admin: --database-url or DATABASE_URL is required");
+                return ExitCode::from(EXIT_USAGE);
+            };
+            let mut input = std::io::stdin().lock();
+            match fencing_gateway::inspect::admin(&url, &action, &mut input).await {
+                Ok(Some(text)) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Ok(None) => {
+                    eprintln!("not confirmed; nothing changed");
+                    ExitCode::FAILURE
+                }
+                Err(error) => {
+                    eprintln!("fencing-gateway admin: {}", error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Migrate { database_url } => match fencing_gateway::migrate::run(&database_url).await {
             Ok(report) if report.applied.is_empty() => {
                 println!("schema fencing is current at version {}", report.version);

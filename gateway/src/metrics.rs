@@ -26,6 +26,8 @@ pub const UPSTREAM_ERRORS: &str = "fencing_upstream_errors_total";
 pub const PASSTHROUGH: &str = "fencing_passthrough_requests_total";
 /// Counter: refusals decided from the gateway's cache of maxima, without a round trip.
 pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
+/// Counter: refused writes that could not be written to `fencing.refusals`.
+pub const REFUSALS_DROPPED: &str = "fencing_refusal_records_dropped_total";
 /// Histogram: fence decisions carried by one round trip to Postgres.
 pub const BATCH_SIZE: &str = "fencing_check_batch_size";
 
@@ -56,6 +58,7 @@ fn describe() {
     metrics::describe_gauge!(INFLIGHT_WRITES, "Fenced writes being decided or forwarded");
     metrics::describe_counter!(UPSTREAM_ERRORS, "Admitted writes the upstream did not answer, by kind");
     metrics::describe_counter!(PASSTHROUGH, "Unfenced requests passed straight through, by route");
+    metrics::describe_counter!(REFUSALS_DROPPED, "Refused writes that could not be written to fencing.refusals");
     metrics::describe_histogram!(BATCH_SIZE, "Fence decisions carried by one round trip to Postgres");
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
 }

@@ -24,6 +24,7 @@ use crate::config::{Config, ResourceNaming, Route};
 use crate::fence::{FenceStore, Presented, Undecided};
 use crate::metrics as names;
 use crate::problem::{Outcome, Rejection};
+use crate::refusals::RefusalLog;
 
 /// `Fencing-Token`: the term, presented by a leader (verify mode) and stamped by the gateway.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -70,12 +71,20 @@ pub struct Proxy {
     client: UpstreamClient,
     next_request_id: AtomicU64,
     request_id_prefix: u32,
+    refusals: RefusalLog,
 }
 
 impl Proxy {
     /// A proxy for `config`'s routes, deciding through `fences`.
-    pub fn new(config: Arc<Config>, fences: Arc<FenceStore>, client: UpstreamClient) -> Proxy {
-        Proxy { config, fences, client, next_request_id: AtomicU64::new(1), request_id_prefix: rand::random() }
+    pub fn new(config: Arc<Config>, fences: Arc<FenceStore>, client: UpstreamClient, refusals: RefusalLog) -> Proxy {
+        Proxy {
+            config,
+            fences,
+            client,
+            next_request_id: AtomicU64::new(1),
+            request_id_prefix: rand::random(),
+            refusals,
+        }
     }
 
     /// Handles one request from `remote`.
@@ -137,6 +146,9 @@ impl Proxy {
                 let outcome = rejection.outcome();
                 metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => outcome.as_label())
                     .increment(1);
+                if let Rejection::Fenced { resource, presented_term, current_term, .. } = &rejection {
+                    self.refusals.record(resource, &route.prefix, outcome.as_label(), *presented_term, *current_term);
+                }
                 if outcome == Outcome::UpstreamError {
                     warn!(?rejection, "admitted write not answered by the upstream");
                 } else {

@@ -24,10 +24,11 @@ pub struct Migration {
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "init", sql: include_str!("../migrations/0001_init.sql") },
     Migration { version: 2, name: "gate", sql: include_str!("../migrations/0002_gate.sql") },
+    Migration { version: 3, name: "audit", sql: include_str!("../migrations/0003_audit.sql") },
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 2;
+pub const LATEST_VERSION: i32 = 3;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -322,3 +322,146 @@ pub async fn gate_lease(
         .await?;
     Gate::from_row(&row)
 }
+
+/// A refused write, as recorded in `fencing.refusals`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// When it was recorded, by the store's clock.
+    pub at: SystemTime,
+    /// The resource written.
+    pub resource: String,
+    /// The gateway route it came through.
+    pub route: Option<String>,
+    /// stale, not_leader or future_term.
+    pub outcome: String,
+    /// The term the writer presented (none in stamp mode when it held no lease).
+    pub presented_term: Option<i64>,
+    /// The term it lost to.
+    pub current_term: Option<i64>,
+    /// The gateway that refused it.
+    pub gateway: Option<String>,
+}
+
+/// An audited admin action, from `fencing.admin_audit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    /// When, by the store's clock.
+    pub at: SystemTime,
+    /// Who.
+    pub actor: String,
+    /// `force_release` or `advance_fence`.
+    pub action: String,
+    /// The lease key or resource.
+    pub target: String,
+    /// Why.
+    pub reason: String,
+    /// The row before, as JSON text.
+    pub before: Option<String>,
+    /// The row after, as JSON text.
+    pub after: Option<String>,
+}
+
+/// Appends refused writes to `fencing.refusals`, keeping the newest `keep` rows; commits
+/// without waiting for the WAL flush.
+pub async fn record_refusals(
+    client: &impl GenericClient,
+    refusals: &[Refusal],
+    gateway: &str,
+    keep: i32,
+) -> Result<(), Error> {
+    let resources: Vec<&str> = refusals.iter().map(|r| r.resource.as_str()).collect();
+    let routes: Vec<Option<&str>> = refusals.iter().map(|r| r.route.as_deref()).collect();
+    let outcomes: Vec<&str> = refusals.iter().map(|r| r.outcome.as_str()).collect();
+    let presented: Vec<Option<i64>> = refusals.iter().map(|r| r.presented_term).collect();
+    let current: Vec<Option<i64>> = refusals.iter().map(|r| r.current_term).collect();
+    client
+        .execute(
+            "SELECT fencing.record_refusals($1, $2, $3, $4, $5, $6, $7)",
+            &[&resources, &routes, &outcomes, &presented, &current, &gateway, &keep],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The newest refused writes, for `resource` or all, newest first.
+pub async fn list_refusals(
+    client: &impl GenericClient,
+    resource: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Refusal>, Error> {
+    let rows = client
+        .query(
+            "SELECT at, resource, route, outcome, presented_term, current_term, gateway FROM fencing.refusals
+              WHERE $1::text IS NULL OR resource = $1 ORDER BY id DESC LIMIT $2",
+            &[&resource, &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Refusal {
+                at: row.try_get("at").map_err(Error::Store)?,
+                resource: row.try_get("resource").map_err(Error::Store)?,
+                route: row.try_get("route").map_err(Error::Store)?,
+                outcome: row.try_get("outcome").map_err(Error::Store)?,
+                presented_term: row.try_get("presented_term").map_err(Error::Store)?,
+                current_term: row.try_get("current_term").map_err(Error::Store)?,
+                gateway: row.try_get("gateway").map_err(Error::Store)?,
+            })
+        })
+        .collect()
+}
+
+/// Every lease, by key, with the time it has left by the store's clock.
+pub async fn list_leases(client: &impl GenericClient) -> Result<Vec<LeaseRow>, Error> {
+    let keys = client.query("SELECT key FROM fencing.leases ORDER BY key", &[]).await?;
+    let mut leases = Vec::with_capacity(keys.len());
+    for row in keys {
+        let key: String = row.try_get(0).map_err(Error::Store)?;
+        if let Some(lease) = get_lease(client, &key).await? {
+            leases.push(lease);
+        }
+    }
+    Ok(leases)
+}
+
+/// Calls `fencing.force_release(key, actor, reason)`: ends the current period, audited.
+pub async fn force_release(client: &impl GenericClient, key: &str, actor: &str, reason: &str) -> Result<(), Error> {
+    client.execute("SELECT fencing.force_release($1, $2, $3)", &[&key, &actor, &reason]).await?;
+    Ok(())
+}
+
+/// Calls `fencing.advance_fence(resource, term, actor, reason)`: raises the maximum, audited.
+pub async fn advance_fence(
+    client: &impl GenericClient,
+    resource: &str,
+    term: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    client.execute("SELECT fencing.advance_fence($1, $2, $3, $4)", &[&resource, &term, &actor, &reason]).await?;
+    Ok(())
+}
+
+/// The newest audited admin actions, newest first.
+pub async fn list_audit(client: &impl GenericClient, limit: i64) -> Result<Vec<AuditEntry>, Error> {
+    let rows = client
+        .query(
+            "SELECT at, actor, action, target, reason, before::text AS before, after::text AS after
+               FROM fencing.admin_audit ORDER BY id DESC LIMIT $1",
+            &[&limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(AuditEntry {
+                at: row.try_get("at").map_err(Error::Store)?,
+                actor: row.try_get("actor").map_err(Error::Store)?,
+                action: row.try_get("action").map_err(Error::Store)?,
+                target: row.try_get("target").map_err(Error::Store)?,
+                reason: row.try_get("reason").map_err(Error::Store)?,
+                before: row.try_get("before").map_err(Error::Store)?,
+                after: row.try_get("after").map_err(Error::Store)?,
+            })
+        })
+        .collect()
+}

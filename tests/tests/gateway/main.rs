@@ -8,6 +8,7 @@ mod contract;
 mod control_api;
 mod embedded;
 mod faults;
+mod inspect;
 mod observability;
 mod replicas;
 mod shutdown;

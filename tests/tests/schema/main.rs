@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod audit;
 mod bad_input;
 mod guard;
 mod harness;

@@ -1,0 +1,164 @@
+//! `fencing-gateway inspect` and `fencing-gateway admin`: what an operator reads and changes by
+//! hand, through the schema's functions.
+
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::time::SystemTime;
+
+use fencing_schema::store;
+use tokio_postgres::{Client, NoTls};
+use tracing::warn;
+
+use crate::Error;
+use crate::cli::{Admin, Inspect};
+
+fn time(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+async fn connect(database_url: &str) -> Result<Client, Error> {
+    let (client, connection) = tokio_postgres::connect(database_url, NoTls).await.map_err(Error::Connect)?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            warn!(%error, "database connection ended");
+        }
+    });
+    fencing_schema::check_schema_version(&client).await?;
+    Ok(client)
+}
+
+/// Runs one `inspect` command and returns what to print.
+pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error> {
+    let client = connect(database_url).await?;
+    let mut out = String::new();
+    match what {
+        Inspect::Leases => {
+            let _ = writeln!(out, "{:<32} {:<40} {:>8} {:>12}  EXPIRES AT", "KEY", "HOLDER", "TERM", "LEFT");
+            for lease in store::list_leases(&client).await? {
+                let (holder, left) = if lease.remaining.is_zero() {
+                    (format!("(none; last {})", lease.owner), "expired".to_owned())
+                } else {
+                    (lease.owner.clone(), format!("{:.1}s", lease.remaining.as_secs_f64()))
+                };
+                let _ = writeln!(
+                    out,
+                    "{:<32} {:<40} {:>8} {:>12}  {}",
+                    lease.key,
+                    holder,
+                    lease.term,
+                    left,
+                    time(lease.expires_at)
+                );
+            }
+        }
+        Inspect::Fence { resource } => match store::get_fence(&client, resource).await? {
+            Some(fence) => {
+                let _ = writeln!(out, "resource:   {}", fence.resource);
+                let _ = writeln!(out, "max term:   {}", fence.max_term);
+                let _ = writeln!(out, "bound to:   {}", or_dash(fence.lease_key));
+                let _ = writeln!(out, "updated at: {}", time(fence.updated_at));
+            }
+            None => {
+                let _ = writeln!(out, "no fence for {resource:?}: no write was ever admitted for it");
+            }
+        },
+        Inspect::Refusals { resource, limit } => {
+            let _ = writeln!(
+                out,
+                "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  GATEWAY",
+                "AT", "RESOURCE", "ROUTE", "OUTCOME", "PRESENTED", "CURRENT"
+            );
+            for refusal in store::list_refusals(&client, resource.as_deref(), *limit).await? {
+                let _ = writeln!(
+                    out,
+                    "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {}",
+                    time(refusal.at),
+                    refusal.resource,
+                    or_dash(refusal.route),
+                    refusal.outcome,
+                    or_dash(refusal.presented_term),
+                    or_dash(refusal.current_term),
+                    or_dash(refusal.gateway)
+                );
+            }
+        }
+        Inspect::Audit { limit } => {
+            for entry in store::list_audit(&client, *limit).await? {
+                let _ = writeln!(
+                    out,
+                    "{}  {}  {} {}  reason: {}\n  before: {}\n  after:  {}",
+                    time(entry.at),
+                    entry.actor,
+                    entry.action,
+                    entry.target,
+                    entry.reason,
+                    or_dash(entry.before),
+                    or_dash(entry.after)
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What an admin action needs confirmed, and how.
+fn confirm(prompt: &str, expected: &str, yes: bool, input: &mut dyn BufRead) -> bool {
+    if yes {
+        return true;
+    }
+    eprintln!("{prompt}");
+    eprintln!("Type {expected:?} to confirm:");
+    let mut line = String::new();
+    input.read_line(&mut line).is_ok() && line.trim() == expected
+}
+
+fn default_actor() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    format!("{user}@{host}")
+}
+
+/// Runs one `admin` command, reading the confirmation from `input`; returns what to print, or
+/// `None` when the operator did not confirm (nothing changed).
+pub async fn admin(database_url: &str, action: &Admin, input: &mut dyn BufRead) -> Result<Option<String>, Error> {
+    let client = connect(database_url).await?;
+    match action {
+        Admin::ReleaseLease { key, reason, actor, yes } => {
+            let current = store::get_lease(&client, key).await?;
+            let prompt = match &current {
+                Some(lease) if !lease.remaining.is_zero() => format!(
+                    "This ends the lease {key:?} held by {:?} with term {} ({:.1}s left); the next holder gets term {}.",
+                    lease.owner,
+                    lease.term,
+                    lease.remaining.as_secs_f64(),
+                    lease.term + 1
+                ),
+                Some(lease) => format!("The lease {key:?} (term {}) is not held; this only records it.", lease.term),
+                None => format!("There is no lease {key:?}."),
+            };
+            if !confirm(&prompt, key, *yes, input) {
+                return Ok(None);
+            }
+            let actor = actor.clone().unwrap_or_else(default_actor);
+            store::force_release(&client, key, &actor, reason).await?;
+            Ok(Some(format!("released lease {key:?}; audited as {actor}\n")))
+        }
+        Admin::AdvanceFence { resource, term, reason, actor, yes } => {
+            let current = store::get_fence(&client, resource).await?;
+            let prompt = format!(
+                "This raises the fence of {resource:?} from term {} to {term}: every writer below {term} is refused from now on.",
+                current.map_or_else(|| "none".to_owned(), |fence| fence.max_term.to_string())
+            );
+            if !confirm(&prompt, resource, *yes, input) {
+                return Ok(None);
+            }
+            let actor = actor.clone().unwrap_or_else(default_actor);
+            store::advance_fence(&client, resource, *term, &actor, reason).await?;
+            Ok(Some(format!("fence of {resource:?} is at term {term}; audited as {actor}\n")))
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The inspection CLI against a gateway's database: leases, fences and refused writes as an
+//! operator sees them, and the admin actions, which ask for confirmation and are audited.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use fencing_schema::store;
+use fencing_tests::gateway::send;
+use fencing_tests::workspace_bin;
+use http::{Method, StatusCode};
+use tokio::io::AsyncWriteExt;
+
+use crate::Setup;
+
+/// Runs `fencing-gateway ARGS --database-url URL` with `stdin`; returns exit code and stdout+stderr.
+async fn cli(url: &str, args: &[&str], stdin: &str) -> (Option<i32>, String) {
+    let mut child = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
+        .args(args)
+        .args(["--database-url", url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let output = child.wait_with_output().await.unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.code(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_confirmed() {
+    let setup = Setup::new().await;
+    let url = setup.db.url();
+    let client = setup.db.connect().await;
+    let acquire = |owner: &'static str| async move {
+        send(
+            setup.gateway.control,
+            Method::POST,
+            "/v1/leases/ledger-writer/acquire",
+            &[],
+            &format!(r#"{{"owner":"{owner}","ttl_ms":600000}}"#),
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!(acquire("node-a").await.status, StatusCode::OK);
+    let write = |term: &'static str| async move {
+        send(setup.gateway.proxy, Method::POST, "/ledger/acct-1/entries", &[("fencing-token", term)], "")
+            .await
+            .unwrap()
+            .status
+    };
+    assert_eq!(write("1").await, StatusCode::OK);
+    assert_eq!(write("3").await, StatusCode::CONFLICT, "a future term on the bound resource");
+
+    let (code, leases) = cli(&url, &["inspect", "leases"], "").await;
+    assert_eq!(code, Some(0), "{leases}");
+    assert!(
+        leases.lines().any(|l| l.starts_with("ledger-writer") && l.contains("node-a") && l.contains(" 1 ")),
+        "{leases}"
+    );
+    let (code, fence) = cli(&url, &["inspect", "fence", "acct-1"], "").await;
+    assert_eq!(code, Some(0));
+    assert!(fence.contains("max term:   1") && fence.contains("bound to:   ledger-writer"), "{fence}");
+
+    // The refusal is recorded in the background, then shown.
+    let mut recorded = false;
+    for _ in 0..100 {
+        if !store::list_refusals(&client, Some("acct-1"), 10).await.unwrap().is_empty() {
+            recorded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recorded, "the refused write was recorded");
+    let (code, refusals) = cli(&url, &["inspect", "refusals", "--resource", "acct-1"], "").await;
+    assert_eq!(code, Some(0));
+    let line = refusals.lines().nth(1).unwrap_or_default();
+    assert!(line.contains("acct-1") && line.contains("/ledger") && line.contains("future_term"), "{refusals}");
+
+    // Releasing a lease by hand: not confirmed, nothing changes; confirmed, it ends and is audited.
+    let (code, text) =
+        cli(&url, &["admin", "release-lease", "ledger-writer", "--reason", "node-a is gone"], "no\n").await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("held by \"node-a\" with term 1") && text.contains("nothing changed"), "{text}");
+    assert_eq!(acquire("node-b").await.status, StatusCode::CONFLICT, "still held by node-a");
+    let (code, text) = cli(
+        &url,
+        &["admin", "release-lease", "ledger-writer", "--reason", "node-a is gone", "--actor", "alice"],
+        "ledger-writer\n",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{text}");
+    let next = acquire("node-b").await;
+    assert_eq!((next.status, next.json()["term"].as_i64()), (StatusCode::OK, Some(2)));
+
+    // Advancing a fence: never backwards; forwards when confirmed, and then lower terms are refused.
+    let (code, text) =
+        cli(&url, &["admin", "advance-fence", "acct-1", "--term", "1", "--reason", "x", "--yes"], "").await;
+    assert_eq!(code, Some(1));
+    assert!(text.contains("never goes back"), "{text}");
+    let (code, text) = cli(
+        &url,
+        &["admin", "advance-fence", "acct-1", "--term", "7", "--reason", "incident 42", "--actor", "alice", "--yes"],
+        "",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(store::get_fence(&client, "acct-1").await.unwrap().unwrap().max_term, 7);
+
+    let (code, audit) = cli(&url, &["inspect", "audit"], "").await;
+    assert_eq!(code, Some(0));
+    assert!(audit.contains("alice  advance_fence acct-1  reason: incident 42"), "{audit}");
+    assert!(audit.contains("alice  force_release ledger-writer  reason: node-a is gone"), "{audit}");
+}
