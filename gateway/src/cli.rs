@@ -30,6 +30,34 @@ pub enum Command {
         #[arg(long, env = "FENCING_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// Tell the whole story on this machine: an embedded Postgres, an example upstream, the
+    /// gateway and two leader processes; leader A is paused, B takes over, A wakes up and its
+    /// write is refused. Then leaves the metrics endpoint up until Ctrl-C.
+    Demo {
+        /// Where the embedded Postgres keeps its data.
+        #[arg(long, default_value = ".fencing-gateway/demo-pgdata")]
+        data_dir: PathBuf,
+        /// The control listener (metrics); port 0 picks a free one.
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        control_listen: std::net::SocketAddr,
+        /// Exit when the story is told instead of waiting for Ctrl-C (for tests and scripts).
+        #[arg(long)]
+        exit_after_story: bool,
+    },
+    /// One leader of the demo (started by `demo`): elects itself through the library and writes
+    /// through the gateway, printing what happens.
+    #[command(hide = true)]
+    DemoLeader {
+        /// The database.
+        #[arg(long)]
+        database_url: String,
+        /// The owner name.
+        #[arg(long)]
+        owner: String,
+        /// The gateway's proxy listener.
+        #[arg(long)]
+        proxy: std::net::SocketAddr,
+    },
     /// Show leases, fences, refused writes and the admin audit.
     Inspect {
         /// What to show.

@@ -11,6 +11,7 @@
 //! - [`refusals`]: the background record of refused writes in `fencing.refusals`.
 //! - [`problem`]: every response the gateway makes itself, as problem+json.
 //! - [`metrics`]: metric names and help.
+//! - [`demo`]: `fencing-gateway demo`, the whole story in one command.
 //! - [`embedded`]: the private local Postgres started when no database URL is configured.
 //! - [`inspect`]: `fencing-gateway inspect` and `admin`.
 //! - [`migrate`]: `fencing-gateway migrate`.
@@ -19,6 +20,7 @@
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod demo;
 pub mod embedded;
 mod error;
 pub mod fence;

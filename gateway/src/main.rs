@@ -30,6 +30,31 @@ async fn main() -> ExitCode {
 
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()).await,
+        Command::Demo { data_dir, control_listen, exit_after_story } => {
+            let metrics = match metrics::install() {
+                Ok(handle) => handle,
+                Err(error) => {
+                    eprintln!("fencing-gateway demo: metrics: {error}");
+                    return ExitCode::from(EXIT_UNAVAILABLE);
+                }
+            };
+            match fencing_gateway::demo::run(&data_dir, control_listen, exit_after_story, metrics).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("fencing-gateway demo: {}", error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::DemoLeader { database_url, owner, proxy } => {
+            match fencing_gateway::demo::leader(&database_url, &owner, proxy).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("fencing-gateway demo-leader: {}", error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Inspect { what, database_url } => {
             let Some(url) = database_url else {
                 eprintln!("fencing-gateway inspect: --database-url or DATABASE_URL is required");

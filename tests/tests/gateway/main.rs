@@ -6,6 +6,7 @@
 
 mod contract;
 mod control_api;
+mod demo;
 mod embedded;
 mod faults;
 mod inspect;

@@ -1,0 +1,43 @@
+//! `fencing-gateway demo` tells the whole story on a fresh data directory and cleans up.
+
+use std::time::Duration;
+
+use fencing_tests::workspace_bin;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_tells_the_zombie_story_and_stops_everything_it_started() {
+    let dir = std::env::temp_dir().join(format!("fencing-demo-{}-{}", std::process::id(), rand::random::<u32>()));
+    let data_dir = dir.join("pgdata");
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
+            .args(["demo", "--control-listen", "127.0.0.1:0", "--exit-after-story", "--data-dir"])
+            .arg(&data_dir)
+            .env("RUST_LOG", "error")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the demo finishes")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let steps = [
+        "leader-a holds lease \"demo-writer\" with term 1",
+        "leader-a wrote with term 1: HTTP 200",
+        "pausing leader-a (SIGSTOP)",
+        "leader-b took over with term 2",
+        "leader-b wrote with term 2: HTTP 200",
+        "the gateway refused leader-a's write with term 1: HTTP 409 (current term 2)",
+        "leader-a noticed it lost term 1",
+        "/metrics; point Prometheus at it",
+        "demo: stopped",
+    ];
+    let mut rest: &str = &stdout;
+    for step in steps {
+        let at = rest.find(step).unwrap_or_else(|| panic!("{step:?} missing, or out of order, in:\n{stdout}"));
+        rest = &rest[at + step.len()..];
+    }
+    assert!(!data_dir.join("postmaster.pid").exists(), "the demo's PostgreSQL stopped");
+    let _ = std::fs::remove_dir_all(&dir);
+}
