@@ -178,7 +178,18 @@ BEGIN
     IF bind_lease IS NOT NULL THEN
         PERFORM 1 FROM fencing.fences f WHERE f.resource = p_resource AND f.lease_key = bind_lease;
         IF NOT FOUND THEN
-            PERFORM fencing.bind(p_resource, bind_lease);
+            -- Bind, then decide, in a subtransaction: a refused write leaves no trace, so a
+            -- writer that is not the leader cannot create fence rows by naming new resources.
+            BEGIN
+                PERFORM fencing.bind(p_resource, bind_lease);
+                decision := fencing.try_admit(p_resource, p_term, false);
+                IF NOT decision.admitted THEN
+                    RAISE EXCEPTION 'refused' USING ERRCODE = 'ZF409';
+                END IF;
+            EXCEPTION WHEN SQLSTATE 'ZF409' THEN
+                RETURN (false, decision.outcome, p_term, decision.max_term, decision.lease_key,
+                        decision.lease_term, 0)::fencing.gate_result;
+            END;
         END IF;
     END IF;
 

@@ -132,3 +132,23 @@ async fn gate_many_decides_each_item_in_input_order_in_one_statement() {
     assert_eq!(fencing_tests::sqlstate(&error), Some(fencing_schema::SQLSTATE_INVALID_ARGUMENT));
     assert_eq!(fencing_state(&client).await, before);
 }
+
+#[tokio::test]
+async fn a_refused_write_to_a_new_resource_on_a_bound_route_creates_no_fence_row() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::acquire(&client, "writer", "a", Duration::from_secs(60)).await.unwrap();
+    let before = fencing_state(&client).await;
+    for (resource, term) in [("new-1", 5), ("new-2", 7)] {
+        let refused = store::gate(&client, resource, term, FORWARD, Some("writer")).await.unwrap();
+        assert_eq!(refused.outcome, Outcome::FutureTerm);
+        let stamped =
+            store::gate_lease(&client, resource, "writer", "intruder", FORWARD, Some("writer")).await.unwrap();
+        assert_eq!(stamped.outcome, Outcome::NotLeader);
+    }
+    assert_eq!(fencing_state(&client).await, before, "refusals created no fence rows");
+    let admitted = store::gate(&client, "new-1", 1, FORWARD, Some("writer")).await.unwrap();
+    assert!(admitted.is_admitted());
+    let fence = store::get_fence(&client, "new-1").await.unwrap().unwrap();
+    assert_eq!((fence.max_term, fence.lease_key.as_deref()), (1, Some("writer")));
+}
