@@ -38,6 +38,10 @@ pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
+/// Added to a settle wait: bytes of a lower-term write that its gateway wrote just before its
+/// deadline may still be on their way to the upstream.
+const SETTLE_MARGIN: Duration = Duration::from_millis(25);
+
 /// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
 const HOP_BY_HOP: [&str; 9] = [
     "connection",
@@ -203,15 +207,18 @@ impl Proxy {
                 Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
             }
         })?;
+        let received = Instant::now();
         let term = admitted_term(&gate, &resource, &presented)?;
         tracing::Span::current().record("term", term);
 
-        // S5: wait until lower-term writes through any replica may no longer be sent, and never
-        // send after this write's own deadline.
+        // S5. The store decided at some instant between `sent` and `received`, and said: wait
+        // `gate.wait` from that instant. So start no earlier than `received + wait` (lower-term
+        // writes through any replica may be sent until then), and end no later than
+        // `sent + wait + forward_timeout` (the store's horizon covers no later deadline).
         let deadline = sent + gate.wait + self.config.upstream.forward_timeout;
         if !gate.wait.is_zero() {
             debug!(wait = ?gate.wait, "settling behind the previous term");
-            sleep_until(sent + gate.wait).await;
+            sleep_until(received + gate.wait + SETTLE_MARGIN).await;
         }
         let headers = request.headers_mut();
         remove_fencing_headers(headers);

@@ -22,7 +22,7 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
     let db = TestDb::new().await;
     let mut upstream = Upstream::start().await.unwrap();
     let config = format!(
-        "[upstream]\nforward_timeout_ms = 400\n\
+        "[upstream]\nforward_timeout_ms = 1000\n\
          [[routes]]\nprefix = \"/r\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n",
         upstream.url()
     );
