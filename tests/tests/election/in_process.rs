@@ -11,10 +11,11 @@ use fencing_tests::pg::TestDb;
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio_postgres::NoTls;
 
-const TTL: Duration = Duration::from_millis(2000);
-const RENEW: Duration = Duration::from_millis(600);
-const MARGIN: Duration = Duration::from_millis(200);
-const QUERY_TIMEOUT: Duration = Duration::from_millis(600);
+// Long enough that a loaded CI machine does not stall a renewal past the query timeout.
+const TTL: Duration = Duration::from_millis(3000);
+const RENEW: Duration = Duration::from_millis(900);
+const MARGIN: Duration = Duration::from_millis(300);
+const QUERY_TIMEOUT: Duration = Duration::from_millis(900);
 
 fn pool(url: &str) -> Pool {
     let config: tokio_postgres::Config = url.parse().unwrap();
