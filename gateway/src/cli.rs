@@ -122,15 +122,9 @@ pub enum Admin {
     ReleaseLease {
         /// The lease key.
         key: String,
-        /// Why, for the audit row.
-        #[arg(long)]
-        reason: String,
-        /// Who, for the audit row (default: $USER@host).
-        #[arg(long)]
-        actor: Option<String>,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
+        /// Who, why, and whether to ask.
+        #[command(flatten)]
+        audit: AuditArgs,
     },
     /// Raise a resource's fence to a term, so every writer below it is refused from now on.
     /// A fence never goes back.
@@ -140,14 +134,22 @@ pub enum Admin {
         /// The new maximum term; must be above the current one.
         #[arg(long)]
         term: i64,
-        /// Why, for the audit row.
-        #[arg(long)]
-        reason: String,
-        /// Who, for the audit row (default: $USER@host).
-        #[arg(long)]
-        actor: Option<String>,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
+        /// Who, why, and whether to ask.
+        #[command(flatten)]
+        audit: AuditArgs,
     },
+}
+
+/// What every admin action records and asks.
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    /// Why, for the audit row.
+    #[arg(long)]
+    pub reason: String,
+    /// Who, for the audit row (default: $USER@host).
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
 }

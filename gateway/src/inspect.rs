@@ -127,7 +127,7 @@ fn default_actor() -> String {
 pub async fn admin(database_url: &str, action: &Admin, input: &mut dyn BufRead) -> Result<Option<String>, Error> {
     let client = connect(database_url).await?;
     match action {
-        Admin::ReleaseLease { key, reason, actor, yes } => {
+        Admin::ReleaseLease { key, audit } => {
             let current = store::get_lease(&client, key).await?;
             let prompt = match &current {
                 Some(lease) if !lease.remaining.is_zero() => format!(
@@ -140,24 +140,24 @@ pub async fn admin(database_url: &str, action: &Admin, input: &mut dyn BufRead) 
                 Some(lease) => format!("The lease {key:?} (term {}) is not held; this only records it.", lease.term),
                 None => format!("There is no lease {key:?}."),
             };
-            if !confirm(&prompt, key, *yes, input) {
+            if !confirm(&prompt, key, audit.yes, input) {
                 return Ok(None);
             }
-            let actor = actor.clone().unwrap_or_else(default_actor);
-            store::force_release(&client, key, &actor, reason).await?;
+            let actor = audit.actor.clone().unwrap_or_else(default_actor);
+            store::force_release(&client, key, &actor, &audit.reason).await?;
             Ok(Some(format!("released lease {key:?}; audited as {actor}\n")))
         }
-        Admin::AdvanceFence { resource, term, reason, actor, yes } => {
+        Admin::AdvanceFence { resource, term, audit } => {
             let current = store::get_fence(&client, resource).await?;
             let prompt = format!(
                 "This raises the fence of {resource:?} from term {} to {term}: every writer below {term} is refused from now on.",
                 current.map_or_else(|| "none".to_owned(), |fence| fence.max_term.to_string())
             );
-            if !confirm(&prompt, resource, *yes, input) {
+            if !confirm(&prompt, resource, audit.yes, input) {
                 return Ok(None);
             }
-            let actor = actor.clone().unwrap_or_else(default_actor);
-            store::advance_fence(&client, resource, *term, &actor, reason).await?;
+            let actor = audit.actor.clone().unwrap_or_else(default_actor);
+            store::advance_fence(&client, resource, *term, &actor, &audit.reason).await?;
             Ok(Some(format!("fence of {resource:?} is at term {term}; audited as {actor}\n")))
         }
     }
