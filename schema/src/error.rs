@@ -53,6 +53,16 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// A repeatable function file failed; nothing of the repeatable pass was applied.
+    #[error("apply function file {name}.sql")]
+    FunctionsFailed {
+        /// The file's name, without extension.
+        name: &'static str,
+        /// What Postgres said.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
     /// A fencing function refused a write (SQLSTATE `ZF409`).
     #[error("write refused by the fence: {message}")]
     Refused {

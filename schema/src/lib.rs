@@ -1,6 +1,6 @@
 //! The fencing SQL schema and the Rust side of its surface.
 //!
-//! Everything that decides lives in SQL, in `schema/migrations/*.sql`: the lease functions
+//! Everything that decides lives in SQL, in `schema/functions/*.sql`: the lease functions
 //! (`fencing.acquire`, `fencing.renew`, `fencing.release`), the fence decision
 //! (`fencing.try_admit`, `fencing.admit`, `fencing.bind`) and the trigger a DBA attaches to an
 //! existing table (`fencing.guard`, `fencing.protect`). This crate embeds those same files and
@@ -22,8 +22,8 @@ pub mod store;
 
 pub use error::Error;
 pub use migrations::{
-    ADVISORY_LOCK_KEY, LATEST_VERSION, MIGRATIONS, Migration, MigrationReport, check_schema_version, migrate,
-    schema_version,
+    ADVISORY_LOCK_KEY, FUNCTIONS, LATEST_VERSION, MIGRATIONS, Migration, MigrationReport, Repeatable,
+    check_schema_version, migrate, schema_version,
 };
 
 /// The SQLSTATE every refused write raises (class `ZF`, implementation-defined: "fencing").

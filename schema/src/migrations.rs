@@ -1,15 +1,18 @@
 //! The embedded migrations and the runner that applies them.
 //!
-//! The files in `schema/migrations/` are the source of truth; they are embedded here
+//! The files in `schema/migrations/` (versioned: tables and types, applied once each, in order)
+//! and `schema/functions/` (repeatable: the current text of every function, applied after the
+//! versioned ones whenever a file changed) are the source of truth; they are embedded here
 //! unchanged, so a DBA applying them with psql and the binary applying them agree.
-//! Each file records its own version in `fencing.schema_migrations` as its last statement.
+//! Each versioned file records its own version in `fencing.schema_migrations` as its last
+//! statement; the runner records each repeatable file's md5 in `fencing.repeatable_migrations`.
 
 use tokio_postgres::Client;
 use tracing::info;
 
 use crate::Error;
 
-/// One migration file.
+/// One versioned migration file.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
     /// The number the file name starts with.
@@ -20,15 +23,53 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-/// Every migration this binary knows, in the order they apply.
+/// One repeatable file of `schema/functions/`: the current definition of one function (or of a
+/// few small helpers that belong together).
+#[derive(Debug, Clone, Copy)]
+pub struct Repeatable {
+    /// The file name without extension.
+    pub name: &'static str,
+    /// The file's text.
+    pub sql: &'static str,
+}
+
+/// Every versioned migration this binary knows, in the order they apply.
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "init", sql: include_str!("../migrations/0001_init.sql") },
     Migration { version: 2, name: "gate", sql: include_str!("../migrations/0002_gate.sql") },
     Migration { version: 3, name: "audit", sql: include_str!("../migrations/0003_audit.sql") },
+    Migration { version: 4, name: "functions", sql: include_str!("../migrations/0004_functions.sql") },
+];
+
+macro_rules! repeatable {
+    ($($name:literal),* $(,)?) => {
+        &[$(Repeatable { name: $name, sql: include_str!(concat!("../functions/", $name, ".sql")) }),*]
+    };
+}
+
+/// Every repeatable file, in name order (the order psql users apply them in).
+pub const FUNCTIONS: &[Repeatable] = repeatable![
+    "acquire",
+    "admit",
+    "advance_fence",
+    "bind",
+    "checks",
+    "force_release",
+    "gate",
+    "gate_lease",
+    "gate_many",
+    "guard",
+    "presented_term",
+    "protect",
+    "raise_refused",
+    "record_refusals",
+    "release",
+    "renew",
+    "try_admit",
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 3;
+pub const LATEST_VERSION: i32 = 4;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;
@@ -38,16 +79,21 @@ pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;
 pub struct MigrationReport {
     /// The versions this call applied, in order; empty when the schema was current.
     pub applied: Vec<i32>,
+    /// The repeatable files this call (re-)applied because they were new or had changed.
+    pub functions: Vec<&'static str>,
     /// The schema version after the call.
     pub version: i32,
 }
 
-/// Applies every pending migration in order.
+/// Applies every pending versioned migration in order, then every repeatable file whose text
+/// differs from the one last applied.
 ///
-/// Each migration runs in its own transaction that first takes a transaction-scoped advisory
-/// lock, then re-reads the applied versions, so any number of processes may call this at once:
-/// one applies each file, the others wait and then find it applied. A database whose schema is
-/// newer than this binary knows is refused with [`Error::SchemaTooNew`] before anything runs.
+/// Each versioned migration runs in its own transaction that first takes a transaction-scoped
+/// advisory lock, then re-reads the applied versions, so any number of processes may call this
+/// at once: one applies each file, the others wait and then find it applied. The repeatable
+/// files are applied together in one more transaction under the same lock. A database whose
+/// schema is newer than this binary knows is refused with [`Error::SchemaTooNew`] before
+/// anything runs.
 pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
@@ -76,8 +122,50 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
         info!(version = migration.version, name = migration.name, "applied migration");
         applied.push(migration.version);
     }
+    let functions = apply_functions(client).await?;
     let version = check_schema_version(client).await?;
-    Ok(MigrationReport { applied, version })
+    Ok(MigrationReport { applied, functions, version })
+}
+
+/// Applies the repeatable files that are new or changed, in one transaction.
+async fn apply_functions(client: &mut Client) -> Result<Vec<&'static str>, Error> {
+    let transaction = client.transaction().await.map_err(Error::Store)?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY]).await.map_err(Error::Store)?;
+    if let Some(found) = schema_version(&transaction).await?.filter(|found| *found > LATEST_VERSION) {
+        return Err(Error::SchemaTooNew { found, known: LATEST_VERSION });
+    }
+    let mut applied = Vec::new();
+    for file in FUNCTIONS {
+        let current: bool = transaction
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM fencing.repeatable_migrations WHERE name = $1 AND checksum = md5($2))",
+                &[&file.name, &file.sql],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::Store)?;
+        if current {
+            continue;
+        }
+        transaction
+            .batch_execute(file.sql)
+            .await
+            .map_err(|source| Error::FunctionsFailed { name: file.name, source })?;
+        transaction
+            .execute(
+                "INSERT INTO fencing.repeatable_migrations (name, checksum) VALUES ($1, md5($2))
+                 ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = clock_timestamp()",
+                &[&file.name, &file.sql],
+            )
+            .await
+            .map_err(Error::Store)?;
+        applied.push(file.name);
+    }
+    transaction.commit().await.map_err(Error::Store)?;
+    if !applied.is_empty() {
+        info!(files = ?applied, "applied function files");
+    }
+    Ok(applied)
 }
 
 /// The highest applied migration version, or `None` when the schema is not installed.
@@ -108,7 +196,7 @@ pub async fn check_schema_version(client: &impl tokio_postgres::GenericClient) -
 
 #[cfg(test)]
 mod tests {
-    use crate::migrations::{LATEST_VERSION, MIGRATIONS};
+    use crate::migrations::{FUNCTIONS, LATEST_VERSION, MIGRATIONS};
 
     #[test]
     fn migrations_are_numbered_in_order_and_record_themselves() {
@@ -127,5 +215,21 @@ mod tests {
             );
         }
         assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(LATEST_VERSION));
+    }
+
+    #[test]
+    fn every_function_file_is_embedded_once_in_name_order() {
+        let names: Vec<&str> = FUNCTIONS.iter().map(|f| f.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(names, sorted, "FUNCTIONS lists each file once, in name order");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("functions");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .expect("schema/functions exists")
+            .filter_map(|entry| entry.ok()?.path().file_stem()?.to_str().map(str::to_owned))
+            .collect();
+        on_disk.sort();
+        assert_eq!(names, on_disk, "every file of schema/functions is embedded");
     }
 }

@@ -3,7 +3,7 @@
 
 use std::process::Stdio;
 
-use fencing_schema::{Error, LATEST_VERSION, MIGRATIONS, check_schema_version, migrate, schema_version};
+use fencing_schema::{Error, FUNCTIONS, LATEST_VERSION, MIGRATIONS, check_schema_version, migrate, schema_version};
 use fencing_tests::pg::TestDb;
 use fencing_tests::workspace_bin;
 use tokio_postgres::Client;
@@ -63,8 +63,10 @@ async fn migrate_twice_applies_each_file_once_and_changes_nothing_the_second_tim
     assert_eq!(first.version, LATEST_VERSION);
     let after_first = snapshot(&client).await;
 
+    assert_eq!(first.functions.len(), FUNCTIONS.len(), "every function file applied on a fresh database");
     let second = migrate(&mut client).await.unwrap();
     assert!(second.applied.is_empty(), "second run applied {:?}", second.applied);
+    assert!(second.functions.is_empty(), "second run re-applied {:?}", second.functions);
     assert_eq!(second.version, LATEST_VERSION);
     assert_eq!(snapshot(&client).await, after_first);
     assert_eq!(recorded_versions(&client).await, all_versions());
@@ -154,15 +156,22 @@ async fn a_database_without_the_schema_is_reported_outdated() {
 #[tokio::test]
 async fn files_applied_by_hand_with_psql_are_the_same_schema_and_known_to_the_runner() {
     let db = TestDb::empty().await;
-    let migrations_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema/migrations");
-    let mut files: Vec<_> = std::fs::read_dir(&migrations_dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), MIGRATIONS.len(), "every file is embedded and every embedded file is a file");
-    for file in &files {
+    // As the README says: the versioned files in order, then the function files in name order.
+    let sql_files = |folder: &str| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schema").join(folder);
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
+            .collect();
+        files.sort();
+        files
+    };
+    let versioned = sql_files("migrations");
+    let functions = sql_files("functions");
+    assert_eq!(versioned.len(), MIGRATIONS.len(), "every file is embedded and every embedded file is a file");
+    assert_eq!(functions.len(), FUNCTIONS.len(), "every function file is embedded");
+    for file in versioned.iter().chain(&functions) {
         let output = tokio::process::Command::new(db.cluster().bin("psql"))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "--single-transaction", "-d", &db.url(), "-f"])
             .arg(file)

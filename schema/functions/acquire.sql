@@ -1,0 +1,59 @@
+-- Acquires the lease for owner, or reports who holds it.
+--
+-- A new leadership period (the lease was absent, expired or released) gets term + 1.
+-- The valid holder acquiring again keeps its term and extends its lease, like a renewal.
+CREATE OR REPLACE FUNCTION fencing.acquire(key text, owner text, ttl interval)
+RETURNS fencing.lease_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    p_key   ALIAS FOR key;
+    p_owner ALIAS FOR owner;
+    p_ttl   ALIAS FOR ttl;
+    row_    fencing.leases;
+    now_    timestamptz;
+BEGIN
+    PERFORM fencing.check_name('lease key', p_key);
+    PERFORM fencing.check_name('owner', p_owner);
+    PERFORM fencing.check_ttl(p_ttl);
+
+    SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        now_ := clock_timestamp();
+        INSERT INTO fencing.leases AS l (key, owner, term, acquired_at, renewed_at, expires_at)
+        VALUES (p_key, p_owner, 1, now_, now_, now_ + p_ttl)
+        ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
+        RETURNING * INTO row_;
+        IF FOUND THEN
+            RETURN (true, p_owner, 1::bigint, row_.expires_at,
+                    fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+        END IF;
+        -- A concurrent caller created the row first: decide against its row.
+        SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
+    END IF;
+
+    -- The clock is read after the row lock is held, so waiting for the lock never
+    -- makes an expired lease look valid.
+    now_ := clock_timestamp();
+    IF row_.expires_at > now_ AND row_.owner <> p_owner THEN
+        RETURN (false, row_.owner, row_.term, row_.expires_at,
+                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+    END IF;
+
+    IF row_.expires_at > now_ THEN
+        -- The valid holder again: same period, same term, longer lease.
+        UPDATE fencing.leases l
+           SET renewed_at = now_, expires_at = now_ + p_ttl
+         WHERE l.key = p_key
+        RETURNING * INTO row_;
+    ELSE
+        -- A new leadership period.
+        UPDATE fencing.leases l
+           SET owner = p_owner, term = l.term + 1,
+               acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl
+         WHERE l.key = p_key
+        RETURNING * INTO row_;
+    END IF;
+    RETURN (true, row_.owner, row_.term, row_.expires_at,
+            fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+END
+$$;

@@ -1,0 +1,37 @@
+-- Raises a fence's maximum by hand after an incident, so that every writer below `term` is
+-- refused from now on, and records it. A fence never goes back (S3): a term at or below the
+-- maximum is refused with 22023. Gateway writes of the new term settle behind the old horizon.
+CREATE OR REPLACE FUNCTION fencing.advance_fence(resource text, term bigint, actor text, reason text)
+RETURNS fencing.fences
+LANGUAGE plpgsql AS $$
+DECLARE
+    p_resource ALIAS FOR resource;
+    p_term     ALIAS FOR term;
+    old_       fencing.fences;
+    new_       fencing.fences;
+BEGIN
+    PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_term(p_term);
+    PERFORM fencing.check_name('actor', actor);
+    PERFORM fencing.check_name('reason', reason);
+    SELECT * INTO old_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at)
+        VALUES (p_resource, p_term, NULL, clock_timestamp())
+        RETURNING * INTO new_;
+    ELSIF p_term <= old_.max_term THEN
+        RAISE EXCEPTION 'fencing: a fence never goes back: "%" is at term %, asked for %',
+            p_resource, old_.max_term, p_term
+            USING ERRCODE = '22023';
+    ELSE
+        UPDATE fencing.fences f
+           SET max_term = p_term, updated_at = clock_timestamp(),
+               settle_at = greatest(f.settle_at, f.horizon), horizon = NULL
+         WHERE f.resource = p_resource
+        RETURNING * INTO new_;
+    END IF;
+    INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)
+    VALUES (actor, 'advance_fence', p_resource, reason, to_jsonb(old_), to_jsonb(new_));
+    RETURN new_;
+END
+$$;

@@ -1,0 +1,63 @@
+-- The longest lease a caller may ask for.
+CREATE OR REPLACE FUNCTION fencing.max_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT interval '1 hour' $$;
+
+-- Refuses a null, empty or overlong name with SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION fencing.check_name(what text, value text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value IS NULL OR value = '' THEN
+        RAISE EXCEPTION 'fencing: % must not be null or empty', what
+            USING ERRCODE = '22023';
+    END IF;
+    IF length(value) > 256 THEN
+        RAISE EXCEPTION 'fencing: % must be at most 256 characters, got %', what, length(value)
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Refuses a null, non-positive or overlong ttl with SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION fencing.check_ttl(ttl interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF ttl IS NULL OR ttl <= interval '0' THEN
+        RAISE EXCEPTION 'fencing: ttl must be positive, got %', coalesce(ttl::text, 'null')
+            USING ERRCODE = '22023';
+    END IF;
+    IF ttl > fencing.max_ttl() THEN
+        RAISE EXCEPTION 'fencing: ttl must be at most %, got %', fencing.max_ttl(), ttl
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Refuses a null or non-positive term with SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION fencing.check_term(term bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF term IS NULL OR term < 1 THEN
+        RAISE EXCEPTION 'fencing: term must be an integer >= 1, got %', coalesce(term::text, 'null')
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+-- Milliseconds from now_ to expires_at, rounded down, never negative.
+CREATE OR REPLACE FUNCTION fencing.remaining_ms(expires_at timestamptz, now_ timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(0, floor(extract(epoch FROM (expires_at - now_)) * 1000))::bigint
+$$;
+
+-- Refuses a null, non-positive or overlong forward timeout with SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION fencing.check_forward_timeout(forward_timeout interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF forward_timeout IS NULL OR forward_timeout <= interval '0' OR forward_timeout > interval '1 hour' THEN
+        RAISE EXCEPTION 'fencing: forward timeout must be positive and at most 01:00:00, got %',
+            coalesce(forward_timeout::text, 'null')
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;

@@ -1,0 +1,24 @@
+-- The gateway's stamp mode: the write's term is lease_key's current term, when owner holds that
+-- lease unexpired; otherwise the write is refused as not_leader.
+CREATE OR REPLACE FUNCTION fencing.gate_lease(resource text, lease_key text, owner text,
+                                              forward_timeout interval, bind_lease text DEFAULT NULL)
+RETURNS fencing.gate_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    p_resource  ALIAS FOR resource;
+    p_lease_key ALIAS FOR lease_key;
+    p_owner     ALIAS FOR owner;
+    lease_      fencing.leases;
+BEGIN
+    PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_name('lease key', p_lease_key);
+    PERFORM fencing.check_name('owner', p_owner);
+    SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = p_lease_key;
+    IF NOT FOUND OR lease_.owner <> p_owner OR lease_.expires_at <= clock_timestamp() THEN
+        RETURN (false, 'not_leader', NULL,
+                (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
+                p_lease_key, lease_.term, 0)::fencing.gate_result;
+    END IF;
+    RETURN fencing.gate(p_resource, lease_.term, forward_timeout, bind_lease);
+END
+$$;

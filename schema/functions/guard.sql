@@ -1,0 +1,46 @@
+-- The trigger function fencing.protect attaches: refuses stale writes inside Postgres.
+-- Arguments: resource, then optionally the name of the term column.
+CREATE OR REPLACE FUNCTION fencing.guard()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    resource_    text := TG_ARGV[0];
+    term_column_ text := CASE WHEN TG_NARGS > 1 THEN TG_ARGV[1] END;
+    new_json     jsonb;
+    old_json     jsonb;
+    term_        bigint;
+BEGIN
+    IF TG_LEVEL = 'ROW' AND TG_OP IN ('INSERT', 'UPDATE') THEN
+        new_json := to_jsonb(NEW);
+    END IF;
+    IF TG_LEVEL = 'ROW' AND TG_OP IN ('UPDATE', 'DELETE') THEN
+        old_json := to_jsonb(OLD);
+    END IF;
+    term_ := fencing.presented_term(TG_OP, new_json, old_json,
+                                    CASE WHEN TG_LEVEL = 'ROW' THEN term_column_ END);
+    IF term_ IS NULL THEN
+        RAISE EXCEPTION 'fencing: % on %.% presents no term for resource "%"',
+            TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME, resource_
+            USING ERRCODE = 'ZF409',
+                  DETAIL = format('outcome=missing_token resource=%s presented_term=null current_term=%s',
+                                  resource_,
+                                  coalesce((SELECT f.max_term::text FROM fencing.fences f WHERE f.resource = resource_), 'null')),
+                  HINT = 'SET LOCAL fencing.token to the writer''s term'
+                         || CASE WHEN term_column_ IS NOT NULL
+                                 THEN format(', or set the column %I', term_column_) ELSE '' END;
+    END IF;
+
+    PERFORM fencing.admit(resource_, term_);
+
+    IF TG_LEVEL = 'STATEMENT' THEN
+        RETURN NULL;
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    IF term_column_ IS NOT NULL THEN
+        NEW := jsonb_populate_record(NEW, jsonb_build_object(term_column_, term_));
+    END IF;
+    RETURN NEW;
+END
+$$;

@@ -1,0 +1,24 @@
+-- Ends the valid holder's period at once, so a follower can take over without waiting
+-- for expiry. The row stays, so the next period gets a new term. Returns false, changing
+-- nothing, when owner does not hold the lease.
+CREATE OR REPLACE FUNCTION fencing.release(key text, owner text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    p_key   ALIAS FOR key;
+    p_owner ALIAS FOR owner;
+    row_    fencing.leases;
+    now_    timestamptz;
+BEGIN
+    PERFORM fencing.check_name('lease key', p_key);
+    PERFORM fencing.check_name('owner', p_owner);
+
+    SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
+    now_ := clock_timestamp();
+    IF NOT FOUND OR row_.owner <> p_owner OR row_.expires_at <= now_ THEN
+        RETURN false;
+    END IF;
+    UPDATE fencing.leases l SET expires_at = now_ WHERE l.key = p_key;
+    RETURN true;
+END
+$$;

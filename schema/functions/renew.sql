@@ -1,0 +1,37 @@
+-- Extends the lease of its valid holder. Fails, changing nothing, for anyone else,
+-- and for the last holder once its lease has expired.
+CREATE OR REPLACE FUNCTION fencing.renew(key text, owner text, ttl interval)
+RETURNS fencing.lease_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    p_key   ALIAS FOR key;
+    p_owner ALIAS FOR owner;
+    p_ttl   ALIAS FOR ttl;
+    row_    fencing.leases;
+    now_    timestamptz;
+BEGIN
+    PERFORM fencing.check_name('lease key', p_key);
+    PERFORM fencing.check_name('owner', p_owner);
+    PERFORM fencing.check_ttl(p_ttl);
+
+    SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
+    now_ := clock_timestamp();
+    IF NOT FOUND THEN
+        RETURN (false, NULL, NULL, NULL, 0)::fencing.lease_result;
+    END IF;
+    IF row_.expires_at <= now_ THEN
+        RETURN (false, NULL, row_.term, row_.expires_at, 0)::fencing.lease_result;
+    END IF;
+    IF row_.owner <> p_owner THEN
+        RETURN (false, row_.owner, row_.term, row_.expires_at,
+                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+    END IF;
+
+    UPDATE fencing.leases l
+       SET renewed_at = now_, expires_at = now_ + p_ttl
+     WHERE l.key = p_key
+    RETURNING * INTO row_;
+    RETURN (true, row_.owner, row_.term, row_.expires_at,
+            fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+END
+$$;
