@@ -299,7 +299,7 @@ fn admitted_term(gate: &Gate, resource: &str, presented: &Presented) -> Result<i
         }
         StoreOutcome::Stale => Outcome::Stale,
         StoreOutcome::FutureTerm => Outcome::FutureTerm,
-        StoreOutcome::NotLeader => Outcome::NotLeader,
+        StoreOutcome::NotLeader | StoreOutcome::WrongLease => Outcome::NotLeader,
     };
     Err(Rejection::Fenced { outcome, resource: resource.to_owned(), presented_term, current_term: gate.current_term() })
 }

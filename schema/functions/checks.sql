@@ -61,3 +61,18 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Makes the calling transaction commit synchronously, whatever the session, the role or the
+-- database set: every function that grants a term or changes a fence calls it before it
+-- writes, so a decision that was answered survives a crash of Postgres (S2, S3). The setting is
+-- transaction-local (set_config(..., true)), so it lasts until the commit, unlike a SET clause
+-- on the function, which reverts when the function returns. 'local' is raised to 'on' too;
+-- remote_write and remote_apply (synchronous replication) are kept as they are.
+CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+END
+$$;

@@ -70,6 +70,9 @@ pub enum Outcome {
     FutureTerm,
     /// The resource is bound and its lease's current period has ended.
     NotLeader,
+    /// The resource is bound to another lease than the one the write asked for (or is used by
+    /// a protected table): a write never rebinds a resource.
+    WrongLease,
 }
 
 impl Outcome {
@@ -79,6 +82,7 @@ impl Outcome {
             "stale" => Some(Outcome::Stale),
             "future_term" => Some(Outcome::FutureTerm),
             "not_leader" => Some(Outcome::NotLeader),
+            "wrong_lease" => Some(Outcome::WrongLease),
             _ => None,
         }
     }

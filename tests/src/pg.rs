@@ -65,6 +65,12 @@ impl PgCluster {
     /// Starts a new cluster with the given durability: benchmarks use [`Durability::On`], the
     /// server's defaults, so commits wait for the WAL flush as in production.
     pub fn start_with(durability: Durability) -> Result<PgCluster> {
+        PgCluster::start_with_settings(durability, "")
+    }
+
+    /// As [`PgCluster::start_with`], with more lines for `postgresql.conf` (for example
+    /// `"synchronous_commit = off\nwal_writer_delay = 10s\n"` for durability tests).
+    pub fn start_with_settings(durability: Durability, extra_settings: &str) -> Result<PgCluster> {
         let bin_dir = find_bin_dir().map_err(|message| anyhow!(message))?;
         let run_as = unprivileged_user().map_err(|message| anyhow!(message))?;
         let root = make_root(run_as.as_ref())?;
@@ -78,7 +84,7 @@ impl PgCluster {
         let mut last_error = None;
         for _ in 0..5 {
             cluster.port = free_port()?;
-            cluster.write_settings(durability)?;
+            cluster.write_settings(durability, extra_settings)?;
             match cluster.start_server() {
                 Ok(()) => return Ok(cluster),
                 // Another process may have taken the port between our probe and the start.
@@ -203,7 +209,7 @@ impl PgCluster {
     }
 
     /// Appends the test settings to `postgresql.conf` (the last value of a setting wins).
-    fn write_settings(&self, durability: Durability) -> Result<()> {
+    fn write_settings(&self, durability: Durability, extra_settings: &str) -> Result<()> {
         let durability = match durability {
             Durability::Off => "fsync = off\nfull_page_writes = off\n",
             Durability::On => "",
@@ -217,7 +223,8 @@ impl PgCluster {
              max_connections = 300\n\
              shared_buffers = 64MB\n\
              log_min_messages = warning\n\
-             log_min_error_statement = panic\n",
+             log_min_error_statement = panic\n\
+             {extra_settings}\n",
             port = self.port,
             socket_dir = self.root.display(),
         );
