@@ -3,7 +3,7 @@
 -- locked until the transaction ends, so no higher term can slip in before this one commits.
 CREATE OR REPLACE FUNCTION fencing.admit(resource text, term bigint)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     decision fencing.admission;
 BEGIN

@@ -3,7 +3,7 @@
 -- maximum is refused with 22023. Gateway writes of the new term settle behind the old horizon.
 CREATE OR REPLACE FUNCTION fencing.advance_fence(resource text, term bigint, actor text, reason text)
 RETURNS fencing.fences
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_resource ALIAS FOR resource;
     p_term     ALIAS FOR term;
@@ -14,6 +14,7 @@ BEGIN
     PERFORM fencing.check_term(p_term);
     PERFORM fencing.check_name('actor', actor);
     PERFORM fencing.check_name('reason', reason);
+    PERFORM fencing.commit_durably();
     SELECT * INTO old_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at)

@@ -1,25 +1,66 @@
 -- Binds a resource to a lease key: from then on only that lease's current term, while the
 -- lease is held, is admitted for the resource (invariant S4). Returns the resource's maximum.
+-- Binds a resource that is not bound yet (new, or a protected table's); a resource bound to
+-- another lease is refused: rebinding is the audited admin action fencing.rebind.
 CREATE OR REPLACE FUNCTION fencing.bind(resource text, lease_key text)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_resource  ALIAS FOR resource;
     p_lease_key ALIAS FOR lease_key;
-    max_        bigint;
+    fence_      fencing.fences;
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_bindable(p_resource);
     PERFORM fencing.check_name('lease key', p_lease_key);
 
+    PERFORM fencing.commit_durably();
     INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at)
     VALUES (p_resource, 0, p_lease_key, clock_timestamp())
-    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
-       SET lease_key = excluded.lease_key, updated_at = excluded.updated_at
-     WHERE f.lease_key IS DISTINCT FROM excluded.lease_key
-    RETURNING f.max_term INTO max_;
-    IF NOT FOUND THEN
-        SELECT f.max_term INTO max_ FROM fencing.fences f WHERE f.resource = p_resource;
+    ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
+    SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF fence_.lease_key IS NULL THEN
+        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp()
+         WHERE f.resource = p_resource;
+    ELSIF fence_.lease_key <> p_lease_key THEN
+        RAISE EXCEPTION 'fencing: resource "%" is bound to lease "%"; rebinding it to "%" is an audited admin action: fencing.rebind(resource, lease_key, actor, reason)',
+            p_resource, fence_.lease_key, p_lease_key
+            USING ERRCODE = '22023';
     END IF;
-    RETURN max_;
+    RETURN fence_.max_term;
+END
+$$;
+
+-- Rebinds a resource to another lease after an incident or a migration, and records it in
+-- fencing.admin_audit. The maximum stays: the new lease's leader is refused until its term
+-- reaches it. Writes of the new binding settle behind the old binding's horizon (S5).
+CREATE OR REPLACE FUNCTION fencing.rebind(resource text, lease_key text, actor text, reason text)
+RETURNS fencing.fences
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_resource  ALIAS FOR resource;
+    p_lease_key ALIAS FOR lease_key;
+    old_        fencing.fences;
+    new_        fencing.fences;
+BEGIN
+    PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_bindable(p_resource);
+    PERFORM fencing.check_name('lease key', p_lease_key);
+    PERFORM fencing.check_name('actor', actor);
+    PERFORM fencing.check_name('reason', reason);
+    PERFORM fencing.commit_durably();
+    SELECT * INTO old_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fencing: no fence "%"; use fencing.bind for a new resource', p_resource
+            USING ERRCODE = '22023';
+    END IF;
+    UPDATE fencing.fences f
+       SET lease_key = p_lease_key, updated_at = clock_timestamp(),
+           settle_at = greatest(f.settle_at, f.horizon), horizon = NULL
+     WHERE f.resource = p_resource
+    RETURNING * INTO new_;
+    INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)
+    VALUES (actor, 'rebind', p_resource, reason, to_jsonb(old_), to_jsonb(new_));
+    RETURN new_;
 END
 $$;

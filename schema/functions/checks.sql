@@ -76,3 +76,16 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Refuses, with SQLSTATE 22023, a name that cannot be bound to a lease or protected: names
+-- beginning with '/' are the gateway's unbound routes' own (route prefix, '/', resource), so an
+-- unbound route can never create, raise or poison a fence that a lease or a table uses (S8).
+CREATE OR REPLACE FUNCTION fencing.check_bindable(resource text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF left(resource, 1) = '/' THEN
+        RAISE EXCEPTION 'fencing: resource names beginning with / belong to unbound gateway routes and cannot be bound or protected, got "%"', resource
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;

@@ -1,83 +1,153 @@
--- The gateway's fence decision for one write, in one statement: binds the resource to
--- bind_lease first when asked and not yet bound, decides through fencing.try_admit without
--- holding a lock, and, when admitted, extends the term's horizon to cover this write's
--- forward deadline (a write only when the horizon is too short: about once per forward
--- timeout per resource). Returns how long the write must wait before it is forwarded.
+-- The gateway's fence decision for one write, in one statement (at READ COMMITTED, in a
+-- transaction of its own). Returns how long the write must wait before it is forwarded (S5).
+--
+-- Every admission is decided on one version of the fence row:
+--   - the common case, a write of the current term whose horizon already covers its forward
+--     deadline, on the version one read sees (no lock, no write);
+--   - extending the horizon, on the version an UPDATE ... WHERE max_term = term locked
+--     (FOR NO KEY UPDATE: it never waits for an SQL writer's FOR KEY SHARE hold);
+--   - a higher term, on the version SELECT ... FOR UPDATE locked (it waits for every open
+--     writer of the lower term), which it then raises;
+--   - the first write ever, on the row it inserts.
+-- A version that changed under the decision is decided again, never mixed with the one read.
+--
+-- bind_lease: the route's lease. A resource that does not exist yet is created bound to it
+-- (only for a write the lease admits: a refused write leaves no row). A resource bound to
+-- another lease, or not bound at all (a protected table's or an SQL writer's), is refused as
+-- wrong_lease: a write never rebinds (S4, S8). Names beginning with '/' are the gateway's
+-- unbound routes' own (route prefix, '/', resource) and can never be bound.
 CREATE OR REPLACE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
                                         bind_lease text DEFAULT NULL)
 RETURNS fencing.gate_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    p_resource ALIAS FOR resource;
-    p_term     ALIAS FOR term;
-    decision   fencing.admission;
-    fence_     fencing.fences;
-    now_       timestamptz;
-    start_     timestamptz;
-    max_       bigint;
-    bound_     text;
-    horizon_   timestamptz;
-    settle_    timestamptz;
+    p_resource  ALIAS FOR resource;
+    p_term      ALIAS FOR term;
+    fence_      fencing.fences;
     lease_term_ bigint;
-    lease_end_ timestamptz;
+    lease_end_  timestamptz;
+    lease_seen_ boolean;
+    now_        timestamptz;
+    start_      timestamptz;
+    stretch_    interval;
 BEGIN
-    -- The common case in one indexed read, no write and no lock: a write of the current term,
-    -- to a resource bound as asked (if at all) whose lease is held with that term, and whose
-    -- horizon already covers this write's forward deadline. Anything else (including every
-    -- invalid argument) takes the general path below, which decides through try_admit.
-    SELECT f.max_term, f.lease_key, f.horizon, f.settle_at, l.term, l.expires_at
-      INTO max_, bound_, horizon_, settle_, lease_term_, lease_end_
+    -- The common case in one indexed read.
+    SELECT f.*, l.term, l.expires_at, l.key IS NOT NULL
+      INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.updated_at, fence_.horizon,
+           fence_.settle_at, lease_term_, lease_end_, lease_seen_
       FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
      WHERE f.resource = p_resource;
     now_ := clock_timestamp();
-    IF FOUND AND p_term = max_
-       AND bound_ IS NOT DISTINCT FROM coalesce(bind_lease, bound_)
-       AND (bound_ IS NULL OR (lease_term_ = p_term AND lease_end_ > now_))
-       AND horizon_ >= greatest(now_, settle_) + forward_timeout
-       AND forward_timeout > interval '0' AND forward_timeout <= interval '1 hour' THEN
-        RETURN (true, 'admitted', p_term, max_, bound_, lease_term_,
-                coalesce(fencing.remaining_ms(settle_, now_), 0))::fencing.gate_result;
+    IF FOUND AND p_term = fence_.max_term
+       AND fence_.lease_key IS NOT DISTINCT FROM coalesce(bind_lease, fence_.lease_key)
+       AND (fence_.lease_key IS NULL OR (lease_term_ = p_term AND lease_end_ > now_))
+       AND fence_.horizon >= greatest(now_, fence_.settle_at) + forward_timeout
+       AND forward_timeout > interval '0' AND forward_timeout <= interval '1 hour'
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+        RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
+                coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
     END IF;
 
+    PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_term(p_term);
     PERFORM fencing.check_forward_timeout(forward_timeout);
     IF bind_lease IS NOT NULL THEN
-        PERFORM 1 FROM fencing.fences f WHERE f.resource = p_resource AND f.lease_key = bind_lease;
-        IF NOT FOUND THEN
-            -- Bind, then decide, in a subtransaction: a refused write leaves no trace, so a
-            -- writer that is not the leader cannot create fence rows by naming new resources.
-            BEGIN
-                PERFORM fencing.bind(p_resource, bind_lease);
-                decision := fencing.try_admit(p_resource, p_term, false);
-                IF NOT decision.admitted THEN
-                    RAISE EXCEPTION 'refused' USING ERRCODE = 'ZF409';
-                END IF;
-            EXCEPTION WHEN SQLSTATE 'ZF409' THEN
-                RETURN (false, decision.outcome, p_term, decision.max_term, decision.lease_key,
-                        decision.lease_term, 0)::fencing.gate_result;
-            END;
-        END IF;
+        PERFORM fencing.check_bindable(p_resource);
+        PERFORM fencing.check_name('lease key', bind_lease);
     END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'fencing: fencing.gate decides at READ COMMITTED only, not at %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '22023';
+    END IF;
+    -- A quarter of the timeout more than needed, so the next writes need no update.
+    stretch_ := forward_timeout * 1.25;
 
     FOR attempt IN 1..3 LOOP
-        decision := fencing.try_admit(p_resource, p_term, false);
-        IF NOT decision.admitted THEN
-            RETURN (false, decision.outcome, p_term, decision.max_term, decision.lease_key,
-                    decision.lease_term, 0)::fencing.gate_result;
+        IF attempt > 1 THEN
+            -- Read again: the version read before changed under the decision.
+            SELECT f.*, l.term, l.expires_at, l.key IS NOT NULL
+              INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.updated_at, fence_.horizon,
+                   fence_.settle_at, lease_term_, lease_end_, lease_seen_
+              FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
+             WHERE f.resource = p_resource;
         END IF;
-        SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource;
         now_ := clock_timestamp();
-        start_ := greatest(now_, fence_.settle_at);
-        IF fence_.horizon IS NULL OR fence_.horizon < start_ + forward_timeout THEN
-            -- A quarter of the timeout more, so the next writes need no update.
+
+        IF NOT FOUND OR fence_.resource IS NULL THEN
+            -- The first write ever. Bound: only the lease's current term while it is held.
+            IF bind_lease IS NOT NULL THEN
+                SELECT l.term, l.expires_at, true INTO lease_term_, lease_end_, lease_seen_
+                  FROM fencing.leases l WHERE l.key = bind_lease;
+                IF NOT FOUND OR p_term > lease_term_ THEN
+                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0)::fencing.gate_result;
+                ELSIF p_term < lease_term_ THEN
+                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0)::fencing.gate_result;
+                ELSIF lease_end_ <= now_ THEN
+                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0)::fencing.gate_result;
+                END IF;
+            END IF;
+            PERFORM fencing.commit_durably();
+            INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at, horizon)
+            VALUES (p_resource, p_term, bind_lease, now_, now_ + stretch_)
+            ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
+            IF FOUND THEN
+                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0)::fencing.gate_result;
+            END IF;
+            CONTINUE; -- a concurrent writer created it
+        END IF;
+
+        -- Refusals: safe on any version, because a maximum never decreases.
+        IF fence_.lease_key IS DISTINCT FROM bind_lease AND (bind_lease IS NOT NULL OR fence_.lease_key IS NULL) THEN
+            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+        END IF;
+        IF p_term < fence_.max_term THEN
+            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+        END IF;
+        IF fence_.lease_key IS NOT NULL THEN
+            IF NOT lease_seen_ OR p_term > lease_term_ THEN
+                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+            ELSIF p_term < lease_term_ THEN
+                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+            ELSIF lease_end_ <= now_ THEN
+                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+            END IF;
+        END IF;
+
+        IF p_term = fence_.max_term THEN
+            start_ := greatest(now_, fence_.settle_at);
+            IF fence_.horizon >= start_ + forward_timeout THEN
+                RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
+                        coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
+            END IF;
+            -- Extend the horizon on the newest version, if it is still of this term.
+            PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
-               SET horizon = greatest(f.horizon, start_ + forward_timeout * 1.25)
+               SET horizon = greatest(f.horizon, greatest(clock_timestamp(), f.settle_at) + stretch_)
              WHERE f.resource = p_resource AND f.max_term = p_term
-            RETURNING * INTO fence_;
+            RETURNING f.settle_at INTO fence_.settle_at;
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
+            RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
+                    coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
         END IF;
-        RETURN (true, 'admitted', p_term, fence_.max_term, decision.lease_key, decision.lease_term,
+
+        -- A higher term: lock the newest version, then raise it. The lower term's writes may be
+        -- forwarded until its horizon: this term's writes settle behind it.
+        SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+        IF NOT FOUND OR fence_.max_term >= p_term
+           OR fence_.lease_key IS DISTINCT FROM coalesce(bind_lease, fence_.lease_key) THEN
+            CONTINUE; -- changed since it was read: decide again on the newest version
+        END IF;
+        PERFORM fencing.commit_durably();
+        UPDATE fencing.fences f
+           SET max_term = p_term, updated_at = clock_timestamp(),
+               settle_at = greatest(f.settle_at, f.horizon),
+               horizon = greatest(clock_timestamp(), f.settle_at, f.horizon) + stretch_
+         WHERE f.resource = p_resource
+        RETURNING f.settle_at INTO fence_.settle_at;
+        RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                 coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
     END LOOP;
     RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';

@@ -3,7 +3,7 @@
 CREATE OR REPLACE FUNCTION fencing.gate_lease(resource text, lease_key text, owner text,
                                               forward_timeout interval, bind_lease text DEFAULT NULL)
 RETURNS fencing.gate_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_resource  ALIAS FOR resource;
     p_lease_key ALIAS FOR lease_key;

@@ -5,7 +5,7 @@
 CREATE OR REPLACE FUNCTION fencing.gate_many(resources text[], terms bigint[], lease_keys text[], owners text[],
                                              bind_leases text[], forward_timeout interval)
 RETURNS SETOF fencing.gate_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF coalesce(array_length(resources, 1), 0) <> coalesce(array_length(terms, 1), 0)
        OR coalesce(array_length(resources, 1), 0) <> coalesce(array_length(lease_keys, 1), 0)

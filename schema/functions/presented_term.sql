@@ -3,7 +3,7 @@
 -- Returns NULL when the write presents no term.
 CREATE OR REPLACE FUNCTION fencing.presented_term(op text, new_row jsonb, old_row jsonb, term_column text)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     token text := current_setting('fencing.token', true);
     value text;

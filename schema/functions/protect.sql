@@ -1,16 +1,24 @@
 -- Attaches fencing.guard to an existing table in one statement: every INSERT, UPDATE, DELETE
--- and TRUNCATE must then present a term that fencing.admit accepts for resource.
+-- and TRUNCATE must then present a term that fencing.admit accepts for resource. It covers the
+-- table's partitions and inheritance children, present ones now and later ones through the
+-- event trigger fencing_protect_children (installed when the migrations run as a superuser;
+-- without it, run fencing.protect again after adding a partition or child). The triggers fire
+-- in every session_replication_role (ENABLE ALWAYS). It creates the resource's fence (unbound,
+-- maximum 0) when there is none, so no gateway route can bind it to a lease later.
+-- Runs with the caller's rights: only the table's owner can protect it.
 CREATE OR REPLACE FUNCTION fencing.protect(tbl regclass, resource text, term_column text DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_resource ALIAS FOR resource;
     type_      regtype;
+    rel_       regclass;
 BEGIN
     IF tbl IS NULL THEN
         RAISE EXCEPTION 'fencing: table must not be null' USING ERRCODE = '22023';
     END IF;
     PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_bindable(p_resource);
     IF term_column IS NOT NULL THEN
         SELECT a.atttypid::regtype INTO type_
           FROM pg_attribute a
@@ -24,17 +32,106 @@ BEGIN
                 USING ERRCODE = '22023';
         END IF;
     END IF;
+    PERFORM fencing.create_fence(p_resource);
+    -- The DDL below must not wake the event trigger for this same tree.
+    PERFORM set_config('fencing.protecting', 'on', true);
+    PERFORM fencing.protect_tree(tbl, p_resource, term_column);
+    PERFORM set_config('fencing.protecting', 'off', true);
+END
+$$;
 
-    EXECUTE format('DROP TRIGGER IF EXISTS fencing_guard ON %s', tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS fencing_guard_truncate ON %s', tbl);
-    IF term_column IS NULL THEN
+-- Guards a table and every descendant, parents before children.
+CREATE OR REPLACE FUNCTION fencing.protect_tree(tbl regclass, resource text, term_column text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rel_ regclass;
+BEGIN
+    FOR rel_ IN
+        WITH RECURSIVE tree(relid, depth) AS (
+            SELECT tbl::oid, 0
+            UNION ALL
+            SELECT i.inhrelid, t.depth + 1 FROM pg_inherits i JOIN tree t ON i.inhparent = t.relid
+        )
+        SELECT relid::regclass FROM tree GROUP BY relid ORDER BY min(depth)
+    LOOP
+        PERFORM fencing.protect_one(rel_, resource, term_column);
+    END LOOP;
+END
+$$;
+
+-- Guards one relation of a protected tree. A partition gets the row trigger from its
+-- partitioned parent (Postgres clones row triggers to partitions), so it gets only the
+-- TRUNCATE trigger of its own; an inheritance child gets both.
+CREATE OR REPLACE FUNCTION fencing.protect_one(rel regclass, resource text, term_column text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    is_partition_ boolean;
+    args_         text;
+BEGIN
+    SELECT c.relispartition INTO is_partition_ FROM pg_class c WHERE c.oid = rel;
+    args_ := CASE WHEN term_column IS NULL THEN format('%L', resource)
+                  ELSE format('%L, %L', resource, term_column) END;
+    IF NOT is_partition_ THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS fencing_guard ON %s', rel);
         EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION fencing.guard(%L)', tbl, p_resource);
-    ELSE
-        EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION fencing.guard(%L, %L)', tbl, p_resource, term_column);
+                       'FOR EACH ROW EXECUTE FUNCTION fencing.guard(%s)', rel, args_);
     END IF;
+    IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_guard') THEN
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencing_guard', rel);
+    END IF;
+    EXECUTE format('DROP TRIGGER IF EXISTS fencing_guard_truncate ON %s', rel);
     EXECUTE format('CREATE TRIGGER fencing_guard_truncate BEFORE TRUNCATE ON %s '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard(%L)', tbl, p_resource);
+                   'FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard(%L)', rel, resource);
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencing_guard_truncate', rel);
+END
+$$;
+
+-- Creates an unbound fence at maximum 0 for a protected table's resource, if it has none.
+CREATE OR REPLACE FUNCTION fencing.create_fence(resource text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM fencing.check_name('resource', resource);
+    PERFORM fencing.check_bindable(resource);
+    PERFORM fencing.commit_durably();
+    INSERT INTO fencing.fences (resource, max_term, lease_key, updated_at)
+    VALUES (resource, 0, NULL, clock_timestamp())
+    ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
+END
+$$;
+
+-- The event trigger's function: after CREATE TABLE or ALTER TABLE (a new partition or child,
+-- ATTACH PARTITION, INHERIT), guards every relation below a protected ancestor.
+CREATE OR REPLACE FUNCTION fencing.protect_children()
+RETURNS event_trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    command_ record;
+    root_    record;
+BEGIN
+    IF current_setting('fencing.protecting', true) = 'on' THEN
+        RETURN; -- the DDL of protect itself
+    END IF;
+    PERFORM set_config('fencing.protecting', 'on', true);
+    FOR command_ IN SELECT DISTINCT c.objid FROM pg_event_trigger_ddl_commands() c
+                     WHERE c.object_type IN ('table', 'table column') AND c.classid = 'pg_class'::regclass LOOP
+        -- The table's protected ancestors (itself included), each guarded as it was protected.
+        FOR root_ IN
+            WITH RECURSIVE up(relid) AS (
+                SELECT command_.objid
+                UNION
+                SELECT i.inhparent FROM pg_inherits i JOIN up u ON i.inhrelid = u.relid
+            )
+            SELECT t.tgrelid::regclass AS rel, encode(t.tgargs, 'escape') AS args, t.tgnargs
+              FROM up JOIN pg_trigger t ON t.tgrelid = up.relid AND t.tgname = 'fencing_guard'
+              WHERE NOT t.tgisinternal AND t.tgparentid = 0
+        LOOP
+            PERFORM fencing.protect_tree(root_.rel, split_part(root_.args, E'\\000', 1),
+                                         nullif(split_part(root_.args, E'\\000', 2), ''));
+        END LOOP;
+    END LOOP;
+    PERFORM set_config('fencing.protecting', 'off', true);
 END
 $$;

@@ -1,7 +1,7 @@
 -- Raises SQLSTATE ZF409 for a refused admission, naming resource, presented and current term.
 CREATE OR REPLACE FUNCTION fencing.raise_refused(resource text, presented_term bigint, decision fencing.admission)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     current_ bigint := CASE
         WHEN decision.lease_key IS NOT NULL THEN coalesce(decision.lease_term, decision.max_term)

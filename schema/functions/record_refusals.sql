@@ -4,7 +4,7 @@ CREATE OR REPLACE FUNCTION fencing.record_refusals(resources text[], routes text
                                                    presented_terms bigint[], current_terms bigint[],
                                                    gateway text, keep integer DEFAULT 10000)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF keep IS NULL OR keep < 1 THEN
         RAISE EXCEPTION 'fencing: keep must be at least 1' USING ERRCODE = '22023';

@@ -1,27 +1,40 @@
+-- The fence decision of SQL writers (fencing.admit, the guard), without raising.
+--
+-- Admitted when term >= the resource's maximum and, for a bound resource, term is the bound
+-- lease's term and that lease is held (unexpired by this database's clock). A refusal writes
+-- nothing. Every admission is decided on one version of the fence row, and holds it until the
+-- transaction ends (when hold_lock):
+--   - an equal term holds the row FOR KEY SHARE, so no higher term can be admitted before this
+--     transaction commits, while the gateway may still extend the term's horizon (FOR NO KEY
+--     UPDATE does not conflict with it);
+--   - a higher term locks the row FOR UPDATE, which waits for every open equal-term writer,
+--     then raises the maximum.
+-- At REPEATABLE READ and SERIALIZABLE the transaction's snapshot may be older than the newest
+-- fence or lease: a probe lock (taken and released in a subtransaction) then fails with 40001
+-- when either changed since the snapshot, so a writer whose snapshot predates a new grant is
+-- refused (S4 at every isolation level). At READ COMMITTED every statement reads the newest.
+-- A caller whose transaction is this one statement may pass hold_lock false: no lock, no write.
 CREATE OR REPLACE FUNCTION fencing.try_admit(resource text, term bigint, hold_lock boolean DEFAULT true)
 RETURNS fencing.admission
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_resource ALIAS FOR resource;
     p_term     ALIAS FOR term;
     fence_     fencing.fences;
     lease_     fencing.leases;
     max_       bigint;
-    attempts   integer := 0;
+    snapshot_  boolean := current_setting('transaction_isolation') <> 'read committed';
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_term(p_term);
 
-    LOOP
-        attempts := attempts + 1;
-        IF attempts > 3 THEN
-            RAISE EXCEPTION 'fencing: could not read the fence row of "%"', p_resource
-                USING ERRCODE = '40001';
-        END IF;
+    FOR attempt IN 1..3 LOOP
         -- A plain read first: a refusal needs no lock, because the maximum never decreases.
         SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource;
         IF NOT FOUND THEN
-            -- First write ever to an unbound resource.
+            -- First write ever to an unbound resource (a protected table's fence exists from
+            -- fencing.protect on, and a bound one from fencing.bind).
+            PERFORM fencing.commit_durably();
             INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at)
             VALUES (p_resource, p_term, NULL, clock_timestamp())
             ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
@@ -37,6 +50,9 @@ BEGIN
 
         IF fence_.lease_key IS NOT NULL THEN
             SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = fence_.lease_key;
+            IF FOUND AND snapshot_ AND hold_lock THEN
+                PERFORM fencing.probe_newest('leases', fence_.lease_key);
+            END IF;
             IF NOT FOUND OR p_term > lease_.term THEN
                 RETURN (false, 'future_term', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
             END IF;
@@ -48,35 +64,38 @@ BEGIN
             END IF;
         END IF;
 
-        IF p_term = fence_.max_term THEN
-            IF NOT hold_lock THEN
+        IF NOT hold_lock THEN
+            IF p_term = fence_.max_term THEN
                 RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
             END IF;
-            -- Re-read under a share lock: a concurrent raise is waited for, then seen.
-            SELECT f.max_term INTO max_ FROM fencing.fences f
-             WHERE f.resource = p_resource FOR SHARE;
+        ELSIF p_term = fence_.max_term THEN
+            -- Hold the row until commit; a raise in progress is waited for, then seen.
+            SELECT f.max_term INTO max_ FROM fencing.fences f WHERE f.resource = p_resource FOR KEY SHARE;
+            IF snapshot_ THEN
+                PERFORM fencing.probe_newest('fences', p_resource);
+            END IF;
             IF max_ = p_term THEN
                 RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
             END IF;
             RETURN (false, 'stale', max_, fence_.lease_key, lease_.term)::fencing.admission;
         END IF;
 
-        -- A higher term: raise the maximum. The WHERE clause is re-checked against the newest
-        -- row version after any concurrent writer commits, so two raises can never both win
-        -- with the lower one last.
-        -- Writes of the lower terms may still be on their way to the upstream until the horizon:
-        -- the new term's gateway writes settle behind it (invariant S5).
-        UPDATE fencing.fences f
-           SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_at = CASE WHEN f.max_term < p_term THEN greatest(f.settle_at, f.horizon) ELSE f.settle_at END,
-               horizon = CASE WHEN f.max_term < p_term THEN NULL ELSE f.horizon END
-         WHERE f.resource = p_resource AND f.max_term <= p_term
-        RETURNING f.max_term INTO max_;
-        IF FOUND THEN
-            RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
+        -- A higher term: lock the newest version of the row (waiting for every open writer of
+        -- the lower term), then raise the maximum. Writes of the lower terms may still be on their
+        -- way to an upstream until the horizon: the new term's gateway writes settle behind it (S5).
+        SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+        IF fence_.max_term > p_term THEN
+            RETURN (false, 'stale', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
         END IF;
-        SELECT f.max_term INTO max_ FROM fencing.fences f WHERE f.resource = p_resource;
-        RETURN (false, 'stale', max_, fence_.lease_key, lease_.term)::fencing.admission;
+        IF fence_.max_term < p_term THEN
+            PERFORM fencing.commit_durably();
+            UPDATE fencing.fences f
+               SET max_term = p_term, updated_at = clock_timestamp(),
+                   settle_at = greatest(f.settle_at, f.horizon), horizon = NULL
+             WHERE f.resource = p_resource;
+        END IF;
+        RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
     END LOOP;
+    RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';
 END
 $$;

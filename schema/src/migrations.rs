@@ -60,12 +60,15 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "gate_many",
     "guard",
     "presented_term",
+    "probe_newest",
     "protect",
     "raise_refused",
     "record_refusals",
     "release",
     "renew",
+    "reset_fence",
     "try_admit",
+    "zz_install",
 ];
 
 /// The schema version this binary expects to find.

@@ -6,8 +6,13 @@
 
 mod audit;
 mod bad_input;
+mod binding;
+mod decide_on_one_version;
+mod durability;
 mod guard;
+mod guard_coverage;
 mod harness;
+mod isolation;
 mod migrations;
 mod s1_lease_exclusion;
 mod s2_lease_model;

@@ -1,0 +1,29 @@
+-- Applied last, after every function file: who may call what, and the event trigger that
+-- protects new partitions and children of protected tables.
+
+-- Deny by default: no role may call a fencing function unless granted. The gateway and the
+-- DBA's own role own the schema (or are granted what they call); a guarded writer needs
+-- nothing, because the guard runs with its owner's rights. Grant applications what they call:
+--   GRANT USAGE ON SCHEMA fencing TO app;
+--   GRANT EXECUTE ON FUNCTION fencing.acquire(text, text, interval, boolean), fencing.renew(text, text, interval),
+--       fencing.release(text, text), fencing.admit(text, bigint) TO app;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencing FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES IN SCHEMA fencing REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA fencing FROM PUBLIC;
+-- Run with the caller's rights by whoever adds a partition or child to a protected table.
+GRANT EXECUTE ON FUNCTION fencing.protect_tree(regclass, text, text), fencing.protect_one(regclass, text, text)
+    TO PUBLIC;
+
+-- New partitions and inheritance children of protected tables are protected as they appear.
+-- Creating an event trigger needs a superuser: without one, run fencing.protect again after
+-- adding a partition or child (the README says so).
+DO $$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        DROP EVENT TRIGGER IF EXISTS fencing_protect_children;
+        CREATE EVENT TRIGGER fencing_protect_children ON ddl_command_end
+            WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+            EXECUTE FUNCTION fencing.protect_children();
+    END IF;
+END
+$$;
