@@ -126,6 +126,30 @@ pub enum Admin {
         #[command(flatten)]
         audit: AuditArgs,
     },
+    /// Bind a resource to another lease (a write never rebinds). Its maximum stays: the new
+    /// lease's leader is refused until its term reaches it.
+    Rebind {
+        /// The resource.
+        resource: String,
+        /// The lease key it is bound to from now on.
+        #[arg(long)]
+        lease: String,
+        /// Who, why, and whether to ask.
+        #[command(flatten)]
+        audit: AuditArgs,
+    },
+    /// Set an unbound fence that a client poisoned (a term no real leader reaches) back to a
+    /// term: the one way a fence goes back. Stop the poisoning client first.
+    ResetFence {
+        /// The fence name (for an unbound gateway route: the route prefix, '/', the resource).
+        resource: String,
+        /// The maximum term from now on.
+        #[arg(long)]
+        term: i64,
+        /// Who, why, and whether to ask.
+        #[command(flatten)]
+        audit: AuditArgs,
+    },
     /// Raise a resource's fence to a term, so every writer below it is refused from now on.
     /// A fence never goes back.
     AdvanceFence {

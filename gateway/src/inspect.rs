@@ -160,5 +160,38 @@ pub async fn admin(database_url: &str, action: &Admin, input: &mut dyn BufRead) 
             store::advance_fence(&client, resource, *term, &actor, &audit.reason).await?;
             Ok(Some(format!("fence of {resource:?} is at term {term}; audited as {actor}\n")))
         }
+        Admin::Rebind { resource, lease, audit } => {
+            let current = store::get_fence(&client, resource).await?;
+            let prompt = match &current {
+                Some(fence) => format!(
+                    "This binds {resource:?} (max term {}) from lease {} to lease {lease:?}: from now on only {lease:?}'s \
+                     current term is admitted, once it reaches {}.",
+                    fence.max_term,
+                    fence.lease_key.as_deref().map_or_else(|| "(none)".to_owned(), |key| format!("{key:?}")),
+                    fence.max_term
+                ),
+                None => format!("There is no fence {resource:?}."),
+            };
+            if !confirm(&prompt, resource, audit.yes, input) {
+                return Ok(None);
+            }
+            let actor = audit.actor.clone().unwrap_or_else(default_actor);
+            store::rebind(&client, resource, lease, &actor, &audit.reason).await?;
+            Ok(Some(format!("{resource:?} is bound to lease {lease:?}; audited as {actor}\n")))
+        }
+        Admin::ResetFence { resource, term, audit } => {
+            let current = store::get_fence(&client, resource).await?;
+            let prompt = format!(
+                "This sets the unbound fence {resource:?} from term {} back to {term}. A fence never goes back \
+                 otherwise: do it only for a fence a client poisoned, after stopping that client.",
+                current.map_or_else(|| "none".to_owned(), |fence| fence.max_term.to_string())
+            );
+            if !confirm(&prompt, resource, audit.yes, input) {
+                return Ok(None);
+            }
+            let actor = audit.actor.clone().unwrap_or_else(default_actor);
+            store::reset_fence(&client, resource, *term, &actor, &audit.reason).await?;
+            Ok(Some(format!("fence of {resource:?} is at term {term}; audited as {actor}\n")))
+        }
     }
 }

@@ -446,6 +446,32 @@ pub async fn advance_fence(
     Ok(())
 }
 
+/// Calls `fencing.rebind(resource, lease_key, actor, reason)`: binds a resource to another
+/// lease, audited. A write never rebinds; this is the admin action that does.
+pub async fn rebind(
+    client: &impl GenericClient,
+    resource: &str,
+    lease_key: &str,
+    actor: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    client.execute("SELECT fencing.rebind($1, $2, $3, $4)", &[&resource, &lease_key, &actor, &reason]).await?;
+    Ok(())
+}
+
+/// Calls `fencing.reset_fence(resource, term, actor, reason)`: sets an unbound, poisoned
+/// fence's maximum back to `term`, audited; the one way a fence goes back.
+pub async fn reset_fence(
+    client: &impl GenericClient,
+    resource: &str,
+    term: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    client.execute("SELECT fencing.reset_fence($1, $2, $3, $4)", &[&resource, &term, &actor, &reason]).await?;
+    Ok(())
+}
+
 /// The newest audited admin actions, newest first.
 pub async fn list_audit(client: &impl GenericClient, limit: i64) -> Result<Vec<AuditEntry>, Error> {
     let rows = client

@@ -116,3 +116,46 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
     assert!(audit.contains("alice  advance_fence acct-1  reason: incident 42"), "{audit}");
     assert!(audit.contains("alice  force_release ledger-writer  reason: node-a is gone"), "{audit}");
 }
+
+/// Rebinding and resetting a fence are admin actions, confirmed and audited; a reset works on
+/// unbound fences only, and a write never does either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_rebind_a_resource_and_reset_a_poisoned_unbound_fence_only_by_audited_admin_actions() {
+    let setup = Setup::new().await;
+    let url = setup.db.url();
+    let client = setup.db.connect().await;
+    let term =
+        store::acquire(&client, "ledger-writer", "node-a", Duration::from_secs(600)).await.unwrap().term.unwrap();
+    let forward = Duration::from_secs(1);
+    assert!(store::gate(&client, "acct-9", term, forward, Some("ledger-writer")).await.unwrap().is_admitted());
+
+    let (code, text) = cli(&url, &["admin", "rebind", "acct-9", "--lease", "other", "--reason", "moved"], "no\n").await;
+    assert_eq!(code, Some(1), "{text}");
+    assert_eq!(store::get_fence(&client, "acct-9").await.unwrap().unwrap().lease_key.as_deref(), Some("ledger-writer"));
+    let (code, text) = cli(
+        &url,
+        &["admin", "rebind", "acct-9", "--lease", "other", "--reason", "moved", "--actor", "bob"],
+        "acct-9\n",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(store::get_fence(&client, "acct-9").await.unwrap().unwrap().lease_key.as_deref(), Some("other"));
+
+    // A bound fence is never reset; a poisoned unbound one is.
+    let (code, text) =
+        cli(&url, &["admin", "reset-fence", "acct-9", "--term", "1", "--reason", "x", "--yes"], "").await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("only unbound fences"), "{text}");
+    assert!(store::gate(&client, "/jobs/job-1", i64::MAX, forward, None).await.unwrap().is_admitted());
+    let (code, text) = cli(
+        &url,
+        &["admin", "reset-fence", "/jobs/job-1", "--term", "2", "--reason", "poisoned", "--actor", "bob", "--yes"],
+        "",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(store::get_fence(&client, "/jobs/job-1").await.unwrap().unwrap().max_term, 2);
+    let (_, audit) = cli(&url, &["inspect", "audit"], "").await;
+    assert!(audit.contains("bob  rebind acct-9  reason: moved"), "{audit}");
+    assert!(audit.contains("bob  reset_fence /jobs/job-1  reason: poisoned"), "{audit}");
+}
