@@ -7,6 +7,8 @@
 //!   free loopback port, as an unprivileged user when the tests run as root) and removes it when
 //!   dropped or when the test process ends, however it ends. [`pg::TestDb`] is a fresh database in
 //!   the cluster shared by one test binary, migrated by the production migration code.
+//! - [`faultproxy`]: a TCP proxy that delays, holds, cuts or resets a link on command.
+//! - [`faultsuite`]: the fault suite's scenario runner: real processes, seeded faults, a history.
 //! - [`gateway`]: the gateway and the recording upstream as real processes, and a client.
 //! - [`process`]: [`process::ElectorProcess`] runs the election example as a real process and
 //!   reads its JSON lines.
@@ -14,6 +16,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod faultproxy;
+pub mod faultsuite;
 pub mod gateway;
 pub mod pg;
 pub mod process;

@@ -1,0 +1,391 @@
+//! A leader process of the fault suite: it contends for the lease keys `k1` and `k2` through the
+//! election library and, for each key it leads, writes as fast as it reasonably can: through a
+//! random gateway in verify and stamp mode, to a bound route and an unbound one, and straight
+//! into the key's protected table with `SET LOCAL fencing.token`; some bodies trickle in. After
+//! it loses a key, it sometimes goes on writing with the old term for a while, as a leader that
+//! does not know it lost would: those writes must be refused.
+//!
+//! ```text
+//! fault-leader --name leader-a --database-url URL --gateways ADDR,ADDR,ADDR --log FILE
+//!              --seed N [--ttl-ms 1500] [--zombie-ms 1000]
+//! ```
+//! Every write is logged twice in the history format of `checker/HISTORY.md`: once when invoked
+//! (outcome `indeterminate`) and once when it ended; the runner keeps the last line per request.
+//! SIGTERM resigns gracefully (the electors shut down and release), then the process exits.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fencing_election::{Elector, ElectorHandle};
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_postgres::NoTls;
+
+type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+struct Args {
+    name: String,
+    database_url: String,
+    gateways: Vec<SocketAddr>,
+    log: String,
+    seed: u64,
+    ttl: Duration,
+    zombie: Duration,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        name: String::new(),
+        database_url: String::new(),
+        gateways: Vec::new(),
+        log: String::new(),
+        seed: 0,
+        ttl: Duration::from_millis(1500),
+        zombie: Duration::from_millis(1000),
+    };
+    let mut words = std::env::args().skip(1);
+    while let Some(flag) = words.next() {
+        let value = words.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--name" => args.name = value,
+            "--database-url" => args.database_url = value,
+            "--gateways" => {
+                args.gateways = value
+                    .split(',')
+                    .map(|a| a.parse().map_err(|e| format!("--gateways {a}: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--log" => args.log = value,
+            "--seed" => args.seed = value.parse().map_err(|e| format!("--seed: {e}"))?,
+            "--ttl-ms" => args.ttl = Duration::from_millis(value.parse().map_err(|e| format!("--ttl-ms: {e}"))?),
+            "--zombie-ms" => {
+                args.zombie = Duration::from_millis(value.parse().map_err(|e| format!("--zombie-ms: {e}"))?)
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.name.is_empty() || args.database_url.is_empty() || args.gateways.is_empty() || args.log.is_empty() {
+        return Err("--name, --database-url, --gateways and --log are required".to_owned());
+    }
+    Ok(args)
+}
+
+/// The client log: one JSON line per record, flushed at once.
+struct Log(Mutex<std::fs::File>);
+
+impl Log {
+    fn write(&self, line: &Value) {
+        if let Ok(mut file) = self.0.lock() {
+            let _ = writeln!(file, "{line}");
+            let _ = file.flush();
+        }
+    }
+}
+
+/// What one key's writer knows: the term it believes it leads with.
+struct Key {
+    key: &'static str,
+    elector: ElectorHandle,
+    /// The last term it led with and when it stopped leading (for zombie writes).
+    last: Mutex<Option<(i64, tokio::time::Instant)>>,
+}
+
+struct Leader {
+    name: String,
+    gateways: Vec<SocketAddr>,
+    http: Client<HttpConnector, BoxBody>,
+    database_url: String,
+    log: Log,
+    next_id: AtomicU64,
+    zombie: Duration,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Verify,
+    Stamp,
+    Unbound,
+    Sql,
+}
+
+impl Leader {
+    fn request_id(&self) -> String {
+        format!("{}.{}.{}", self.name, std::process::id(), self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// One write for `key` with `term`, of a random kind.
+    async fn write(&self, key: &Key, term: i64, leading: bool, rng: &mut StdRng) {
+        let kind = match rng.random_range(0..10) {
+            0..=3 => Kind::Verify,
+            4..=5 if leading => Kind::Stamp,
+            4..=6 => Kind::Unbound,
+            _ => Kind::Sql,
+        };
+        let index = if key.key == "k1" { 1 } else { 2 };
+        let suffix = if rng.random_bool(0.5) { "a" } else { "b" };
+        let request_id = self.request_id();
+        let (path, mode, resource, upstream, bound) = match kind {
+            Kind::Verify => ("gateway", "verify", format!("{}-{suffix}", key.key), upstream_of(index), true),
+            Kind::Stamp => ("gateway", "stamp", format!("{}-{suffix}", key.key), upstream_of(index), true),
+            Kind::Unbound => ("gateway", "verify", format!("f{index}-{suffix}"), upstream_of(index), false),
+            Kind::Sql => ("sql", "sql", format!("ledger-{}", key.key), Value::Null, true),
+        };
+        let gateway = rng.random_range(0..self.gateways.len());
+        let presented = if matches!(kind, Kind::Stamp) { Value::Null } else { json!(term) };
+        let mut record = json!({
+            "client": self.name, "request_id": request_id, "key": key.key, "path": path, "mode": mode,
+            "gateway": if path == "gateway" { json!(gateway) } else { Value::Null },
+            "upstream": upstream, "resource": resource, "bound": bound, "term": presented,
+            "invoked_us": now_us(), "completed_us": Value::Null, "outcome": "indeterminate",
+            "status": Value::Null, "refused_by": Value::Null, "error": Value::Null,
+        });
+        self.log.write(&record);
+        match kind {
+            Kind::Sql => self.sql_write(&mut record, key.key, &resource, term).await,
+            _ => {
+                let uri = match kind {
+                    Kind::Unbound => format!("http://{}/free{index}/{resource}", self.gateways[gateway]),
+                    _ => format!("http://{}/{}/{resource}", self.gateways[gateway], key.key),
+                };
+                let mut request = Request::builder().method(Method::POST).uri(uri).header("x-request-id", &request_id);
+                request = match kind {
+                    Kind::Stamp => {
+                        request.header("fencing-lease", key.key).header("fencing-owner", key.elector.owner())
+                    }
+                    _ => request.header("fencing-token", term.to_string()),
+                };
+                let trickle = rng.random_bool(0.1);
+                let body: BoxBody = if trickle {
+                    let chunks = futures::stream::unfold(0, |n| async move {
+                        if n >= 3 {
+                            return None;
+                        }
+                        tokio::time::sleep(Duration::from_millis(150)).await;
+                        Some((Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from_static(b"xxxx"))), n + 1))
+                    });
+                    BodyExt::boxed(StreamBody::new(chunks))
+                } else {
+                    BodyExt::boxed(Full::new(Bytes::from_static(b"{\"amount\":1}")))
+                };
+                self.http_write(&mut record, request.body(body)).await;
+            }
+        }
+        record["completed_us"] = json!(now_us());
+        self.log.write(&record);
+    }
+
+    async fn http_write(&self, record: &mut Value, request: Result<Request<BoxBody>, http::Error>) {
+        let Ok(request) = request else {
+            record["outcome"] = json!("failed");
+            record["error"] = json!("request could not be built");
+            return;
+        };
+        match tokio::time::timeout(Duration::from_secs(5), self.http.request(request)).await {
+            Ok(Ok(response)) => {
+                let status = response.status();
+                let problem = response
+                    .headers()
+                    .get("content-type")
+                    .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+                let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let made_by_gateway = problem
+                    && serde_json::from_slice::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
+                        .is_some_and(|t| t.starts_with("urn:fencing-gateway:"));
+                record["status"] = json!(status.as_u16());
+                let (outcome, refused_by) = if status.is_success() {
+                    ("ok", Value::Null)
+                } else if made_by_gateway && (status.is_client_error() || status.as_u16() == 503) {
+                    ("failed", json!("gateway"))
+                } else if status.as_u16() == 409 {
+                    ("failed", json!("upstream"))
+                } else {
+                    ("indeterminate", Value::Null)
+                };
+                record["outcome"] = json!(outcome);
+                record["refused_by"] = refused_by;
+            }
+            Ok(Err(error)) => {
+                // Connection refused before anything was sent is certain; anything else is not.
+                record["error"] = json!(error.to_string());
+                if error.is_connect() {
+                    record["outcome"] = json!("failed");
+                }
+            }
+            Err(_) => record["error"] = json!("timed out"),
+        }
+    }
+
+    async fn sql_write(&self, record: &mut Value, key: &str, resource: &str, term: i64) {
+        let result = tokio::time::timeout(Duration::from_secs(3), async {
+            let (mut client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client.batch_execute("SET statement_timeout = 2000").await?;
+            let transaction = client.transaction().await?;
+            transaction.execute("SELECT set_config('fencing.token', $1, true)", &[&term.to_string()]).await?;
+            let table = format!("ledger_{key}");
+            let request_id = record["request_id"].as_str().unwrap_or_default().to_owned();
+            transaction
+                .execute(
+                    &format!("INSERT INTO {table} (request_id, resource, term) VALUES ($1, $2, $3)"),
+                    &[&request_id, &resource, &term],
+                )
+                .await?;
+            let ticket: i64 =
+                transaction.query_one("UPDATE fault_tickets SET n = n + 1 WHERE id = 1 RETURNING n", &[]).await?.get(0);
+            transaction
+                .execute(&format!("UPDATE {table} SET ticket = $1 WHERE request_id = $2"), &[&ticket, &request_id])
+                .await?;
+            // Anything that fails from here on may or may not have committed.
+            Ok::<_, tokio_postgres::Error>(transaction.commit().await.map_err(|e| (true, e)))
+        })
+        .await;
+        match result {
+            Ok(Ok(Ok(()))) => record["outcome"] = json!("ok"),
+            Ok(Ok(Err((_, error)))) => record["error"] = json!(error.to_string()),
+            Ok(Err(error)) => {
+                let code = error.as_db_error().map(|db| db.code().code().to_owned());
+                record["error"] = json!(error.to_string());
+                if code.is_some() {
+                    // The server refused a statement before COMMIT: the transaction rolled back.
+                    record["outcome"] = json!("failed");
+                    record["refused_by"] = json!("store");
+                    record["status"] = json!(code);
+                }
+            }
+            Err(_) => record["error"] = json!("timed out"),
+        }
+    }
+}
+
+fn upstream_of(index: usize) -> Value {
+    json!(if index == 1 { "checking" } else { "applying" })
+}
+
+fn pool(url: &str) -> Result<Pool, String> {
+    let config: tokio_postgres::Config = url.parse().map_err(|e| format!("--database-url: {e}"))?;
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager).max_size(2).build().map_err(|e| e.to_string())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("fault-leader: {message}");
+            std::process::exit(64);
+        }
+    };
+    let file = match std::fs::OpenOptions::new().create(true).append(true).open(&args.log) {
+        Ok(file) => file,
+        Err(error) => {
+            eprintln!("fault-leader: open {}: {error}", args.log);
+            std::process::exit(69);
+        }
+    };
+    let mut keys = Vec::new();
+    for key in ["k1", "k2"] {
+        let pool = match pool(&args.database_url) {
+            Ok(pool) => pool,
+            Err(error) => {
+                eprintln!("fault-leader: {error}");
+                std::process::exit(64);
+            }
+        };
+        let elector = Elector::builder(pool, key)
+            .owner(args.name.clone())
+            .ttl(args.ttl)
+            .renew_interval(args.ttl / 3)
+            .safety_margin(args.ttl / 10)
+            .query_timeout(args.ttl / 5)
+            .build();
+        match elector {
+            Ok(elector) => keys.push(Arc::new(Key { key, elector: elector.start(), last: Mutex::new(None) })),
+            Err(error) => {
+                eprintln!("fault-leader: {error}");
+                std::process::exit(64);
+            }
+        }
+    }
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(1)));
+    connector.set_nodelay(true);
+    let leader = Arc::new(Leader {
+        name: args.name.clone(),
+        gateways: args.gateways.clone(),
+        http: Client::builder(TokioExecutor::new()).build(connector),
+        database_url: args.database_url.clone(),
+        log: Log(Mutex::new(file)),
+        next_id: AtomicU64::new(0),
+        zombie: args.zombie,
+    });
+    println!("started {}", std::process::id());
+    let mut writers = Vec::new();
+    for (index, key) in keys.iter().enumerate() {
+        let (leader, key) = (Arc::clone(&leader), Arc::clone(key));
+        let mut rng = StdRng::seed_from_u64(args.seed ^ (index as u64 + 1) ^ u64::from(std::process::id()));
+        writers.push(tokio::spawn(async move {
+            loop {
+                let leading = key.elector.leadership().map(|period| period.term());
+                let term = match leading {
+                    Some(term) => {
+                        *key.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            Some((term, tokio::time::Instant::now()));
+                        Some(term)
+                    }
+                    // A leader that does not know it lost: its old term, for a while.
+                    None => key
+                        .last
+                        .lock()
+                        .ok()
+                        .and_then(|last| *last)
+                        .filter(|(_, since)| since.elapsed() < leader.zombie)
+                        .map(|(term, _)| term),
+                };
+                if let Some(term) = term {
+                    let writes = if leading.is_some() { 3 } else { 1 };
+                    let mut rngs: Vec<StdRng> = (0..writes).map(|_| StdRng::seed_from_u64(rng.random())).collect();
+                    let batch = rngs.iter_mut().map(|rng| leader.write(&key, term, leading.is_some(), rng));
+                    futures::future::join_all(batch).await;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(10..40))).await;
+            }
+        }));
+    }
+    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
+        eprintln!("fault-leader: cannot install a SIGTERM handler");
+        std::process::exit(70);
+    };
+    terminate.recv().await;
+    for writer in &writers {
+        writer.abort();
+    }
+    for writer in writers {
+        let _ = writer.await;
+    }
+    for key in keys {
+        if let Ok(key) = Arc::try_unwrap(key) {
+            let _ = key.elector.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,782 @@
+//! The fault suite's scenario runner: real processes, seeded faults, a recorded history.
+//!
+//! One run is one PostgreSQL cluster (from the harness, its database committing asynchronously,
+//! so only `fencing.commit_durably` makes decisions durable) and a series of schedules. Each
+//! schedule gets a fresh database and starts: two upstreams (`fault-upstream`, one checking
+//! tokens itself, one applying everything), three gateways, three leader processes
+//! (`fault-leader`, each contending for the lease keys `k1` and `k2`), and TCP fault proxies
+//! between the gateways and Postgres, the gateways and the upstreams, and the leaders and
+//! Postgres. A seeded injector then pauses, kills and restarts processes, crashes Postgres and
+//! disturbs the links for the fault phase, stops, and waits for writes to flow again. At the end
+//! the runner writes the history (`checker/HISTORY.md`) into the schedule's folder.
+//!
+//! The schedule's seed decides every fault, its target and its timing; the processes' own
+//! scheduling is not under its control, so a replay repeats the faults, not every interleaving.
+//!
+//! Planted bugs ([`Plant`]) replace SQL in the schedule's database after migrating, never
+//! anything in the shipped binaries: the suite shows that the checker catches them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::faultproxy::{Direction, FaultProxy, Mode};
+use crate::pg::{Durability, PgCluster, connect, try_connect};
+use crate::workspace_bin;
+
+/// A bug planted in the schedule's database, to show that the checker catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// The fence comparison weakened: a stale term is admitted.
+    WeakFence,
+    /// The settle wait removed: a new term's writes do not wait for lower-term writes in flight.
+    NoSettle,
+    /// Asynchronous commit without the synchronous override: answered decisions lost in a crash.
+    AsyncCommit,
+    /// No new term when a lease is acquired after it expired.
+    NoNewTerm,
+    /// The race of `fencing.gate` put back: two reads of the fence row in one decision.
+    GateRace,
+}
+
+impl Plant {
+    /// Every planted bug.
+    pub const ALL: [Plant; 5] = [Plant::WeakFence, Plant::NoSettle, Plant::AsyncCommit, Plant::NoNewTerm, Plant::GateRace];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::WeakFence => "weak-fence",
+            Plant::NoSettle => "no-settle",
+            Plant::AsyncCommit => "async-commit",
+            Plant::NoNewTerm => "no-new-term",
+            Plant::GateRace => "gate-race",
+        }
+    }
+
+    /// Parses a name of [`Plant::name`].
+    pub fn parse(name: &str) -> Option<Plant> {
+        Plant::ALL.into_iter().find(|plant| plant.name() == name)
+    }
+}
+
+/// What one run does.
+#[derive(Debug, Clone)]
+pub struct SuiteConfig {
+    /// How many schedules.
+    pub schedules: usize,
+    /// Seconds of traffic with faults in each schedule (the quiet tail comes on top).
+    pub seconds: u64,
+    /// The first schedule's seed; schedule i uses seed + i.
+    pub seed: u64,
+    /// Where the histories go (one folder per schedule).
+    pub out: PathBuf,
+    /// A bug to plant, if any.
+    pub plant: Option<Plant>,
+    /// The leaders' lease ttl.
+    pub ttl: Duration,
+    /// The gateways' forward timeout.
+    pub forward_timeout: Duration,
+}
+
+impl SuiteConfig {
+    /// The default shape: ttl 1.5 s, forward timeout 1 s.
+    pub fn new(schedules: usize, seconds: u64, seed: u64, out: PathBuf) -> SuiteConfig {
+        SuiteConfig {
+            schedules,
+            seconds,
+            seed,
+            out,
+            plant: None,
+            ttl: Duration::from_millis(1500),
+            forward_timeout: Duration::from_millis(1000),
+        }
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts the run's cluster: asynchronous commit in the database, a WAL writer that flushes
+/// rarely, so a crash loses whatever was not made durable on purpose.
+pub fn start_cluster() -> Result<PgCluster> {
+    PgCluster::start_with_settings(
+        Durability::Off,
+        "synchronous_commit = off\nwal_writer_delay = 10s\nmax_connections = 300\n",
+    )
+}
+
+/// A child process the injector can pause, kill and restart.
+struct Managed {
+    name: String,
+    command: Vec<String>,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Managed {
+    fn pid(&self) -> Option<Pid> {
+        self.child.as_ref().and_then(Child::id).and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw)
+    }
+
+    fn signal(&mut self, signal: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = kill(pid, signal);
+        }
+        match signal {
+            Signal::SIGSTOP => self.paused = true,
+            Signal::SIGCONT => self.paused = false,
+            _ => {}
+        }
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let (program, args) = self.command.split_first().ok_or_else(|| anyhow!("empty command"))?;
+        let child = Command::new(program)
+            .args(args)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawn {}", self.name))?;
+        self.child = Some(child);
+        self.paused = false;
+        Ok(())
+    }
+
+    async fn kill_now(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn terminate(&mut self, grace: Duration) {
+        if self.paused {
+            self.signal(Signal::SIGCONT);
+        }
+        if let Some(pid) = self.pid() {
+            let _ = kill(pid, Signal::SIGTERM);
+        }
+        if let Some(mut child) = self.child.take() {
+            if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            }
+        }
+    }
+}
+
+/// Everything one schedule runs.
+struct Schedule {
+    index: usize,
+    seed: u64,
+    dir: PathBuf,
+    url: String,
+    gateways: Vec<Managed>,
+    leaders: Vec<Managed>,
+    upstreams: Vec<Managed>,
+    gateway_pg: Vec<FaultProxy>,
+    leader_pg: Vec<FaultProxy>,
+    upstream_proxies: Vec<FaultProxy>,
+    faults: Vec<Value>,
+}
+
+/// One fault being applied.
+#[derive(Debug, Clone)]
+struct Fault {
+    kind: &'static str,
+    target: usize,
+    /// Where a proxy fault applies: 0 gateway-Postgres, 1 leader-Postgres, 2 gateway-upstream.
+    link: usize,
+    started_us: i64,
+    ends: Instant,
+}
+
+/// Runs `config.schedules` schedules on `cluster`, writing each history into its folder.
+/// Calls `check` with each schedule's folder as soon as it is written; stops early when it
+/// returns true (a violation was found).
+pub async fn run(
+    cluster: &PgCluster,
+    config: &SuiteConfig,
+    mut check: impl FnMut(&Path) -> Result<bool>,
+) -> Result<usize> {
+    std::fs::create_dir_all(&config.out).with_context(|| format!("create {}", config.out.display()))?;
+    for index in 0..config.schedules {
+        let seed = config.seed.wrapping_add(index as u64);
+        let dir = config.out.join(format!("schedule-{index:04}"));
+        std::fs::create_dir_all(&dir)?;
+        run_schedule(cluster, config, index, seed, &dir).await.with_context(|| format!("schedule {index} (seed {seed})"))?;
+        if check(&dir)? {
+            return Ok(index + 1);
+        }
+    }
+    Ok(config.schedules)
+}
+
+async fn admin_client(cluster: &PgCluster, database: &str) -> Result<tokio_postgres::Client> {
+    for _ in 0..100 {
+        if let Ok(client) = try_connect(&cluster.url(database)).await {
+            return Ok(client);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!("cannot connect to {database}")
+}
+
+async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str) -> Result<String> {
+    let admin = admin_client(cluster, "postgres").await?;
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+    let url = cluster.url(name);
+    let mut client = connect(&url).await;
+    fencing_schema::migrate(&mut client).await.map_err(|e| anyhow!("migrate: {e}"))?;
+    client
+        .batch_execute(
+            "CREATE TABLE fault_tickets (id int PRIMARY KEY, n bigint NOT NULL);
+             INSERT INTO fault_tickets VALUES (1, 0);
+             CREATE TABLE ledger_k1 (request_id text PRIMARY KEY, resource text NOT NULL, term bigint, ticket bigint);
+             CREATE TABLE ledger_k2 (request_id text PRIMARY KEY, resource text NOT NULL, term bigint, ticket bigint);
+             SELECT fencing.protect('ledger_k1', 'ledger-k1');
+             SELECT fencing.protect('ledger_k2', 'ledger-k2');
+             SELECT fencing.bind('ledger-k1', 'k1');
+             SELECT fencing.bind('ledger-k2', 'k2');",
+        )
+        .await?;
+    if let Some(plant) = config.plant {
+        client.batch_execute(&plant_sql(plant)?).await.with_context(|| format!("plant {}", plant.name()))?;
+    }
+    // Everything so far on disk, so a crash in the schedule loses only what it ought to keep.
+    client.batch_execute("CHECKPOINT").await?;
+    Ok(url)
+}
+
+/// The SQL that plants `plant` in a migrated database.
+pub fn plant_sql(plant: Plant) -> Result<String> {
+    let function = |name: &str| {
+        fencing_schema::FUNCTIONS
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.sql.to_owned())
+            .ok_or_else(|| anyhow!("no function file {name}"))
+    };
+    Ok(match plant {
+        Plant::WeakFence => "ALTER FUNCTION fencing.gate(text, bigint, interval, text) RENAME TO gate_planted;
+             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL)
+             RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
+             DECLARE decision fencing.gate_result;
+             BEGIN
+                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease);
+                 IF decision.outcome = 'stale' THEN
+                     decision.admitted := true; decision.outcome := 'admitted'; decision.wait_ms := 0;
+                 END IF;
+                 RETURN decision;
+             END $$;"
+            .to_owned(),
+        Plant::NoSettle => "ALTER FUNCTION fencing.gate(text, bigint, interval, text) RENAME TO gate_planted;
+             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL)
+             RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
+             DECLARE decision fencing.gate_result;
+             BEGIN
+                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease);
+                 decision.wait_ms := 0;
+                 RETURN decision;
+             END $$;"
+            .to_owned(),
+        Plant::AsyncCommit => "CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
+             LANGUAGE plpgsql AS $$ BEGIN END $$;"
+            .to_owned(),
+        Plant::NoNewTerm => {
+            let acquire = function("acquire")?;
+            let planted = acquire.replace("l.term + 1", "l.term");
+            if planted == acquire {
+                bail!("the acquire function no longer says `l.term + 1`: update the planted bug");
+            }
+            planted
+        }
+        Plant::GateRace => {
+            // The definitions of version 2, which read the fence row twice in one decision.
+            let old = fencing_schema::MIGRATIONS
+                .iter()
+                .find(|m| m.version == 2)
+                .map(|m| m.sql)
+                .ok_or_else(|| anyhow!("no migration 2"))?;
+            let start = old
+                .find("CREATE OR REPLACE FUNCTION fencing.try_admit")
+                .ok_or_else(|| anyhow!("migration 2 has no try_admit"))?;
+            let end = old.find("-- The gateway's stamp mode").ok_or_else(|| anyhow!("migration 2 changed"))?;
+            let mut sql = old[start..end].to_owned();
+            // The old try_admit, under another name, so SQL writers keep today's.
+            sql = sql.replace("FUNCTION fencing.try_admit(", "FUNCTION fencing.try_admit_racy(");
+            sql = sql.replace("decision := fencing.try_admit(", "decision := fencing.try_admit_racy(");
+            sql
+        }
+    })
+}
+
+fn gateway_config(config: &SuiteConfig, upstreams: &[SocketAddr]) -> String {
+    let mut text = format!(
+        "[upstream]\nforward_timeout_ms = {}\nconnect_timeout_ms = 500\n\
+         [database]\nfence_check_timeout_ms = 1000\npool_size = 8\n\
+         [shutdown]\ngrace_period_ms = 500\n",
+        config.forward_timeout.as_millis()
+    );
+    for (index, key) in ["k1", "k2"].iter().enumerate() {
+        let upstream = upstreams[index];
+        let _ = write!(
+            text,
+            "[[routes]]\nprefix = \"/{key}\"\nupstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\nlease = \"{key}\"\n\
+             [[routes]]\nprefix = \"/free{n}\"\nupstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n",
+            n = index + 1
+        );
+    }
+    text
+}
+
+async fn wait_listening(port: u16, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, seed: u64, dir: &Path) -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let name = format!("schedule_{index}");
+    let url = prepare_database(cluster, config, &name).await?;
+    let pg_addr: SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse()?;
+
+    // Upstreams, behind one proxy each (every gateway goes through it).
+    let mut upstreams = Vec::new();
+    let mut upstream_proxies = Vec::new();
+    for (name, checking) in [("checking", true), ("applying", false)] {
+        let port = free_port()?;
+        let mut command = vec![
+            workspace_bin("fault-upstream")?.display().to_string(),
+            "--name".to_owned(),
+            name.to_owned(),
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "--log".to_owned(),
+            dir.join(format!("upstream-{name}.jsonl")).display().to_string(),
+        ];
+        if checking {
+            command.push("--checking".to_owned());
+        }
+        let mut managed = Managed { name: format!("upstream-{name}"), command, child: None, paused: false };
+        managed.spawn()?;
+        if !wait_listening(port, Duration::from_secs(10)).await {
+            bail!("upstream {name} did not listen");
+        }
+        upstream_proxies.push(FaultProxy::start(format!("127.0.0.1:{port}").parse()?).await?);
+        upstreams.push(managed);
+    }
+    let upstream_addrs: Vec<SocketAddr> = upstream_proxies.iter().map(FaultProxy::addr).collect();
+    let config_path = dir.join("gateway.toml");
+    std::fs::write(&config_path, gateway_config(config, &upstream_addrs))?;
+
+    // Gateways, each reaching Postgres through a proxy of its own.
+    let mut gateways = Vec::new();
+    let mut gateway_ports = Vec::new();
+    let mut gateway_pg = Vec::new();
+    for gateway in 0..3 {
+        let proxy = FaultProxy::start(pg_addr).await?;
+        let database_url = format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr());
+        let (proxy_port, control_port) = (free_port()?, free_port()?);
+        let command = vec![
+            "env".to_owned(),
+            format!("FENCING_DATABASE_URL={database_url}"),
+            format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),
+            format!("FENCING_CONTROL_LISTEN=127.0.0.1:{control_port}"),
+            workspace_bin("fencing-gateway")?.display().to_string(),
+            "serve".to_owned(),
+            "--config".to_owned(),
+            config_path.display().to_string(),
+        ];
+        let mut managed = Managed { name: format!("gateway-{gateway}"), command, child: None, paused: false };
+        managed.spawn()?;
+        gateway_pg.push(proxy);
+        gateway_ports.push(proxy_port);
+        gateways.push(managed);
+    }
+    for port in &gateway_ports {
+        if !wait_listening(*port, Duration::from_secs(20)).await {
+            bail!("a gateway did not listen on {port}");
+        }
+    }
+
+    // Leaders, each reaching Postgres through a proxy of its own.
+    let gateway_list =
+        gateway_ports.iter().map(|port| format!("127.0.0.1:{port}")).collect::<Vec<_>>().join(",");
+    let mut leaders = Vec::new();
+    let mut leader_pg = Vec::new();
+    for (leader, letter) in ["a", "b", "c"].iter().enumerate() {
+        let proxy = FaultProxy::start(pg_addr).await?;
+        let database_url = format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr());
+        let command = vec![
+            workspace_bin("fault-leader")?.display().to_string(),
+            "--name".to_owned(),
+            format!("leader-{letter}"),
+            "--database-url".to_owned(),
+            database_url,
+            "--gateways".to_owned(),
+            gateway_list.clone(),
+            "--log".to_owned(),
+            dir.join(format!("client-{letter}.jsonl")).display().to_string(),
+            "--seed".to_owned(),
+            (seed ^ (leader as u64 + 1) * 0x9e37_79b9).to_string(),
+            "--ttl-ms".to_owned(),
+            config.ttl.as_millis().to_string(),
+        ];
+        let mut managed = Managed { name: format!("leader-{letter}"), command, child: None, paused: false };
+        managed.spawn()?;
+        leader_pg.push(proxy);
+        leaders.push(managed);
+    }
+
+    let mut schedule = Schedule {
+        index,
+        seed,
+        dir: dir.to_owned(),
+        url,
+        gateways,
+        leaders,
+        upstreams,
+        gateway_pg,
+        leader_pg,
+        upstream_proxies,
+        faults: Vec::new(),
+    };
+    let started_us = now_us();
+    // Let leaders be elected and write before the first fault.
+    tokio::time::sleep(config.ttl).await;
+    let quiet_from_us = schedule.inject(cluster, config, &mut rng).await?;
+    // Writes must flow again: wait for them (bounded by the recovery bound), then a little more.
+    let bound = config.ttl * 2 + Duration::from_secs(5);
+    let until = Instant::now() + bound;
+    while Instant::now() < until {
+        if first_ok_after(dir, quiet_from_us).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ended_us = now_us();
+    schedule.stop().await;
+    schedule.record(config, started_us, quiet_from_us, ended_us).await?;
+    Ok(())
+}
+
+/// The first ok completion after `after_us` in the schedule's client logs, if any.
+fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
+    let mut first: Option<i64> = None;
+    for letter in ["a", "b", "c"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(format!("client-{letter}.jsonl"))) else { continue };
+        for line in text.lines() {
+            let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
+            if value["outcome"] == "ok"
+                && let Some(done) = value["completed_us"].as_i64()
+                && done > after_us
+            {
+                first = Some(first.map_or(done, |f| f.min(done)));
+            }
+        }
+    }
+    first
+}
+
+impl Schedule {
+    /// Runs the fault phase; returns when the last fault ended.
+    async fn inject(&mut self, cluster: &PgCluster, config: &SuiteConfig, rng: &mut StdRng) -> Result<i64> {
+        let phase_end = Instant::now() + Duration::from_secs(config.seconds);
+        let mut active: Vec<Fault> = Vec::new();
+        let mut next_fault = Instant::now();
+        let mut last_end_us = now_us();
+        loop {
+            let now = Instant::now();
+            // End the faults whose time is up.
+            let (ended, still): (Vec<Fault>, Vec<Fault>) = active.into_iter().partition(|f| f.ends <= now);
+            active = still;
+            for fault in ended {
+                self.end(cluster, &fault).await?;
+                last_end_us = now_us();
+            }
+            if now >= phase_end {
+                if active.is_empty() {
+                    return Ok(last_end_us);
+                }
+            } else if now >= next_fault && active.len() < 2 {
+                if let Some(fault) = self.begin(cluster, rng, &active).await? {
+                    active.push(fault);
+                }
+                next_fault = now + Duration::from_millis(rng.random_range(200..700));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn begin(&mut self, cluster: &PgCluster, rng: &mut StdRng, active: &[Fault]) -> Result<Option<Fault>> {
+        const KINDS: [&str; 14] = [
+            "sigstop-gateway",
+            "sigstop-gateway-inflight",
+            "sigstop-leader",
+            "sigkill-leader",
+            "sigkill-gateway",
+            "sigkill-upstream",
+            "pg-crash",
+            "proxy-delay",
+            "proxy-hold",
+            "proxy-drop",
+            "proxy-reset",
+            "proxy-oneway",
+            "leader-resign",
+            "sigstop-leader",
+        ];
+        let kind = KINDS[rng.random_range(0..KINDS.len())];
+        let mut target = rng.random_range(0..3);
+        // Faults on leaders hit a current leader more often than not: that is where fencing works.
+        if kind.contains("leader") && rng.random_bool(0.7) {
+            let leaders = self.current_leaders().await;
+            if !leaders.is_empty() {
+                target = leaders[rng.random_range(0..leaders.len())];
+            }
+        }
+        let link = rng.random_range(0..3);
+        let lasting = Duration::from_millis(rng.random_range(300..2000));
+        // One fault per process or link at a time, and a Postgres crash alone.
+        if active.iter().any(|f| f.kind == "pg-crash") || (kind == "pg-crash" && !active.is_empty()) {
+            return Ok(None);
+        }
+        if active.iter().any(|f| f.target == target && f.link == link) {
+            return Ok(None);
+        }
+        let started_us = now_us();
+        match kind {
+            "sigstop-gateway" => self.gateways[target].signal(Signal::SIGSTOP),
+            "sigstop-gateway-inflight" => {
+                // Slow the gateway's decisions, then pause it as they come back: likely between a
+                // decision and its send.
+                self.gateway_pg[target].set(Mode::Delay(Duration::from_millis(150)));
+                tokio::time::sleep(Duration::from_millis(170)).await;
+                self.gateways[target].signal(Signal::SIGSTOP);
+            }
+            "sigstop-leader" => self.leaders[target].signal(Signal::SIGSTOP),
+            "sigkill-leader" => self.leaders[target].kill_now().await,
+            "sigkill-gateway" => self.gateways[target].kill_now().await,
+            "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
+            "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
+            "proxy-delay" => self.link(link, target).set(Mode::Delay(Duration::from_millis(rng.random_range(50..300)))),
+            "proxy-hold" => self.link(link, target).set(Mode::Hold),
+            "proxy-drop" => self.link(link, target).drop_all(),
+            "proxy-reset" => self.link(link, target).reset_all(),
+            "proxy-oneway" => {
+                let direction = if rng.random_bool(0.5) { Direction::ToTarget } else { Direction::FromTarget };
+                self.link(link, target).set(Mode::OneWay(direction));
+            }
+            "leader-resign" => self.leaders[target].terminate(Duration::from_secs(3)).await,
+            _ => return Ok(None),
+        }
+        let link = if kind.starts_with("proxy") { link } else { usize::MAX };
+        Ok(Some(Fault { kind, target, link, started_us, ends: Instant::now() + lasting }))
+    }
+
+    /// The leader processes (by index) that hold a lease right now, by the store.
+    async fn current_leaders(&self) -> Vec<usize> {
+        let Ok(Ok(client)) = tokio::time::timeout(Duration::from_millis(300), try_connect(&self.url)).await else {
+            return Vec::new();
+        };
+        let Ok(Ok(rows)) = tokio::time::timeout(
+            Duration::from_millis(300),
+            client.query("SELECT owner FROM fencing.leases WHERE expires_at > clock_timestamp()", &[]),
+        )
+        .await
+        else {
+            return Vec::new();
+        };
+        rows.iter()
+            .filter_map(|row| row.try_get::<_, String>(0).ok())
+            .filter_map(|owner| ["leader-a", "leader-b", "leader-c"].iter().position(|name| owner.starts_with(name)))
+            .collect()
+    }
+
+    fn link(&self, link: usize, target: usize) -> &FaultProxy {
+        match link {
+            0 => &self.gateway_pg[target],
+            1 => &self.leader_pg[target],
+            _ => &self.upstream_proxies[target % 2],
+        }
+    }
+
+    fn link_name(link: usize, target: usize) -> String {
+        match link {
+            0 => format!("gateway-{target}->postgres"),
+            1 => format!("leader-{target}->postgres"),
+            _ => format!("gateways->upstream-{}", if target % 2 == 0 { "checking" } else { "applying" }),
+        }
+    }
+
+    async fn end(&mut self, cluster: &PgCluster, fault: &Fault) -> Result<()> {
+        let target = fault.target;
+        match fault.kind {
+            "sigstop-gateway" => self.gateways[target].signal(Signal::SIGCONT),
+            "sigstop-gateway-inflight" => {
+                self.gateways[target].signal(Signal::SIGCONT);
+                self.gateway_pg[target].set(Mode::Pass);
+            }
+            "sigstop-leader" => self.leaders[target].signal(Signal::SIGCONT),
+            "sigkill-leader" | "leader-resign" => self.leaders[target].spawn()?,
+            "sigkill-gateway" => self.gateways[target].spawn()?,
+            "sigkill-upstream" => self.upstreams[target % 2].spawn()?,
+            "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
+            kind if kind.starts_with("proxy") => self.link(fault.link, target).set(Mode::Pass),
+            _ => {}
+        }
+        let target_name = if fault.kind.starts_with("proxy") {
+            Schedule::link_name(fault.link, target)
+        } else if fault.kind.contains("gateway") {
+            format!("gateway-{target}")
+        } else if fault.kind.contains("upstream") {
+            format!("upstream-{}", if target % 2 == 0 { "checking" } else { "applying" })
+        } else if fault.kind.contains("leader") {
+            format!("leader-{target}")
+        } else {
+            "postgres".to_owned()
+        };
+        self.faults.push(json!({"kind": fault.kind, "target": target_name, "start_us": fault.started_us, "end_us": now_us()}));
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        for leader in &mut self.leaders {
+            leader.terminate(Duration::from_secs(3)).await;
+        }
+        // Writes in flight end within the forward timeout.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        for gateway in &mut self.gateways {
+            gateway.terminate(Duration::from_secs(2)).await;
+        }
+        for upstream in &mut self.upstreams {
+            upstream.terminate(Duration::from_secs(1)).await;
+        }
+    }
+
+    async fn record(&self, config: &SuiteConfig, started_us: i64, quiet_from_us: i64, ended_us: i64) -> Result<()> {
+        let client = {
+            let mut found = None;
+            for _ in 0..100 {
+                if let Ok(client) = try_connect(&self.url).await {
+                    found = Some(client);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            found.ok_or_else(|| anyhow!("cannot connect to the schedule's database to read it"))?
+        };
+        let mut leases = String::new();
+        for row in client
+            .query(
+                "SELECT key, term, owner,
+                        (extract(epoch FROM granted_at) * 1000000)::bigint,
+                        (extract(epoch FROM ended_at) * 1000000)::bigint, end_reason
+                   FROM fencing.lease_history ORDER BY key, term",
+                &[],
+            )
+            .await?
+        {
+            let line = json!({
+                "key": row.get::<_, String>(0), "term": row.get::<_, i64>(1), "owner": row.get::<_, String>(2),
+                "granted_at_us": row.get::<_, i64>(3), "ended_at_us": row.get::<_, Option<i64>>(4),
+                "end_reason": row.get::<_, Option<String>>(5),
+            });
+            let _ = writeln!(leases, "{line}");
+        }
+        std::fs::write(self.dir.join("leases.jsonl"), leases)?;
+        let mut table = String::new();
+        for key in ["k1", "k2"] {
+            for row in client
+                .query(&format!("SELECT request_id, resource, term, ticket FROM ledger_{key} ORDER BY ticket"), &[])
+                .await?
+            {
+                let line = json!({
+                    "request_id": row.get::<_, String>(0), "resource": row.get::<_, String>(1),
+                    "term": row.get::<_, Option<i64>>(2), "ticket": row.get::<_, Option<i64>>(3),
+                });
+                let _ = writeln!(table, "{line}");
+            }
+        }
+        std::fs::write(self.dir.join("table.jsonl"), table)?;
+
+        // The clients' logs: the last line per request (its end, or its invocation when the
+        // process died before the write ended).
+        let mut clients: BTreeMap<String, Value> = BTreeMap::new();
+        let mut order: HashMap<String, usize> = HashMap::new();
+        for letter in ["a", "b", "c"] {
+            let path = self.dir.join(format!("client-{letter}.jsonl"));
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            for line in text.lines() {
+                // A process killed mid-line leaves a torn last line: it was never a whole record.
+                let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
+                let Some(id) = value["request_id"].as_str().map(str::to_owned) else { continue };
+                let next = order.len();
+                order.entry(id.clone()).or_insert(next);
+                clients.insert(id, value);
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        let mut by_order: Vec<(usize, Value)> =
+            clients.into_iter().map(|(id, value)| (order.get(&id).copied().unwrap_or(0), value)).collect();
+        by_order.sort_by_key(|(n, _)| *n);
+        let mut text = String::new();
+        for (_, value) in by_order {
+            let _ = writeln!(text, "{value}");
+        }
+        std::fs::write(self.dir.join("clients.jsonl"), text)?;
+
+        // The upstreams' logs may end with a torn line if an upstream was killed mid-write.
+        for name in ["checking", "applying"] {
+            let path = self.dir.join(format!("upstream-{name}.jsonl"));
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let whole: String =
+                    text.lines().filter(|l| serde_json::from_str::<Value>(l).is_ok()).map(|l| format!("{l}\n")).collect();
+                std::fs::write(&path, whole)?;
+            }
+        }
+        let mut faults = String::new();
+        for fault in &self.faults {
+            let _ = writeln!(faults, "{fault}");
+        }
+        std::fs::write(self.dir.join("faults.jsonl"), faults)?;
+        let meta = json!({
+            "schedule": self.index, "seed": self.seed, "ttl_ms": config.ttl.as_millis() as u64,
+            "forward_timeout_ms": config.forward_timeout.as_millis() as u64,
+            "started_us": started_us, "ended_us": ended_us, "quiet_from_us": quiet_from_us,
+            "plant": config.plant.map(Plant::name),
+        });
+        std::fs::write(self.dir.join("meta.json"), meta.to_string())?;
+        Ok(())
+    }
+}
