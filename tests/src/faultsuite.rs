@@ -447,6 +447,8 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
             gateway_list.clone(),
             "--log".to_owned(),
             dir.join(format!("client-{letter}.jsonl")).display().to_string(),
+            "--elections".to_owned(),
+            dir.join(format!("elections-{letter}.jsonl")).display().to_string(),
             "--seed".to_owned(),
             (seed ^ (leader as u64 + 1) * 0x9e37_79b9).to_string(),
             "--ttl-ms".to_owned(),
@@ -765,6 +767,16 @@ impl Schedule {
                 std::fs::write(&path, whole)?;
             }
         }
+        let mut elections = String::new();
+        for letter in ["a", "b", "c"] {
+            let path = self.dir.join(format!("elections-{letter}.jsonl"));
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            for line in text.lines().filter(|l| serde_json::from_str::<Value>(l).is_ok()) {
+                let _ = writeln!(elections, "{line}");
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        std::fs::write(self.dir.join("elections.jsonl"), elections)?;
         let mut faults = String::new();
         for fault in &self.faults {
             let _ = writeln!(faults, "{fault}");

@@ -7,10 +7,11 @@
 //!
 //! ```text
 //! fault-leader --name leader-a --database-url URL --gateways ADDR,ADDR,ADDR --log FILE
-//!              --seed N [--ttl-ms 1500] [--zombie-ms 1000]
+//!              --elections FILE --seed N [--ttl-ms 1500] [--zombie-ms 1000]
 //! ```
 //! Every write is logged twice in the history format of `checker/HISTORY.md`: once when invoked
 //! (outcome `indeterminate`) and once when it ended; the runner keeps the last line per request.
+//! Every election and loss it sees is logged to the elections file.
 //! SIGTERM resigns gracefully (the electors shut down and release), then the process exits.
 
 use std::io::Write;
@@ -44,6 +45,7 @@ struct Args {
     database_url: String,
     gateways: Vec<SocketAddr>,
     log: String,
+    elections: String,
     seed: u64,
     ttl: Duration,
     zombie: Duration,
@@ -55,6 +57,7 @@ fn parse_args() -> Result<Args, String> {
         database_url: String::new(),
         gateways: Vec::new(),
         log: String::new(),
+        elections: String::new(),
         seed: 0,
         ttl: Duration::from_millis(1500),
         zombie: Duration::from_millis(1000),
@@ -72,6 +75,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--log" => args.log = value,
+            "--elections" => args.elections = value,
             "--seed" => args.seed = value.parse().map_err(|e| format!("--seed: {e}"))?,
             "--ttl-ms" => args.ttl = Duration::from_millis(value.parse().map_err(|e| format!("--ttl-ms: {e}"))?),
             "--zombie-ms" => {
@@ -80,8 +84,13 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.name.is_empty() || args.database_url.is_empty() || args.gateways.is_empty() || args.log.is_empty() {
-        return Err("--name, --database-url, --gateways and --log are required".to_owned());
+    if args.name.is_empty()
+        || args.database_url.is_empty()
+        || args.gateways.is_empty()
+        || args.log.is_empty()
+        || args.elections.is_empty()
+    {
+        return Err("--name, --database-url, --gateways, --log and --elections are required".to_owned());
     }
     Ok(args)
 }
@@ -339,6 +348,33 @@ async fn main() {
         next_id: AtomicU64::new(0),
         zombie: args.zombie,
     });
+    let elections = match std::fs::OpenOptions::new().create(true).append(true).open(&args.elections) {
+        Ok(file) => Arc::new(Log(Mutex::new(file))),
+        Err(error) => {
+            eprintln!("fault-leader: open {}: {error}", args.elections);
+            std::process::exit(69);
+        }
+    };
+    // Every period this process believes it leads: the checker holds them against the store's
+    // history (a grant lost in a crash shows up as a term two owners were elected with).
+    for key in &keys {
+        let mut events = key.elector.events();
+        let (elections, owner, key_name) = (Arc::clone(&elections), key.elector.owner().to_owned(), key.key);
+        tokio::spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(fencing_election::Event::Elected { term }) => elections.write(&json!({
+                        "owner": owner, "key": key_name, "term": term, "event": "elected", "at_us": now_us(),
+                    })),
+                    Ok(fencing_election::Event::Lost { term, .. }) => elections.write(&json!({
+                        "owner": owner, "key": key_name, "term": term, "event": "lost", "at_us": now_us(),
+                    })),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
     println!("started {}", std::process::id());
     let mut writers = Vec::new();
     for (index, key) in keys.iter().enumerate() {
