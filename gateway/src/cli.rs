@@ -106,6 +106,14 @@ pub enum Inspect {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
+    /// A lease's leadership periods, newest first: term, owner, granted, ended and why.
+    History {
+        /// The lease key.
+        key: String,
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
     /// The newest admin actions, newest first.
     Audit {
         /// How many.

@@ -86,6 +86,20 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
                 );
             }
         }
+        Inspect::History { key, limit } => {
+            let _ = writeln!(out, "{:>8} {:<40} {:<24} {:<24}  END", "TERM", "OWNER", "GRANTED AT", "ENDED AT");
+            for period in store::list_history(&client, key, *limit).await? {
+                let _ = writeln!(
+                    out,
+                    "{:>8} {:<40} {:<24} {:<24}  {}",
+                    period.term,
+                    period.owner,
+                    time(period.granted_at),
+                    period.ended_at.map_or_else(|| "-".to_owned(), time),
+                    period.end_reason.unwrap_or_else(|| "(running or not yet known)".to_owned())
+                );
+            }
+        }
         Inspect::Audit { limit } => {
             for entry in store::list_audit(&client, *limit).await? {
                 let _ = writeln!(

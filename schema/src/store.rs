@@ -472,6 +472,46 @@ pub async fn reset_fence(
     Ok(())
 }
 
+/// One leadership period, from `fencing.lease_history`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Period {
+    /// The lease key.
+    pub key: String,
+    /// The period's term.
+    pub term: i64,
+    /// Who held it.
+    pub owner: String,
+    /// When it was granted, by the store's clock.
+    pub granted_at: SystemTime,
+    /// When it ended (for an expired lease: its expiry), if known to have ended.
+    pub ended_at: Option<SystemTime>,
+    /// released, expired, abandoned or force_released.
+    pub end_reason: Option<String>,
+}
+
+/// The newest `limit` leadership periods of `key`, newest first.
+pub async fn list_history(client: &impl GenericClient, key: &str, limit: i64) -> Result<Vec<Period>, Error> {
+    let rows = client
+        .query(
+            "SELECT key, term, owner, granted_at, ended_at, end_reason FROM fencing.lease_history
+              WHERE key = $1 ORDER BY term DESC LIMIT $2",
+            &[&key, &limit],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Period {
+                key: row.try_get("key").map_err(Error::Store)?,
+                term: row.try_get("term").map_err(Error::Store)?,
+                owner: row.try_get("owner").map_err(Error::Store)?,
+                granted_at: row.try_get("granted_at").map_err(Error::Store)?,
+                ended_at: row.try_get("ended_at").map_err(Error::Store)?,
+                end_reason: row.try_get("end_reason").map_err(Error::Store)?,
+            })
+        })
+        .collect()
+}
+
 /// The newest audited admin actions, newest first.
 pub async fn list_audit(client: &impl GenericClient, limit: i64) -> Result<Vec<AuditEntry>, Error> {
     let rows = client

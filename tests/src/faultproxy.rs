@@ -146,7 +146,12 @@ async fn proxy_connection(
 }
 
 /// Copies one direction, honouring the mode before every piece it forwards.
-async fn pump(from: &mut OwnedReadHalf, to: &mut OwnedWriteHalf, mut mode: watch::Receiver<Mode>, direction: Direction) {
+async fn pump(
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    direction: Direction,
+) {
     let mut buffer = vec![0_u8; 16 * 1024];
     loop {
         let read = match from.read(&mut buffer).await {

@@ -53,7 +53,8 @@ pub enum Plant {
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 5] = [Plant::WeakFence, Plant::NoSettle, Plant::AsyncCommit, Plant::NoNewTerm, Plant::GateRace];
+    pub const ALL: [Plant; 5] =
+        [Plant::WeakFence, Plant::NoSettle, Plant::AsyncCommit, Plant::NoNewTerm, Plant::GateRace];
 
     /// The name on the command line.
     pub fn name(self) -> &'static str {
@@ -226,7 +227,9 @@ pub async fn run(
         let seed = config.seed.wrapping_add(index as u64);
         let dir = config.out.join(format!("schedule-{index:04}"));
         std::fs::create_dir_all(&dir)?;
-        run_schedule(cluster, config, index, seed, &dir).await.with_context(|| format!("schedule {index} (seed {seed})"))?;
+        run_schedule(cluster, config, index, seed, &dir)
+            .await
+            .with_context(|| format!("schedule {index} (seed {seed})"))?;
         if check(&dir)? {
             return Ok(index + 1);
         }
@@ -430,8 +433,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     }
 
     // Leaders, each reaching Postgres through a proxy of its own.
-    let gateway_list =
-        gateway_ports.iter().map(|port| format!("127.0.0.1:{port}")).collect::<Vec<_>>().join(",");
+    let gateway_list = gateway_ports.iter().map(|port| format!("127.0.0.1:{port}")).collect::<Vec<_>>().join(",");
     let mut leaders = Vec::new();
     let mut leader_pg = Vec::new();
     for (leader, letter) in ["a", "b", "c"].iter().enumerate() {
@@ -668,7 +670,8 @@ impl Schedule {
         } else {
             "postgres".to_owned()
         };
-        self.faults.push(json!({"kind": fault.kind, "target": target_name, "start_us": fault.started_us, "end_us": now_us()}));
+        self.faults
+            .push(json!({"kind": fault.kind, "target": target_name, "start_us": fault.started_us, "end_us": now_us()}));
         Ok(())
     }
 
@@ -762,8 +765,11 @@ impl Schedule {
         for name in ["checking", "applying"] {
             let path = self.dir.join(format!("upstream-{name}.jsonl"));
             if let Ok(text) = std::fs::read_to_string(&path) {
-                let whole: String =
-                    text.lines().filter(|l| serde_json::from_str::<Value>(l).is_ok()).map(|l| format!("{l}\n")).collect();
+                let whole: String = text
+                    .lines()
+                    .filter(|l| serde_json::from_str::<Value>(l).is_ok())
+                    .map(|l| format!("{l}\n"))
+                    .collect();
                 std::fs::write(&path, whole)?;
             }
         }

@@ -186,7 +186,10 @@ impl Leader {
                             return None;
                         }
                         tokio::time::sleep(Duration::from_millis(150)).await;
-                        Some((Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from_static(b"xxxx"))), n + 1))
+                        Some((
+                            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from_static(b"xxxx"))),
+                            n + 1,
+                        ))
                     });
                     BodyExt::boxed(StreamBody::new(chunks))
                 } else {
