@@ -196,7 +196,7 @@ async fn story(
         field(&lost, "reason")
     ));
     say(&format!(
-        "the upstream received {} writes in all, none of them stale; `fencing-gateway inspect refusals --database-url {database_url}` shows the refusal",
+        "the upstream received {} writes in all, none of them stale; `fencing-gateway inspect refusals --database-url '{database_url}'` shows the refusal",
         received.load(Ordering::SeqCst)
     ));
     say(&format!(

@@ -2,11 +2,13 @@
 //! local PostgreSQL from the system's server binaries, under a data directory that is
 //! initialised on first start, and stops it when the gateway stops.
 //!
-//! The server listens on a free loopback port only, with Unix sockets off. PostgreSQL refuses
-//! to run as root, so as root it runs as the unprivileged `postgres` user (or `FENCING_PG_USER`).
+//! The server listens on no TCP port at all: only on a Unix socket in a private directory (mode
+//! 0700, owned by the account the server runs as), so no other local user can reach it, let
+//! alone as its superuser. PostgreSQL refuses to run as root, so as root it runs as the
+//! unprivileged `postgres` user (or `FENCING_PG_USER`), and the gateway, as root, reaches the
+//! socket through the private directory anyway.
 //! The test harness uses the same discovery ([`find_bin_dir`], [`unprivileged_user`]).
 
-use std::net::TcpListener;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -97,13 +99,17 @@ pub fn unprivileged_user() -> Result<Option<RunAs>, String> {
     Ok(Some(RunAs { name, uid: user.uid.as_raw(), gid: user.gid.as_raw() }))
 }
 
+/// The port number in the socket's file name (`.s.PGSQL.5432`); no TCP port is opened.
+const SOCKET_PORT: u16 = 5432;
+
 /// A PostgreSQL server the gateway owns.
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
     bin_dir: PathBuf,
     data_dir: PathBuf,
     run_as: Option<RunAs>,
-    port: u16,
+    /// The private directory (0700) holding the server's Unix socket.
+    socket_dir: PathBuf,
 }
 
 impl EmbeddedPostgres {
@@ -113,21 +119,22 @@ impl EmbeddedPostgres {
         let bin_dir = find_bin_dir()?;
         let run_as = unprivileged_user()?;
         let data_dir = std::path::absolute(data_dir).map_err(|e| format!("database.data_dir: {e}"))?;
-        let mut server = EmbeddedPostgres { bin_dir, data_dir, run_as, port: 0 };
+        let mut server = EmbeddedPostgres { bin_dir, data_dir, run_as, socket_dir: PathBuf::new() };
         if !server.data_dir.join("PG_VERSION").is_file() {
             server.initdb()?;
         }
-        if let Some(port) = server.running_port() {
-            info!(data_dir = %server.data_dir.display(), port, "adopting the embedded PostgreSQL already running");
-            server.port = port;
+        if let Some(socket_dir) = server.running_socket_dir() {
+            info!(data_dir = %server.data_dir.display(), socket_dir = %socket_dir.display(),
+                  "adopting the embedded PostgreSQL already running");
+            server.socket_dir = socket_dir;
             return Ok(server);
         }
-        server.port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| format!("find a free port: {e}"))?
-            .port();
+        server.socket_dir = server.private_socket_dir()?;
         let log = server.data_dir.join("server.log");
-        let options = format!("-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''", server.port);
+        let options = format!(
+            "-c port={SOCKET_PORT} -c listen_addresses='' -c unix_socket_directories='{}' -c unix_socket_permissions=0700",
+            server.socket_dir.display()
+        );
         let output = server
             .command("pg_ctl")
             .arg("-D")
@@ -140,13 +147,33 @@ impl EmbeddedPostgres {
         if !output.status.success() {
             return Err(format!("pg_ctl start failed: {}; see {}", describe(&output), log.display()));
         }
-        info!(data_dir = %server.data_dir.display(), port = server.port, "started the embedded PostgreSQL");
+        info!(data_dir = %server.data_dir.display(), socket_dir = %server.socket_dir.display(),
+              "started the embedded PostgreSQL (Unix socket only)");
         Ok(server)
     }
 
-    /// The URL the gateway connects with.
+    /// The connection string the gateway connects with (a Unix socket, no password: only the
+    /// server's account and root can reach the socket's directory).
     pub fn url(&self) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port)
+        format!("host={} port={SOCKET_PORT} user={SUPERUSER} dbname=postgres", self.socket_dir.display())
+    }
+
+    /// The private directory holding the server's socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
+    }
+
+    /// A new directory for the socket, mode 0700, owned by the server's account. It lives in
+    /// the temp dir, not the data dir, because a socket's path must stay under about 100 bytes.
+    fn private_socket_dir(&self) -> Result<PathBuf, String> {
+        let dir = std::env::temp_dir().join(format!("fencing-gateway-pg-{:016x}", rand::random::<u64>()));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        if let Some(user) = &self.run_as {
+            let (uid, gid) = (nix::unistd::Uid::from_raw(user.uid), nix::unistd::Gid::from_raw(user.gid));
+            nix::unistd::chown(&dir, Some(uid), Some(gid))
+                .map_err(|e| format!("give {} to {}: {e}", dir.display(), user.name))?;
+        }
+        Ok(dir)
     }
 
     /// Stops the server (fast shutdown: sessions are disconnected, data is flushed).
@@ -161,6 +188,7 @@ impl EmbeddedPostgres {
         if !output.status.success() {
             return Err(format!("pg_ctl stop failed: {}", describe(&output)));
         }
+        let _ = std::fs::remove_dir(&self.socket_dir);
         info!("stopped the embedded PostgreSQL");
         Ok(())
     }
@@ -205,14 +233,16 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
-    /// The port of a server already running in the data directory, from `postmaster.pid`.
-    fn running_port(&self) -> Option<u16> {
+    /// The socket directory of a server already running in the data directory, from
+    /// `postmaster.pid` (its fifth line).
+    fn running_socket_dir(&self) -> Option<PathBuf> {
         let status = self.command("pg_ctl").arg("-D").arg(&self.data_dir).arg("status").output().ok()?;
         if !status.status.success() {
             return None;
         }
         let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
-        text.lines().nth(3)?.trim().parse().ok()
+        let dir = text.lines().nth(4)?.trim();
+        (!dir.is_empty()).then(|| PathBuf::from(dir))
     }
 }
 

@@ -452,7 +452,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
             "--elections".to_owned(),
             dir.join(format!("elections-{letter}.jsonl")).display().to_string(),
             "--seed".to_owned(),
-            (seed ^ (leader as u64 + 1) * 0x9e37_79b9).to_string(),
+            (seed ^ ((leader as u64 + 1) * 0x9e37_79b9)).to_string(),
             "--ttl-ms".to_owned(),
             config.ttl.as_millis().to_string(),
         ];
