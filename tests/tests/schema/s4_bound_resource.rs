@@ -146,3 +146,27 @@ async fn unbound_resource_admits_any_term_at_or_above_its_maximum() {
     assert!(matches!(store::admit(&client, "free", 8).await, Err(Error::Refused { .. })));
     assert_eq!(fencing_state(&client).await, before);
 }
+
+/// Each refusal says what is true of it: a newer term exists, the term was never granted, or
+/// the lease is not held; never "a newer leader" when there is none.
+#[tokio::test]
+async fn refusal_messages_and_hints_say_what_is_true_of_each_outcome() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::bind(&client, RESOURCE, LEASE).await.unwrap();
+    let a = store::acquire(&client, LEASE, "leader-a", TTL).await.unwrap().term.unwrap();
+    store::admit(&client, RESOURCE, a).await.unwrap();
+    let check = async |term: i64, message: &str, hint: &str| {
+        let error = client.execute("SELECT fencing.admit($1, $2)", &[&RESOURCE, &term]).await.unwrap_err();
+        let db = error.as_db_error().unwrap();
+        assert_eq!(db.code().code(), SQLSTATE_REFUSED);
+        assert!(db.message().contains(message), "{:?} lacks {message:?}", db.message());
+        let got = db.hint().unwrap_or_default();
+        assert!(got.contains(hint), "hint {got:?} lacks {hint:?}");
+    };
+    check(a + 1, "refused (future term)", "never granted").await;
+    assert!(store::release(&client, LEASE, "leader-a").await.unwrap());
+    check(a, "refused (not leader)", "is not held right now").await;
+    store::acquire(&client, LEASE, "leader-b", TTL).await.unwrap();
+    check(a, "refused (stale term)", "granted a newer term").await;
+}
