@@ -330,6 +330,17 @@ async fn get_fence(State(state): State<ControlState>, Path(resource): Path<Strin
 }
 
 async fn render_metrics(State(state): State<ControlState>) -> Response {
+    // Refusals inside Postgres roll back with their transactions: the store counts them in a
+    // sequence, read here (bounded) so the dashboard sees them whichever client was refused.
+    let count = state
+        .with_client(|client| async move {
+            let result = store::sql_refusal_count(&**client).await;
+            (client, result)
+        })
+        .await;
+    if let Ok(count) = count {
+        metrics::counter!(names::SQL_REFUSALS).absolute(u64::try_from(count).unwrap_or(0));
+    }
     let mut response = state.metrics.render().into_response();
     response
         .headers_mut()

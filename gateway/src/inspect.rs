@@ -69,19 +69,21 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
         Inspect::Refusals { resource, limit } => {
             let _ = writeln!(
                 out,
-                "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  GATEWAY",
-                "AT", "RESOURCE", "ROUTE", "OUTCOME", "PRESENTED", "CURRENT"
+                "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {:<22} {:<24} GATEWAY",
+                "AT", "RESOURCE", "ROUTE", "OUTCOME", "PRESENTED", "CURRENT", "CLIENT", "REQUEST ID"
             );
             for refusal in store::list_refusals(&client, resource.as_deref(), *limit).await? {
                 let _ = writeln!(
                     out,
-                    "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {}",
+                    "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {:<22} {:<24} {}",
                     time(refusal.at),
                     refusal.resource,
                     or_dash(refusal.route),
                     refusal.outcome,
                     or_dash(refusal.presented_term),
                     or_dash(refusal.current_term),
+                    or_dash(refusal.client_addr),
+                    or_dash(refusal.request_id),
                     or_dash(refusal.gateway)
                 );
             }

@@ -30,6 +30,9 @@ pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
 pub const REFUSALS_DROPPED: &str = "fencing_refusal_records_dropped_total";
 /// Histogram: fence decisions carried by one round trip to Postgres.
 pub const BATCH_SIZE: &str = "fencing_check_batch_size";
+/// Counter: writes Postgres itself refused (`fencing.admit`, the SQL guard), read from the
+/// store at each scrape; their transactions rolled back, so no other record has them.
+pub const SQL_REFUSALS: &str = "fencing_sql_refusals_total";
 
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
@@ -60,5 +63,9 @@ fn describe() {
     metrics::describe_counter!(PASSTHROUGH, "Unfenced requests passed straight through, by route");
     metrics::describe_counter!(REFUSALS_DROPPED, "Refused writes that could not be written to fencing.refusals");
     metrics::describe_histogram!(BATCH_SIZE, "Fence decisions carried by one round trip to Postgres");
+    metrics::describe_counter!(
+        SQL_REFUSALS,
+        "Writes refused inside Postgres (fencing.admit, the SQL guard) since the schema was installed, all clients"
+    );
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
 }

@@ -139,6 +139,14 @@ impl Proxy {
         }
 
         let started = Instant::now();
+        // Stamp mode's lease and owner, for the refusal log (the request is consumed below).
+        let stamped = match (
+            request.headers().get(&FENCING_LEASE).and_then(|v| v.to_str().ok()),
+            request.headers().get(&FENCING_OWNER).and_then(|v| v.to_str().ok()),
+        ) {
+            (Some(lease), Some(owner)) => Some((lease.to_owned(), owner.to_owned())),
+            _ => None,
+        };
         metrics::gauge!(names::INFLIGHT_WRITES).increment(1.0);
         let response = match self.fenced(route, request, remote, request_id).await {
             Ok(response) => {
@@ -151,7 +159,16 @@ impl Proxy {
                 metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => outcome.as_label())
                     .increment(1);
                 if let Rejection::Fenced { resource, presented_term, current_term, .. } = &rejection {
-                    self.refusals.record(resource, &route.prefix, outcome.as_label(), *presented_term, *current_term);
+                    self.refusals.record(&crate::refusals::Refused {
+                        resource,
+                        route: &route.prefix,
+                        outcome: outcome.as_label(),
+                        presented_term: *presented_term,
+                        current_term: *current_term,
+                        client: remote,
+                        request_id,
+                        lease: stamped.as_ref().map(|(lease, owner)| (lease.as_str(), owner.as_str())),
+                    });
                 }
                 if outcome == Outcome::UpstreamError {
                     warn!(?rejection, "admitted write not answered by the upstream");

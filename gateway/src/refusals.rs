@@ -1,12 +1,17 @@
 //! The record of refused writes: each fence rejection (resource, route, outcome, presented and
-//! current term) is written to `fencing.refusals` in the background, in batches, so an incident
-//! review can prove what was stopped. It never delays a response and never costs a WAL flush.
+//! current term, client address, request id) is written to `fencing.refusals` in the
+//! background, in batches, so an incident review can prove what was stopped and find who sent
+//! it. It never delays a response and never costs a WAL flush. Each refusal is also logged at
+//! warn, at most [`WARN_PER_SECOND`] lines a second (the lines left out are counted in the next).
 
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::Pool;
 use fencing_schema::store::{self, Refusal};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio::time::timeout;
 use tracing::warn;
 
@@ -19,10 +24,36 @@ const BATCH: usize = 500;
 /// How many refusals `fencing.refusals` keeps.
 pub const KEEP: i32 = 10_000;
 
+/// The most refusal lines logged per second; the rest are counted in the next line.
+pub const WARN_PER_SECOND: u32 = 10;
+
+/// One refused write, as the proxy saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Refused<'a> {
+    /// The resource written.
+    pub resource: &'a str,
+    /// The route's prefix.
+    pub route: &'a str,
+    /// stale, not_leader or future_term.
+    pub outcome: &'a str,
+    /// The term presented (none in stamp mode when no term applies).
+    pub presented_term: Option<i64>,
+    /// The term it lost to.
+    pub current_term: Option<i64>,
+    /// Who sent it.
+    pub client: SocketAddr,
+    /// Its request id.
+    pub request_id: &'a str,
+    /// Stamp mode: the lease and owner it presented.
+    pub lease: Option<(&'a str, &'a str)>,
+}
+
 /// Where the proxy reports refusals.
 #[derive(Debug, Clone)]
 pub struct RefusalLog {
     queue: mpsc::Sender<Refusal>,
+    /// The current second of the warn log and how many lines it logged and left out.
+    warned: Arc<Mutex<(Instant, u32, u64)>>,
 }
 
 impl RefusalLog {
@@ -30,30 +61,58 @@ impl RefusalLog {
     pub fn start(pool: Pool) -> RefusalLog {
         let (queue, pending) = mpsc::channel(QUEUE);
         tokio::spawn(write_batches(pool, pending));
-        RefusalLog { queue }
+        RefusalLog { queue, warned: Arc::new(Mutex::new((Instant::now(), 0, 0))) }
     }
 
-    /// Reports one refusal; never waits.
-    pub fn record(
-        &self,
-        resource: &str,
-        route: &str,
-        outcome: &str,
-        presented_term: Option<i64>,
-        current_term: Option<i64>,
-    ) {
+    /// Reports one refusal: a warn line (rate-limited) and a row of `fencing.refusals`; never
+    /// waits.
+    pub fn record(&self, refused: &Refused<'_>) {
+        self.warn(refused);
         let refusal = Refusal {
             at: SystemTime::now(),
-            resource: resource.to_owned(),
-            route: Some(route.to_owned()),
-            outcome: outcome.to_owned(),
-            presented_term,
-            current_term,
+            resource: refused.resource.to_owned(),
+            route: Some(refused.route.to_owned()),
+            outcome: refused.outcome.to_owned(),
+            presented_term: refused.presented_term,
+            current_term: refused.current_term,
             gateway: None,
+            client_addr: Some(refused.client.to_string()),
+            request_id: Some(refused.request_id.to_owned()),
         };
         if self.queue.try_send(refusal).is_err() {
             metrics::counter!(names::REFUSALS_DROPPED).increment(1);
         }
+    }
+
+    fn warn(&self, refused: &Refused<'_>) {
+        let suppressed = {
+            let Ok(mut warned) = self.warned.lock() else { return };
+            let (since, logged, left_out) = &mut *warned;
+            if since.elapsed() >= Duration::from_secs(1) {
+                *since = Instant::now();
+                *logged = 0;
+            }
+            if *logged >= WARN_PER_SECOND {
+                *left_out += 1;
+                return;
+            }
+            *logged += 1;
+            std::mem::take(left_out)
+        };
+        let (lease, owner) = refused.lease.unzip();
+        warn!(
+            client = %refused.client,
+            request_id = refused.request_id,
+            route = refused.route,
+            resource = refused.resource,
+            outcome = refused.outcome,
+            presented_term = refused.presented_term,
+            current_term = refused.current_term,
+            lease,
+            owner,
+            suppressed_since_last = suppressed,
+            "write refused by the fence: the writer believes it leads but does not"
+        );
     }
 }
 

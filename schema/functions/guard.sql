@@ -31,6 +31,7 @@ BEGIN
     term_ := fencing.presented_term(TG_OP, new_json, old_json,
                                     CASE WHEN TG_LEVEL = 'ROW' THEN term_column_ END);
     IF term_ IS NULL THEN
+        PERFORM nextval('fencing.sql_refusals'); -- counted even though this transaction rolls back
         RAISE EXCEPTION 'fencing: % on %.% presents no term for resource "%"%',
             TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME, resource_,
             CASE WHEN term_column_ IS NOT NULL AND TG_OP = 'DELETE'

@@ -33,6 +33,7 @@ BEGIN
             what_ := replace(decision.outcome, '_', ' ');
             hint_ := NULL;
     END CASE;
+    PERFORM nextval('fencing.sql_refusals'); -- counted even though this transaction rolls back
     RAISE EXCEPTION 'fencing: write to resource "%" refused (%): presented term %, current term %',
         resource, what_, coalesce(presented_term::text, 'none'), coalesce(current_::text, 'none')
         USING ERRCODE = 'ZF409',

@@ -1,7 +1,9 @@
 -- Appends refused writes (arrays of one length) and keeps only the newest `keep` rows. The
 -- record is for review, not for decisions: it commits without waiting for the WAL flush.
+DROP FUNCTION IF EXISTS fencing.record_refusals(text[], text[], text[], bigint[], bigint[], text, integer);
 CREATE OR REPLACE FUNCTION fencing.record_refusals(resources text[], routes text[], outcomes text[],
                                                    presented_terms bigint[], current_terms bigint[],
+                                                   client_addrs text[], request_ids text[],
                                                    gateway text, keep integer DEFAULT 10000)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -10,10 +12,20 @@ BEGIN
         RAISE EXCEPTION 'fencing: keep must be at least 1' USING ERRCODE = '22023';
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
-    INSERT INTO fencing.refusals (resource, route, outcome, presented_term, current_term, gateway)
-    SELECT r, ro, o, p, c, gateway
-      FROM unnest(resources, routes, outcomes, presented_terms, current_terms) AS t(r, ro, o, p, c)
+    INSERT INTO fencing.refusals (resource, route, outcome, presented_term, current_term, client_addr, request_id, gateway)
+    SELECT r, ro, o, p, c, a, q, gateway
+      FROM unnest(resources, routes, outcomes, presented_terms, current_terms, client_addrs, request_ids)
+           AS t(r, ro, o, p, c, a, q)
      WHERE r IS NOT NULL AND o IS NOT NULL;
     DELETE FROM fencing.refusals WHERE id <= (SELECT max(id) - keep FROM fencing.refusals);
 END
+$$;
+
+-- How many writes Postgres itself refused (fencing.admit, the guard) since the schema was
+-- installed: the non-transactional counter fencing.sql_refusals, which survives the rollback
+-- of the refused transaction.
+CREATE OR REPLACE FUNCTION fencing.sql_refusal_count()
+RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM fencing.sql_refusals
 $$;

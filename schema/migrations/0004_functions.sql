@@ -42,5 +42,14 @@ SELECT l.key, l.term, l.owner, l.acquired_at,
   FROM fencing.leases l
 ON CONFLICT DO NOTHING;
 
+-- Who sent a refused write: the client's address and the request id, to find a zombie.
+ALTER TABLE fencing.refusals ADD COLUMN IF NOT EXISTS client_addr text NULL;
+ALTER TABLE fencing.refusals ADD COLUMN IF NOT EXISTS request_id text NULL;
+
+-- Writes refused inside Postgres (fencing.admit, the guard). A refusal rolls its transaction
+-- back, and with it any row it wrote; a sequence's nextval survives the rollback, so this
+-- counts every one of them (the gateway exports it as fencing_sql_refusals_total).
+CREATE SEQUENCE IF NOT EXISTS fencing.sql_refusals;
+
 INSERT INTO fencing.schema_migrations (version, name) VALUES (4, 'functions')
 ON CONFLICT (version) DO NOTHING;

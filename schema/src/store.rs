@@ -344,6 +344,10 @@ pub struct Refusal {
     pub current_term: Option<i64>,
     /// The gateway that refused it.
     pub gateway: Option<String>,
+    /// The address of the client that sent it.
+    pub client_addr: Option<String>,
+    /// Its request id (`X-Request-Id`).
+    pub request_id: Option<String>,
 }
 
 /// An audited admin action, from `fencing.admin_audit`.
@@ -378,13 +382,22 @@ pub async fn record_refusals(
     let outcomes: Vec<&str> = refusals.iter().map(|r| r.outcome.as_str()).collect();
     let presented: Vec<Option<i64>> = refusals.iter().map(|r| r.presented_term).collect();
     let current: Vec<Option<i64>> = refusals.iter().map(|r| r.current_term).collect();
+    let clients: Vec<Option<&str>> = refusals.iter().map(|r| r.client_addr.as_deref()).collect();
+    let request_ids: Vec<Option<&str>> = refusals.iter().map(|r| r.request_id.as_deref()).collect();
     client
         .execute(
-            "SELECT fencing.record_refusals($1, $2, $3, $4, $5, $6, $7)",
-            &[&resources, &routes, &outcomes, &presented, &current, &gateway, &keep],
+            "SELECT fencing.record_refusals($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            &[&resources, &routes, &outcomes, &presented, &current, &clients, &request_ids, &gateway, &keep],
         )
         .await?;
     Ok(())
+}
+
+/// How many writes Postgres itself refused (`fencing.admit`, the guard) since the schema was
+/// installed; counted outside the refused transactions, so rollbacks do not hide them.
+pub async fn sql_refusal_count(client: &impl GenericClient) -> Result<i64, Error> {
+    let row = client.query_one("SELECT fencing.sql_refusal_count()", &[]).await?;
+    row.try_get(0).map_err(Error::Store)
 }
 
 /// The newest refused writes, for `resource` or all, newest first.
@@ -395,7 +408,8 @@ pub async fn list_refusals(
 ) -> Result<Vec<Refusal>, Error> {
     let rows = client
         .query(
-            "SELECT at, resource, route, outcome, presented_term, current_term, gateway FROM fencing.refusals
+            "SELECT at, resource, route, outcome, presented_term, current_term, gateway, client_addr, request_id
+               FROM fencing.refusals
               WHERE $1::text IS NULL OR resource = $1 ORDER BY id DESC LIMIT $2",
             &[&resource, &limit],
         )
@@ -410,6 +424,8 @@ pub async fn list_refusals(
                 presented_term: row.try_get("presented_term").map_err(Error::Store)?,
                 current_term: row.try_get("current_term").map_err(Error::Store)?,
                 gateway: row.try_get("gateway").map_err(Error::Store)?,
+                client_addr: row.try_get("client_addr").map_err(Error::Store)?,
+                request_id: row.try_get("request_id").map_err(Error::Store)?,
             })
         })
         .collect()

@@ -51,6 +51,7 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         gateway_metrics::CACHED_REFUSALS,
         gateway_metrics::BATCH_SIZE,
         gateway_metrics::REFUSALS_DROPPED,
+        gateway_metrics::SQL_REFUSALS,
         fencing_election::metrics::IS_LEADER,
         fencing_election::metrics::TERM,
         fencing_election::metrics::RENEW_FAILURES,

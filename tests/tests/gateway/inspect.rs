@@ -80,6 +80,7 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
     assert_eq!(code, Some(0));
     let line = refusals.lines().nth(1).unwrap_or_default();
     assert!(line.contains("acct-1") && line.contains("/ledger") && line.contains("future_term"), "{refusals}");
+    assert!(line.contains("127.0.0.1:"), "the refusal names the client's address: {refusals}");
 
     // Releasing a lease by hand: not confirmed, nothing changes; confirmed, it ends and is audited.
     let (code, text) =
@@ -157,5 +158,15 @@ async fn operators_rebind_a_resource_and_reset_a_poisoned_unbound_fence_only_by_
     assert_eq!(store::get_fence(&client, "/jobs/job-1").await.unwrap().unwrap().max_term, 2);
     let (_, audit) = cli(&url, &["inspect", "audit"], "").await;
     assert!(audit.contains("bob  rebind acct-9  reason: moved"), "{audit}");
+
+    // A write refused inside Postgres rolls back, yet the gateway's /metrics counts it.
+    client
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY); SELECT fencing.protect('orders', 'orders');")
+        .await
+        .unwrap();
+    assert!(client.batch_execute("INSERT INTO orders VALUES (1)").await.is_err());
+    let metrics = send(setup.gateway.control, Method::GET, "/metrics", &[], "").await.unwrap();
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(text.lines().any(|l| l == "fencing_sql_refusals_total 1"), "{text}");
     assert!(audit.contains("bob  reset_fence /jobs/job-1  reason: poisoned"), "{audit}");
 }

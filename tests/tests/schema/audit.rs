@@ -74,6 +74,8 @@ async fn the_refusal_record_keeps_only_the_newest_rows() {
         presented_term: Some(n),
         current_term: Some(100),
         gateway: None,
+        client_addr: Some("127.0.0.1:40000".to_owned()),
+        request_id: Some(format!("req-{n}")),
     };
     let batch: Vec<Refusal> = (1..=5).map(refusal).collect();
     store::record_refusals(&client, &batch, "gw-1", 3).await.unwrap();
@@ -82,4 +84,29 @@ async fn the_refusal_record_keeps_only_the_newest_rows() {
     let presented: Vec<Option<i64>> = kept.iter().map(|r| r.presented_term).collect();
     assert_eq!(presented, vec![Some(6), Some(5), Some(4)], "newest first, only three kept");
     assert!(kept.iter().all(|r| r.gateway.as_deref() == Some("gw-1") && r.current_term == Some(100)));
+    assert_eq!(kept[0].client_addr.as_deref(), Some("127.0.0.1:40000"));
+    assert_eq!(kept[0].request_id.as_deref(), Some("req-6"));
+}
+
+/// A write refused inside Postgres rolls back with its transaction, and any row it wrote with
+/// it; the count of such refusals survives the rollback.
+#[tokio::test]
+async fn refusals_inside_postgres_are_counted_although_their_transactions_roll_back() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    client
+        .batch_execute("CREATE TABLE orders (id int PRIMARY KEY); SELECT fencing.protect('orders', 'orders');")
+        .await
+        .unwrap();
+    assert_eq!(store::sql_refusal_count(&client).await.unwrap(), 0);
+    client.batch_execute("BEGIN; SET LOCAL fencing.token = '5'; INSERT INTO orders VALUES (1); COMMIT").await.unwrap();
+    for sql in [
+        "BEGIN; SET LOCAL fencing.token = '4'; INSERT INTO orders VALUES (2); COMMIT",
+        "BEGIN; INSERT INTO orders VALUES (3); COMMIT",
+    ] {
+        assert!(client.batch_execute(sql).await.is_err());
+        client.batch_execute("ROLLBACK").await.unwrap();
+    }
+    assert!(store::admit(&client, "orders", 1).await.is_err());
+    assert_eq!(store::sql_refusal_count(&client).await.unwrap(), 3, "two guard refusals and one admit");
 }
