@@ -63,9 +63,13 @@ pub enum Command {
         /// What to show.
         #[command(subcommand)]
         what: Inspect,
-        /// The database, as a libpq URL or key=value string.
+        /// The database, as a libpq URL or key=value string. Default: the configuration's
+        /// database.url, else the embedded PostgreSQL that `serve` runs under its data_dir.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
         database_url: Option<String>,
+        /// The gateway's configuration file, to find its database.
+        #[arg(long, env = "FENCING_CONFIG", global = true)]
+        config: Option<PathBuf>,
     },
     /// Change a lease or a fence by hand after an incident: asks for confirmation, leaves an
     /// audit row in fencing.admin_audit.
@@ -73,9 +77,13 @@ pub enum Command {
         /// What to change.
         #[command(subcommand)]
         action: Admin,
-        /// The database, as a libpq URL or key=value string.
+        /// The database, as a libpq URL or key=value string. Default: the configuration's
+        /// database.url, else the embedded PostgreSQL that `serve` runs under its data_dir.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
         database_url: Option<String>,
+        /// The gateway's configuration file, to find its database.
+        #[arg(long, env = "FENCING_CONFIG", global = true)]
+        config: Option<PathBuf>,
     },
     /// Apply the pending schema migrations (schema `fencing`) to a database, then exit.
     ///

@@ -209,6 +209,7 @@ impl EmbeddedPostgres {
         // Parents with the default mode, so that the server's user can reach the data dir.
         if let Some(parent) = self.data_dir.parent() {
             std::fs::create_dir_all(parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+            self.check_reachable(parent)?;
         }
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -233,6 +234,47 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    /// As root, the server runs as another account, which must be able to enter every directory
+    /// above the data dir: a data dir under root's 0700 home, say, is not. Says what to do.
+    fn check_reachable(&self, dir: &Path) -> Result<(), String> {
+        let Some(user) = &self.run_as else { return Ok(()) };
+        let entered = Command::new("sh")
+            .args(["-c", "cd -- \"$1\"", "check"])
+            .arg(dir)
+            .uid(user.uid)
+            .gid(user.gid)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("check that {} can enter {}: {e}", user.name, dir.display()))?;
+        if entered.success() {
+            return Ok(());
+        }
+        let blocker = dir
+            .ancestors()
+            .filter(|ancestor| {
+                std::fs::metadata(ancestor).is_ok_and(|meta| {
+                    use std::os::unix::fs::PermissionsExt;
+                    meta.permissions().mode() & 0o001 == 0
+                })
+            })
+            .last()
+            .unwrap_or(dir);
+        Err(format!(
+            "database.data_dir {} is under {}, which the user {} cannot enter (the embedded PostgreSQL runs as {} \
+             because PostgreSQL refuses to run as root). Choose a data_dir that {} can reach, for example \
+             /var/lib/fencing-gateway/pgdata or one under /tmp, or allow it in (chmod o+x {}), or run the gateway as \
+             an ordinary user, or configure database.url",
+            self.data_dir.display(),
+            blocker.display(),
+            user.name,
+            user.name,
+            user.name,
+            blocker.display()
+        ))
+    }
+
     /// The socket directory of a server already running in the data directory, from
     /// `postmaster.pid` (its fifth line).
     fn running_socket_dir(&self) -> Option<PathBuf> {
@@ -243,6 +285,33 @@ impl EmbeddedPostgres {
         let text = std::fs::read_to_string(self.data_dir.join("postmaster.pid")).ok()?;
         let dir = text.lines().nth(4)?.trim();
         (!dir.is_empty()).then(|| PathBuf::from(dir))
+    }
+}
+
+/// The connection string of the embedded PostgreSQL running in `data_dir` (started by a
+/// `serve` with no database URL), for `inspect` and `admin`; an error saying what to do when
+/// none runs there.
+pub fn running_url(data_dir: &Path) -> Result<String, String> {
+    let data_dir = std::path::absolute(data_dir).map_err(|e| format!("database.data_dir: {e}"))?;
+    let pid_file = data_dir.join("postmaster.pid");
+    let text = std::fs::read_to_string(&pid_file).map_err(|_| {
+        format!(
+            "no embedded PostgreSQL runs in {} (no postmaster.pid): start `fencing-gateway serve` with this \
+             configuration first, or pass --database-url",
+            data_dir.display()
+        )
+    })?;
+    let mut lines = text.lines();
+    let pid = lines.next().and_then(|line| line.trim().parse::<i32>().ok());
+    let socket_dir = lines.nth(3).map(str::trim).filter(|dir| !dir.is_empty());
+    let alive = pid.is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
+    match (alive, socket_dir) {
+        (true, Some(dir)) => Ok(format!("host={dir} port={SOCKET_PORT} user={SUPERUSER} dbname=postgres")),
+        _ => Err(format!(
+            "the embedded PostgreSQL in {} is not running: start `fencing-gateway serve` with this configuration \
+             first, or pass --database-url",
+            data_dir.display()
+        )),
     }
 }
 

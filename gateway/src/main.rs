@@ -10,7 +10,7 @@ use fencing_gateway::embedded::EmbeddedPostgres;
 use fencing_gateway::{Listeners, metrics};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -23,10 +23,25 @@ async fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    // Colours only on a terminal; JSON lines for log shippers with FENCING_LOG_FORMAT=json.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    match std::env::var("FENCING_LOG_FORMAT").as_deref() {
+        Ok("json") => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        Ok("text") | Err(_) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .init(),
+        Ok(other) => {
+            eprintln!("invalid configuration: FENCING_LOG_FORMAT: {other:?} is neither text nor json");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
 
     match cli.command {
         Command::Serve { config } => serve(config.as_deref()).await,
@@ -55,10 +70,13 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Inspect { what, database_url } => {
-            let Some(url) = database_url else {
-                eprintln!("fencing-gateway inspect: --database-url or DATABASE_URL is required");
-                return ExitCode::from(EXIT_USAGE);
+        Command::Inspect { what, database_url, config } => {
+            let url = match find_database(database_url, config.as_deref()) {
+                Ok(url) => url,
+                Err(message) => {
+                    eprintln!("fencing-gateway inspect: {message}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
             };
             match fencing_gateway::inspect::inspect(&url, &what).await {
                 Ok(text) => {
@@ -71,10 +89,13 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Admin { action, database_url } => {
-            let Some(url) = database_url else {
-                eprintln!("fencing-gateway admin: --database-url or DATABASE_URL is required");
-                return ExitCode::from(EXIT_USAGE);
+        Command::Admin { action, database_url, config } => {
+            let url = match find_database(database_url, config.as_deref()) {
+                Ok(url) => url,
+                Err(message) => {
+                    eprintln!("fencing-gateway admin: {message}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
             };
             let mut input = std::io::stdin().lock();
             match fencing_gateway::inspect::admin(&url, &action, &mut input).await {
@@ -119,6 +140,13 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if config.routes.is_empty() {
+        warn!(
+            config = config_path.map_or_else(|| "(none)".to_owned(), |path| path.display().to_string()),
+            "no routes are configured: the proxy answers 404 to every request; pass --config FILE \
+             (fencing-gateway.example.toml works as is)"
+        );
+    }
     let shutdown = CancellationToken::new();
     let (mut terminate, mut interrupt) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
         (Ok(terminate), Ok(interrupt)) => (terminate, interrupt),
@@ -191,6 +219,20 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
             eprintln!("fencing-gateway: {}", error_chain(&error));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The database `inspect` and `admin` work on: `--database-url` (or `DATABASE_URL`), else the
+/// configuration's `database.url`, else the embedded PostgreSQL `serve` runs under the
+/// configuration's `data_dir`.
+fn find_database(database_url: Option<String>, config_path: Option<&std::path::Path>) -> Result<String, String> {
+    if let Some(url) = database_url {
+        return Ok(url);
+    }
+    let config = Config::load(config_path, &ProcessEnvironment).map_err(|error| error.to_string())?;
+    match config.database.url {
+        Some(url) => Ok(url),
+        None => fencing_gateway::embedded::running_url(&config.database.data_dir),
     }
 }
 

@@ -63,3 +63,67 @@ fn serve_with_a_missing_config_file_exits_64() {
     assert_eq!(output.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/fencing.toml"));
 }
+
+/// Runs `serve` with no routes against an unreachable database, with `env` added; returns the
+/// stderr lines up to the first containing `needle` (found) or 20 s of them (not found).
+fn serve_until(env: &[(&str, &str)], needle: &str) -> (bool, Vec<String>) {
+    use std::io::{BufRead, BufReader};
+    let mut command = gateway();
+    command
+        .arg("serve")
+        .env_remove("FENCING_CONFIG")
+        .env("FENCING_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+        .env("FENCING_PROXY_LISTEN", "127.0.0.1:0")
+        .env("FENCING_CONTROL_LISTEN", "127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("run the gateway binary");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let found = loop {
+        match receiver.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(line) => {
+                let hit = line.contains(needle);
+                seen.push(line);
+                if hit {
+                    break true;
+                }
+            }
+            Err(_) => break false,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    (found, seen)
+}
+
+#[test]
+fn serve_without_routes_warns_that_no_routes_are_configured_without_colour_in_a_pipe() {
+    let (found, seen) = serve_until(&[], "no routes are configured");
+    assert!(found, "no warning about missing routes; stderr: {seen:?}");
+    // stderr is a pipe here, not a terminal: no colour escapes in the log.
+    assert!(seen.iter().all(|line| !line.contains('\u{1b}')), "ANSI escapes in a piped log: {seen:?}");
+}
+
+#[test]
+fn logs_are_json_lines_with_fencing_log_format_json_and_other_formats_are_refused() {
+    let (found, seen) = serve_until(&[("FENCING_LOG_FORMAT", "json")], "no routes are configured");
+    assert!(found, "stderr: {seen:?}");
+    let line: serde_json::Value = serde_json::from_str(seen.last().expect("a line")).expect("a JSON log line");
+    assert_eq!(line["level"], "WARN", "{line}");
+    let bad = gateway().arg("serve").env("FENCING_LOG_FORMAT", "xml").output().expect("run the gateway binary");
+    assert_eq!(bad.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("FENCING_LOG_FORMAT"));
+}

@@ -78,9 +78,53 @@ async fn without_a_database_url_serve_owns_a_local_postgres_that_stops_and_keeps
         assert_eq!(reply.status, StatusCode::OK, "round {round}");
         let stale = send(gateway.proxy, Method::POST, "/w", &[("fencing-token", "2")], "").await.unwrap();
         assert_eq!(stale.status, StatusCode::CONFLICT, "round {round}: the fence survived the restart");
+        // inspect and admin find the embedded database from the configuration, without a URL.
+        let config_file = dir.join("gateway.toml");
+        std::fs::write(&config_file, &config).unwrap();
+        let inspect = tokio::process::Command::new(fencing_tests::workspace_bin("fencing-gateway").unwrap())
+            .args(["inspect", "fence", "w", "--config"])
+            .arg(&config_file)
+            .env_remove("DATABASE_URL")
+            .env_remove("FENCING_DATABASE_URL")
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&inspect.stdout);
+        assert!(inspect.status.success(), "inspect: {}", String::from_utf8_lossy(&inspect.stderr));
+        assert!(text.contains("max term:   3"), "round {round}: {text}");
         gateway.signal(Signal::SIGTERM).unwrap();
         assert_eq!(gateway.wait_exit(Duration::from_secs(30)).await.unwrap(), Some(0));
         assert!(!data_dir.join("postmaster.pid").exists(), "round {round}: the server stopped with the gateway");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// As root, the embedded PostgreSQL runs as `postgres`, which cannot enter a directory only
+/// root may enter: serve says so and what to do, instead of initdb's "Permission denied".
+#[tokio::test]
+async fn a_data_dir_the_server_account_cannot_reach_is_refused_with_what_to_do() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // Not root: the server runs as this account, which can reach its own directories.
+    }
+    let dir = std::env::temp_dir().join(format!("fencing-private-{}-{}", std::process::id(), rand::random::<u32>()));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = format!("[database]\ndata_dir = \"{}\"\n", dir.join("state").join("pgdata").display());
+    let config_file = std::env::temp_dir().join(format!("fencing-private-{}.toml", std::process::id()));
+    std::fs::write(&config_file, config).unwrap();
+    let output = tokio::process::Command::new(fencing_tests::workspace_bin("fencing-gateway").unwrap())
+        .args(["serve", "--config"])
+        .arg(&config_file)
+        .env_remove("DATABASE_URL")
+        .env_remove("FENCING_DATABASE_URL")
+        .env("FENCING_PROXY_LISTEN", "127.0.0.1:0")
+        .env("FENCING_CONTROL_LISTEN", "127.0.0.1:0")
+        .output()
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&config_file);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("cannot enter") && stderr.contains("chmod o+x"), "{stderr}");
 }
