@@ -1,0 +1,362 @@
+//! The recorded history of one schedule, as described in `checker/HISTORY.md`, and its loading.
+//!
+//! Every file is parsed strictly: a line that is not valid JSON, lacks a field or has a field of the
+//! wrong type is an [`InputError`] naming the file and the line, never skipped. Unknown extra
+//! fields are tolerated so that the runner may record more than the checker reads.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Why a history could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// A file or directory could not be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A line (or `meta.json`) is not the JSON the format describes.
+    #[error("{}:{line}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The line, counting from 1.
+        line: usize,
+        /// The underlying error.
+        source: serde_json::Error,
+    },
+    /// A record is well-formed JSON but inconsistent with the format.
+    #[error("{}:{line}: {reason}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The line, counting from 1.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A run directory holds no `schedule-*` folder.
+    #[error("{}: no schedule-* directory", path.display())]
+    NoSchedules {
+        /// The run directory.
+        path: PathBuf,
+    },
+}
+
+/// `meta.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// The schedule's number.
+    pub schedule: u64,
+    /// The seed of its faults.
+    pub seed: u64,
+    /// The lease ttl the leaders used.
+    pub ttl_ms: u64,
+    /// The gateways' forward timeout.
+    pub forward_timeout_ms: u64,
+    /// When traffic started.
+    pub started_us: i64,
+    /// When traffic stopped.
+    pub ended_us: i64,
+    /// The end of the last fault.
+    pub quiet_from_us: i64,
+}
+
+/// One line of `leases.jsonl`: a leadership period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasePeriod {
+    /// The lease key.
+    pub key: String,
+    /// The period's term.
+    pub term: i64,
+    /// Who held it.
+    pub owner: String,
+    /// When the term was granted.
+    pub granted_at_us: i64,
+    /// When the period ended; `None` while it may still run.
+    pub ended_at_us: Option<i64>,
+    /// Why it ended.
+    pub end_reason: Option<String>,
+}
+
+/// One line of `upstream-<name>.jsonl`: one request whose head reached an upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamRequest {
+    /// The upstream's name (`checking`, `applying`).
+    pub upstream: String,
+    /// Arrival order within that upstream.
+    pub seq: u64,
+    /// The client's request id.
+    pub request_id: String,
+    /// The resource written.
+    pub resource: String,
+    /// The `Fencing-Token` the upstream received.
+    pub token: Option<i64>,
+    /// When the head arrived.
+    pub head_at_us: i64,
+    /// `[at_us, bytes]` per body piece.
+    pub chunks: Vec<(i64, u64)>,
+    /// Whether the whole body arrived.
+    pub complete: bool,
+    /// When the whole body arrived.
+    pub complete_at_us: Option<i64>,
+    /// What the upstream answered.
+    pub status: Option<u16>,
+}
+
+/// The name of the upstream that refuses lower tokens with 409.
+pub const CHECKING_UPSTREAM: &str = "checking";
+
+impl UpstreamRequest {
+    /// Whether this request was applied: complete, and for the checking upstream answered 2xx.
+    pub fn applied(&self) -> bool {
+        if !self.complete {
+            return false;
+        }
+        if self.upstream == CHECKING_UPSTREAM { self.status.is_some_and(|s| (200..300).contains(&s)) } else { true }
+    }
+
+    /// The arrival time of the request's last byte (its head when it has no chunk).
+    pub fn last_byte_us(&self) -> i64 {
+        self.chunks.iter().map(|c| c.0).fold(self.head_at_us, i64::max)
+    }
+}
+
+/// One line of `table.jsonl`: a row of the protected table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRow {
+    /// The client's request id.
+    pub request_id: String,
+    /// The resource written.
+    pub resource: String,
+    /// The term the guard admitted.
+    pub term: i64,
+    /// Commit order.
+    pub ticket: i64,
+}
+
+/// How a write went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WritePath {
+    /// Through a gateway to an upstream.
+    Gateway,
+    /// Into the protected table behind the SQL guard.
+    Sql,
+}
+
+/// How a write presented its term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// `Fencing-Token`.
+    Verify,
+    /// `Fencing-Lease` + `Fencing-Owner`: the gateway stamps the term.
+    Stamp,
+    /// `SET LOCAL fencing.token`.
+    Sql,
+}
+
+/// What the client saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Certainly applied.
+    Ok,
+    /// Certainly not applied.
+    Failed,
+    /// May or may not have been applied.
+    Indeterminate,
+}
+
+/// One line of `clients.jsonl`: a write a leader process attempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientWrite {
+    /// The leader process.
+    pub client: String,
+    /// The write's id, unique within a schedule.
+    pub request_id: String,
+    /// The lease key it wrote under.
+    pub key: String,
+    /// Gateway or SQL.
+    pub path: WritePath,
+    /// How it presented its term.
+    pub mode: Mode,
+    /// The gateway replica used.
+    pub gateway: Option<u32>,
+    /// The upstream addressed (gateway path).
+    pub upstream: Option<String>,
+    /// The resource written.
+    pub resource: String,
+    /// Whether the resource is bound to the lease key.
+    pub bound: bool,
+    /// The term presented (verify, sql).
+    pub term: Option<i64>,
+    /// When the client sent it.
+    pub invoked_us: i64,
+    /// When the client saw its outcome.
+    pub completed_us: i64,
+    /// What the client saw.
+    pub outcome: Outcome,
+    /// The HTTP status, if any.
+    pub status: Option<u16>,
+    /// Who refused it.
+    pub refused_by: Option<String>,
+    /// The error text, if any.
+    pub error: Option<String>,
+}
+
+/// One line of `faults.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// The kind of fault.
+    pub kind: String,
+    /// What it hit.
+    pub target: String,
+    /// When it started.
+    pub start_us: i64,
+    /// When it ended.
+    pub end_us: i64,
+}
+
+/// Everything recorded for one schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    /// `meta.json`.
+    pub meta: Meta,
+    /// `leases.jsonl`.
+    pub leases: Vec<LeasePeriod>,
+    /// All `upstream-*.jsonl` files, file by file in name order, each in line order.
+    pub upstream: Vec<UpstreamRequest>,
+    /// `table.jsonl`.
+    pub table: Vec<TableRow>,
+    /// `clients.jsonl`.
+    pub clients: Vec<ClientWrite>,
+    /// `faults.jsonl`.
+    pub faults: Vec<Fault>,
+}
+
+fn io_error(path: &Path, source: io::Error) -> InputError {
+    InputError::Io { path: path.to_path_buf(), source }
+}
+
+/// Reads a JSON-lines file; a missing file is empty. Blank lines are refused like any other
+/// malformed line.
+fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>, InputError> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_error(path, e)),
+    };
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let record = serde_json::from_str(line).map_err(|source| InputError::Parse {
+            path: path.to_path_buf(),
+            line: i + 1,
+            source,
+        })?;
+        out.push((i + 1, record));
+    }
+    Ok(out)
+}
+
+fn invalid(path: &Path, line: usize, reason: String) -> InputError {
+    InputError::Invalid { path: path.to_path_buf(), line, reason }
+}
+
+impl History {
+    /// Reads the history recorded in one schedule directory.
+    pub fn load(dir: &Path) -> Result<History, InputError> {
+        let meta_path = dir.join("meta.json");
+        let meta_text = fs::read_to_string(&meta_path).map_err(|e| io_error(&meta_path, e))?;
+        let meta: Meta = serde_json::from_str(&meta_text).map_err(|source| InputError::Parse {
+            path: meta_path.clone(),
+            line: source.line(),
+            source,
+        })?;
+
+        let leases_path = dir.join("leases.jsonl");
+        let leases = read_lines::<LeasePeriod>(&leases_path)?.into_iter().map(|(_, r)| r).collect();
+
+        let mut upstream = Vec::new();
+        for path in upstream_files(dir)? {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("upstream-"))
+                .and_then(|n| n.strip_suffix(".jsonl"))
+                .unwrap_or_default()
+                .to_owned();
+            for (line, r) in read_lines::<UpstreamRequest>(&path)? {
+                if r.upstream != name {
+                    return Err(invalid(
+                        &path,
+                        line,
+                        format!("upstream {:?} in the file of upstream {name:?}", r.upstream),
+                    ));
+                }
+                if r.complete && r.complete_at_us.is_none() {
+                    return Err(invalid(&path, line, "complete request without complete_at_us".to_owned()));
+                }
+                upstream.push(r);
+            }
+        }
+
+        let table = read_lines::<TableRow>(&dir.join("table.jsonl"))?.into_iter().map(|(_, r)| r).collect();
+
+        let clients_path = dir.join("clients.jsonl");
+        let mut clients = Vec::new();
+        let mut ids = HashSet::new();
+        for (line, c) in read_lines::<ClientWrite>(&clients_path)? {
+            if !ids.insert(c.request_id.clone()) {
+                return Err(invalid(&clients_path, line, format!("request_id {:?} recorded twice", c.request_id)));
+            }
+            if c.path == WritePath::Gateway && c.upstream.is_none() {
+                return Err(invalid(&clients_path, line, "gateway write without an upstream".to_owned()));
+            }
+            clients.push(c);
+        }
+
+        let faults = read_lines::<Fault>(&dir.join("faults.jsonl"))?.into_iter().map(|(_, r)| r).collect();
+        Ok(History { meta, leases, upstream, table, clients, faults })
+    }
+}
+
+/// The `upstream-*.jsonl` files of a schedule directory, in name order.
+fn upstream_files(dir: &Path) -> Result<Vec<PathBuf>, InputError> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| io_error(dir, e))? {
+        let entry = entry.map_err(|e| io_error(dir, e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("upstream-") && name.ends_with(".jsonl") {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The `schedule-*` directories of a run directory, in name order.
+pub fn schedule_dirs(run: &Path) -> Result<Vec<PathBuf>, InputError> {
+    let mut dirs = Vec::new();
+    for entry in fs::read_dir(run).map_err(|e| io_error(run, e))? {
+        let entry = entry.map_err(|e| io_error(run, e))?;
+        let is_dir = entry.file_type().map_err(|e| io_error(&entry.path(), e))?.is_dir();
+        if is_dir && entry.file_name().to_str().is_some_and(|n| n.starts_with("schedule-")) {
+            dirs.push(entry.path());
+        }
+    }
+    if dirs.is_empty() {
+        return Err(InputError::NoSchedules { path: run.to_path_buf() });
+    }
+    dirs.sort();
+    Ok(dirs)
+}
