@@ -752,8 +752,16 @@ impl Schedule {
             }
             let _ = std::fs::remove_file(&path);
         }
-        let mut by_order: Vec<(usize, Value)> =
-            clients.into_iter().map(|(id, value)| (order.get(&id).copied().unwrap_or(0), value)).collect();
+        let mut by_order: Vec<(usize, Value)> = clients
+            .into_iter()
+            .map(|(id, mut value)| {
+                // A write whose process died before it ended: indeterminate, ended by the schedule's end.
+                if value["completed_us"].is_null() {
+                    value["completed_us"] = json!(ended_us);
+                }
+                (order.get(&id).copied().unwrap_or(0), value)
+            })
+            .collect();
         by_order.sort_by_key(|(n, _)| *n);
         let mut text = String::new();
         for (_, value) in by_order {

@@ -111,8 +111,9 @@ impl Log {
 struct Key {
     key: &'static str,
     elector: ElectorHandle,
-    /// The last term it led with and when it stopped leading (for zombie writes).
-    last: Mutex<Option<(i64, tokio::time::Instant)>>,
+    /// The last term it led with, and when this writer first saw that it no longer leads
+    /// (for zombie writes).
+    last: Mutex<Option<(i64, Option<tokio::time::Instant>)>>,
 }
 
 struct Leader {
@@ -277,11 +278,11 @@ impl Leader {
             Ok(Err(error)) => {
                 let code = error.as_db_error().map(|db| db.code().code().to_owned());
                 record["error"] = json!(error.to_string());
-                if code.is_some() {
+                if let Some(code) = code {
                     // The server refused a statement before COMMIT: the transaction rolled back.
                     record["outcome"] = json!("failed");
                     record["refused_by"] = json!("store");
-                    record["status"] = json!(code);
+                    record["error"] = json!(format!("SQLSTATE {code}: {error}"));
                 }
             }
             Err(_) => record["error"] = json!("timed out"),
@@ -386,20 +387,22 @@ async fn main() {
         writers.push(tokio::spawn(async move {
             loop {
                 let leading = key.elector.leadership().map(|period| period.term());
-                let term = match leading {
-                    Some(term) => {
-                        *key.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                            Some((term, tokio::time::Instant::now()));
-                        Some(term)
+                let term = {
+                    let mut last = key.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match (leading, *last) {
+                        (Some(term), _) => {
+                            *last = Some((term, None));
+                            Some(term)
+                        }
+                        // A leader that does not know it lost: its old term, for a while after
+                        // this writer first finds it no longer leads (a pause ends, say).
+                        (None, Some((term, None))) => {
+                            *last = Some((term, Some(tokio::time::Instant::now())));
+                            Some(term)
+                        }
+                        (None, Some((term, Some(noticed)))) => (noticed.elapsed() < leader.zombie).then_some(term),
+                        (None, None) => None,
                     }
-                    // A leader that does not know it lost: its old term, for a while.
-                    None => key
-                        .last
-                        .lock()
-                        .ok()
-                        .and_then(|last| *last)
-                        .filter(|(_, since)| since.elapsed() < leader.zombie)
-                        .map(|(term, _)| term),
                 };
                 if let Some(term) = term {
                     let writes = if leading.is_some() { 3 } else { 1 };
