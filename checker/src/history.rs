@@ -321,6 +321,9 @@ impl History {
             if c.path == WritePath::Gateway && c.upstream.is_none() {
                 return Err(invalid(&clients_path, line, "gateway write without an upstream".to_owned()));
             }
+            if c.outcome == Outcome::Ok && c.mode != Mode::Stamp && c.term.is_none() {
+                return Err(invalid(&clients_path, line, format!("ok {:?} write without a term", c.mode)));
+            }
             clients.push(c);
         }
 

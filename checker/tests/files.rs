@@ -135,6 +135,11 @@ fn inconsistent_records_are_errors() {
     h.clients[0].upstream = None;
     write_schedule(&dir, &h);
     assert_invalid(&dir, "clients.jsonl", 1, "gateway write without an upstream");
+
+    let mut h = base();
+    h.clients[2].term = None;
+    write_schedule(&dir, &h);
+    assert_invalid(&dir, "clients.jsonl", 3, "ok Sql write without a term");
     fs::remove_dir_all(dir).unwrap();
 }
 

@@ -51,6 +51,13 @@ fn s1_open_period_overlapped_by_later_grant_is_reported() {
 }
 
 #[test]
+fn s1_period_ending_before_its_grant_is_reported() {
+    let mut h = base();
+    h.leases[0].ended_at_us = Some(-1);
+    assert_one(&check(&h), Invariant::S1, &["term 1", "ends at -1 before its grant at 0"]);
+}
+
+#[test]
 fn s1_touching_periods_and_other_keys_do_not_overlap() {
     let mut h = base();
     // (Grants after the last write, so that S4 has nothing to say.)
@@ -177,8 +184,10 @@ fn s4_stamp_mode_uses_the_token_the_upstream_received() {
     h.upstream.push(r);
     assert_one(&check(&h), Invariant::S4, &["c7", "term 1", "term 2"]);
 
-    // Stamped with term 2, the same write is clean.
+    // Stamped with term 2, the same write is clean, whatever term the client record names.
     h.upstream.last_mut().unwrap().token = Some(2);
+    assert_eq!(check(&h), vec![]);
+    h.clients.last_mut().unwrap().term = Some(1);
     assert_eq!(check(&h), vec![]);
 }
 
