@@ -242,12 +242,12 @@ pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Vi
                 h,
                 Invariant::S4,
                 format!(
-                    "{} ({}, {:?} via {:?}, resource {}) admitted with term {term} although key {} granted term {} \
+                    "{} ({}, {} via {}, resource {}) admitted with term {term} although key {} granted term {} \
                      to {} at {}, {} us before it was invoked at {}",
                     c.request_id,
                     c.client,
-                    c.mode,
-                    c.path,
+                    c.mode.as_str(),
+                    c.path.as_str(),
                     c.resource,
                     c.key,
                     p.term,
@@ -332,7 +332,7 @@ pub fn exactly_once(h: &History) -> Vec<Violation> {
 
     let mut twice = HashSet::new();
     for (id, places) in &applied {
-        let who = clients.get(id).map_or_else(|| "unknown".to_owned(), |c| format!("{:?}", c.outcome).to_lowercase());
+        let who = clients.get(id).map_or("unknown", |c| c.outcome.as_str());
         if !clients.contains_key(id) {
             out.push(violation(h, Invariant::Once, format!("unknown write {id} applied at {}", list(places))));
         } else if places.len() > 1 {

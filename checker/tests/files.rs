@@ -119,6 +119,7 @@ fn inconsistent_records_are_errors() {
     write_schedule(&dir, &h);
     fs::rename(dir.join("upstream-applying.jsonl"), dir.join("upstream-other.jsonl")).unwrap();
     assert_invalid(&dir, "upstream-other.jsonl", 1, "upstream \"applying\" in the file of upstream \"other\"");
+    fs::remove_dir_all(dir).unwrap();
 
     let dir = temp_dir("inconsistent-2");
     let mut h = base();
