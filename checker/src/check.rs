@@ -111,7 +111,7 @@ pub fn s2_terms_grow_by_one(h: &History) -> Vec<Violation> {
     for (key, periods) in periods_by_key(h) {
         for pair in periods.windows(2) {
             let (a, b) = (pair[0], pair[1]);
-            if b.term != a.term + 1 {
+            if Some(b.term) != a.term.checked_add(1) {
                 let what = if b.term == a.term { "appears twice" } else { "does not follow" };
                 out.push(violation(
                     h,
@@ -124,7 +124,7 @@ pub fn s2_terms_grow_by_one(h: &History) -> Vec<Violation> {
                         a.term,
                         a.owner,
                         a.granted_at_us,
-                        a.term + 1
+                        a.term.saturating_add(1)
                     ),
                 ));
             }
@@ -235,25 +235,25 @@ pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Vi
         let Some(periods) = by_key.get(c.key.as_str()) else { continue };
         let newer = periods
             .iter()
-            .filter(|p| p.term > term && p.granted_at_us <= c.invoked_us - opts.grant_margin_us)
+            .filter(|p| p.term > term && p.granted_at_us <= c.invoked_us.saturating_sub(opts.grant_margin_us))
             .min_by_key(|p| p.granted_at_us);
         if let Some(p) = newer {
             out.push(violation(
                 h,
                 Invariant::S4,
                 format!(
-                    "{} ({}, {:?} via {:?}, resource {}) admitted with term {term} although key {} granted term {} \
+                    "{} ({}, {} via {}, resource {}) admitted with term {term} although key {} granted term {} \
                      to {} at {}, {} us before it was invoked at {}",
                     c.request_id,
                     c.client,
-                    c.mode,
-                    c.path,
+                    c.mode.as_str(),
+                    c.path.as_str(),
                     c.resource,
                     c.key,
                     p.term,
                     p.owner,
                     p.granted_at_us,
-                    c.invoked_us - p.granted_at_us,
+                    c.invoked_us.saturating_sub(p.granted_at_us),
                     c.invoked_us
                 ),
             ));
@@ -273,7 +273,7 @@ pub fn s5_no_lower_byte_after_higher_head(h: &History, opts: &CheckOptions) -> V
             let first_higher = reqs.iter().filter(|b| b.token.is_some_and(|tb| tb > ta)).min_by_key(|b| b.head_at_us);
             let Some(b) = first_higher else { continue };
             let last = a.last_byte_us();
-            if last > b.head_at_us + opts.byte_tolerance_us {
+            if last > b.head_at_us.saturating_add(opts.byte_tolerance_us) {
                 out.push(violation(
                     h,
                     Invariant::S5,
@@ -282,7 +282,7 @@ pub fn s5_no_lower_byte_after_higher_head(h: &History, opts: &CheckOptions) -> V
                          after the head of {} (token {}, seq {}) at {}",
                         a.request_id,
                         a.seq,
-                        last - b.head_at_us,
+                        last.saturating_sub(b.head_at_us),
                         b.request_id,
                         b.token.unwrap_or_default(),
                         b.seq,
@@ -332,7 +332,7 @@ pub fn exactly_once(h: &History) -> Vec<Violation> {
 
     let mut twice = HashSet::new();
     for (id, places) in &applied {
-        let who = clients.get(id).map_or_else(|| "unknown".to_owned(), |c| format!("{:?}", c.outcome).to_lowercase());
+        let who = clients.get(id).map_or("unknown", |c| c.outcome.as_str());
         if !clients.contains_key(id) {
             out.push(violation(h, Invariant::Once, format!("unknown write {id} applied at {}", list(places))));
         } else if places.len() > 1 {
@@ -430,10 +430,10 @@ pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
     let bound = recovery_bound_us(h);
     let first =
         h.clients.iter().filter(|c| c.outcome == Outcome::Ok && c.completed_us >= quiet).min_by_key(|c| c.completed_us);
-    let delay = first.map(|c| c.completed_us - quiet);
+    let delay = first.map(|c| c.completed_us.saturating_sub(quiet));
     let mut out = Vec::new();
     match first {
-        Some(c) if c.completed_us - quiet <= bound => {}
+        Some(c) if c.completed_us.saturating_sub(quiet) <= bound => {}
         Some(c) => out.push(violation(
             h,
             Invariant::Recovery,
@@ -441,7 +441,7 @@ pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
                 "first ok write after the last fault ({}, completed at {}) took {} us, more than the bound {bound} us",
                 c.request_id,
                 c.completed_us,
-                c.completed_us - quiet
+                c.completed_us.saturating_sub(quiet)
             ),
         )),
         None if h.meta.ended_us >= quiet.saturating_add(bound) => out.push(violation(
@@ -455,7 +455,7 @@ pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
             format!(
                 "schedule ended before writes recovered: ended at {}, {} us after the last fault, no ok write since",
                 h.meta.ended_us,
-                h.meta.ended_us - quiet
+                h.meta.ended_us.saturating_sub(quiet)
             ),
         )),
     }

@@ -152,6 +152,16 @@ pub enum WritePath {
     Sql,
 }
 
+impl WritePath {
+    /// The name used in the history.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WritePath::Gateway => "gateway",
+            WritePath::Sql => "sql",
+        }
+    }
+}
+
 /// How a write presented its term.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -162,6 +172,28 @@ pub enum Mode {
     Stamp,
     /// `SET LOCAL fencing.token`.
     Sql,
+}
+
+impl Mode {
+    /// The name used in the history.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Verify => "verify",
+            Mode::Stamp => "stamp",
+            Mode::Sql => "sql",
+        }
+    }
+}
+
+impl Outcome {
+    /// The name used in the history.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::Indeterminate => "indeterminate",
+        }
+    }
 }
 
 /// What the client saw.
@@ -320,6 +352,9 @@ impl History {
             }
             if c.path == WritePath::Gateway && c.upstream.is_none() {
                 return Err(invalid(&clients_path, line, "gateway write without an upstream".to_owned()));
+            }
+            if c.outcome == Outcome::Ok && c.mode != Mode::Stamp && c.term.is_none() {
+                return Err(invalid(&clients_path, line, format!("ok {:?} write without a term", c.mode)));
             }
             clients.push(c);
         }

@@ -1,0 +1,169 @@
+//! Synthetic histories for the checker's tests: a clean base schedule, record builders, and
+//! writing a history to a schedule directory in the recorded format.
+#![allow(clippy::unwrap_used, dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use fencing_checker::history::{
+    ClientWrite, Fault, History, LeasePeriod, Meta, Mode, Outcome, TableRow, UpstreamRequest, WritePath,
+};
+
+/// One second in microseconds.
+pub const S: i64 = 1_000_000;
+
+pub fn lease(key: &str, term: i64, owner: &str, granted: i64, ended: Option<i64>) -> LeasePeriod {
+    LeasePeriod {
+        key: key.into(),
+        term,
+        owner: owner.into(),
+        granted_at_us: granted,
+        ended_at_us: ended,
+        end_reason: ended.map(|_| "released".into()),
+    }
+}
+
+/// A complete request to `upstream` whose head arrives at `head` and whose one chunk arrives
+/// 10 ms later, answered `status`.
+pub fn req(upstream: &str, seq: u64, id: &str, token: Option<i64>, head: i64, status: Option<u16>) -> UpstreamRequest {
+    UpstreamRequest {
+        upstream: upstream.into(),
+        seq,
+        request_id: id.into(),
+        resource: "acct-1".into(),
+        token,
+        head_at_us: head,
+        chunks: vec![(head + 10_000, 64)],
+        complete: true,
+        complete_at_us: Some(head + 10_000),
+        status,
+    }
+}
+
+/// The same request, but its connection dropped before the body was complete.
+pub fn incomplete(mut r: UpstreamRequest) -> UpstreamRequest {
+    r.complete = false;
+    r.complete_at_us = None;
+    r.status = None;
+    r
+}
+
+/// An ok verify write of key `k1` through gateway 1 to `upstream`, invoked at `invoked`.
+pub fn gateway_write(id: &str, upstream: &str, term: i64, invoked: i64) -> ClientWrite {
+    ClientWrite {
+        client: "leader-a".into(),
+        request_id: id.into(),
+        key: "k1".into(),
+        path: WritePath::Gateway,
+        mode: Mode::Verify,
+        gateway: Some(1),
+        upstream: Some(upstream.into()),
+        resource: "acct-1".into(),
+        bound: true,
+        term: Some(term),
+        invoked_us: invoked,
+        completed_us: invoked + 50_000,
+        outcome: Outcome::Ok,
+        status: Some(200),
+        refused_by: None,
+        error: None,
+    }
+}
+
+/// An ok SQL write of key `k1`, invoked at `invoked`.
+pub fn sql_write(id: &str, term: i64, invoked: i64) -> ClientWrite {
+    ClientWrite {
+        path: WritePath::Sql,
+        mode: Mode::Sql,
+        gateway: None,
+        upstream: None,
+        status: None,
+        ..gateway_write(id, "applying", term, invoked)
+    }
+}
+
+pub fn failed(mut c: ClientWrite, refused_by: &str, status: Option<u16>) -> ClientWrite {
+    c.outcome = Outcome::Failed;
+    c.refused_by = Some(refused_by.into());
+    c.status = status;
+    c
+}
+
+pub fn row(id: &str, term: i64, ticket: i64) -> TableRow {
+    TableRow { request_id: id.into(), resource: "acct-1".into(), term, ticket }
+}
+
+/// A clean schedule: key k1 held by term 1 from 0 to 4 s and term 2 from 6 s on; a fault from
+/// 2 s to 10 s; writes of both terms through both upstreams and SQL, and an ok write 1 s after
+/// the fault ended. The schedule ends at 60 s.
+pub fn base() -> History {
+    let meta = Meta {
+        schedule: 1,
+        seed: 42,
+        ttl_ms: 1500,
+        forward_timeout_ms: 1000,
+        started_us: 0,
+        ended_us: 60 * S,
+        quiet_from_us: 10 * S,
+    };
+    History {
+        meta,
+        leases: vec![lease("k1", 1, "leader-a#1", 0, Some(4 * S)), lease("k1", 2, "leader-b#1", 6 * S, None)],
+        upstream: vec![
+            req("applying", 1, "c1", Some(1), S, Some(200)),
+            req("checking", 1, "c2", Some(1), S + 100_000, Some(200)),
+            req("applying", 2, "c4", Some(2), 11 * S, Some(200)),
+            req("checking", 2, "c5", Some(2), 11 * S + 100_000, Some(200)),
+        ],
+        table: vec![row("c3", 1, 1), row("c6", 2, 2)],
+        clients: vec![
+            gateway_write("c1", "applying", 1, S - 5_000),
+            gateway_write("c2", "checking", 1, S + 95_000),
+            sql_write("c3", 1, S + 200_000),
+            gateway_write("c4", "applying", 2, 11 * S - 5_000),
+            gateway_write("c5", "checking", 2, 11 * S + 95_000),
+            sql_write("c6", 2, 11 * S + 200_000),
+        ],
+        faults: vec![Fault {
+            kind: "sigstop-gateway".into(),
+            target: "gateway-1".into(),
+            start_us: 2 * S,
+            end_us: 10 * S,
+        }],
+    }
+}
+
+fn lines<T: serde::Serialize>(records: &[T]) -> String {
+    let mut out = String::new();
+    for r in records {
+        writeln!(out, "{}", serde_json::to_string(r).unwrap()).unwrap();
+    }
+    out
+}
+
+/// Writes `h` into `dir` in the recorded format (one file per upstream).
+pub fn write_schedule(dir: &Path, h: &History) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("meta.json"), serde_json::to_string(&h.meta).unwrap()).unwrap();
+    fs::write(dir.join("leases.jsonl"), lines(&h.leases)).unwrap();
+    fs::write(dir.join("table.jsonl"), lines(&h.table)).unwrap();
+    fs::write(dir.join("clients.jsonl"), lines(&h.clients)).unwrap();
+    fs::write(dir.join("faults.jsonl"), lines(&h.faults)).unwrap();
+    let mut by_upstream: BTreeMap<&str, Vec<&UpstreamRequest>> = BTreeMap::new();
+    for r in &h.upstream {
+        by_upstream.entry(&r.upstream).or_default().push(r);
+    }
+    for (name, reqs) in by_upstream {
+        fs::write(dir.join(format!("upstream-{name}.jsonl")), lines(&reqs)).unwrap();
+    }
+}
+
+/// A fresh, empty directory for one test.
+pub fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fencing-checker-{}-{test}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,0 +1,282 @@
+//! Histories on disk: loading (strictly), checking a run directory, the run table, and the
+//! `fencing-checker` binary's output and exit codes.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+use fencing_checker::history::Fault;
+use fencing_checker::{InputError, Invariant, RunReport, check_run, check_schedule};
+
+fn run_bin(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fencing-checker")).args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+/// A run of two clean schedules (1 and 2, the second with two more faults and a slower recovery).
+fn clean_run(test: &str) -> std::path::PathBuf {
+    let run = temp_dir(test);
+    write_schedule(&run.join("schedule-0001"), &base());
+    let mut h = base();
+    h.meta.schedule = 2;
+    h.faults.push(Fault { kind: "pg-crash".into(), target: "postgres".into(), start_us: 3 * S, end_us: 4 * S });
+    h.faults.push(Fault { kind: "pg-crash".into(), target: "postgres".into(), start_us: 5 * S, end_us: 6 * S });
+    for c in h.clients.iter_mut().filter(|c| c.invoked_us > 10 * S) {
+        c.completed_us = 12 * S + 410_000;
+    }
+    write_schedule(&run.join("schedule-0002"), &h);
+    run
+}
+
+fn append(path: &Path, line: &str) {
+    let mut text = fs::read_to_string(path).unwrap_or_default();
+    text.push_str(line);
+    text.push('\n');
+    fs::write(path, text).unwrap();
+}
+
+#[track_caller]
+fn assert_invalid(dir: &Path, file: &str, line: usize, reason: &str) {
+    let err = check_schedule(dir).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains(&format!("{file}:{line}:")), "{text} does not name {file}:{line}");
+    assert!(text.contains(reason), "{text} does not say {reason}");
+}
+
+#[test]
+fn history_round_trips_through_files() {
+    let dir = temp_dir("round-trip");
+    write_schedule(&dir, &base());
+    let loaded = fencing_checker::History::load(&dir).unwrap();
+    let mut expected = base();
+    // Upstream files are read in name order: applying before checking.
+    expected.upstream.sort_by(|a, b| a.upstream.cmp(&b.upstream).then(a.seq.cmp(&b.seq)));
+    assert_eq!(loaded, expected);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn missing_files_mean_no_records() {
+    let dir = temp_dir("missing-files");
+    fs::write(dir.join("meta.json"), serde_json::to_string(&base().meta).unwrap()).unwrap();
+    let report = check_schedule(&dir).unwrap();
+    assert!(report.faults.is_empty());
+    assert_eq!(report.writes.total.ok + report.writes.total.failed + report.writes.total.indeterminate, 0);
+    // No write at all: the only violation is that writes never recovered.
+    assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
+    assert_eq!(report.violations[0].invariant, Invariant::Recovery);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn malformed_line_is_an_error_naming_file_and_line() {
+    let dir = temp_dir("malformed");
+    write_schedule(&dir, &base());
+    append(&dir.join("clients.jsonl"), "{\"client\": \"leader-a\", ");
+    assert_invalid(&dir, "clients.jsonl", 7, "EOF");
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn blank_line_is_an_error() {
+    let dir = temp_dir("blank");
+    write_schedule(&dir, &base());
+    append(&dir.join("leases.jsonl"), "");
+    assert_invalid(&dir, "leases.jsonl", 3, "EOF");
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn missing_field_and_unknown_outcome_are_errors() {
+    let dir = temp_dir("fields");
+    write_schedule(&dir, &base());
+    append(&dir.join("table.jsonl"), r#"{"request_id": "c9", "resource": "acct-1", "term": 3}"#);
+    assert_invalid(&dir, "table.jsonl", 3, "missing field `ticket`");
+
+    write_schedule(&dir, &base());
+    let text = fs::read_to_string(dir.join("clients.jsonl")).unwrap().replacen("\"ok\"", "\"maybe\"", 1);
+    fs::write(dir.join("clients.jsonl"), text).unwrap();
+    assert_invalid(&dir, "clients.jsonl", 1, "unknown variant `maybe`");
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn inconsistent_records_are_errors() {
+    let dir = temp_dir("inconsistent");
+    let mut h = base();
+    h.upstream[1].upstream = "applying".into();
+    write_schedule(&dir, &h);
+    fs::rename(dir.join("upstream-applying.jsonl"), dir.join("upstream-other.jsonl")).unwrap();
+    assert_invalid(&dir, "upstream-other.jsonl", 1, "upstream \"applying\" in the file of upstream \"other\"");
+    fs::remove_dir_all(dir).unwrap();
+
+    let dir = temp_dir("inconsistent-2");
+    let mut h = base();
+    h.upstream[0].complete_at_us = None;
+    write_schedule(&dir, &h);
+    assert_invalid(&dir, "upstream-applying.jsonl", 1, "complete request without complete_at_us");
+
+    let mut h = base();
+    h.clients.push(sql_write("c1", 1, 50 * S));
+    write_schedule(&dir, &h);
+    assert_invalid(&dir, "clients.jsonl", 7, "request_id \"c1\" recorded twice");
+
+    let mut h = base();
+    h.clients[0].upstream = None;
+    write_schedule(&dir, &h);
+    assert_invalid(&dir, "clients.jsonl", 1, "gateway write without an upstream");
+
+    let mut h = base();
+    h.clients[2].term = None;
+    write_schedule(&dir, &h);
+    assert_invalid(&dir, "clients.jsonl", 3, "ok Sql write without a term");
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn missing_meta_and_empty_run_are_errors() {
+    let dir = temp_dir("no-meta");
+    write_schedule(&dir, &base());
+    fs::remove_file(dir.join("meta.json")).unwrap();
+    assert!(matches!(check_schedule(&dir), Err(InputError::Io { path, .. }) if path.ends_with("meta.json")));
+    assert!(matches!(check_run(&dir), Err(InputError::NoSchedules { .. })));
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn run_reads_schedule_directories_in_name_order() {
+    let run = clean_run("order");
+    fs::create_dir_all(run.join("not-a-schedule")).unwrap();
+    let report = check_run(&run).unwrap();
+    let numbers: Vec<u64> = report.schedules.iter().map(|s| s.schedule).collect();
+    assert_eq!(numbers, vec![1, 2]);
+    assert!(report.schedules[0].dir.ends_with("schedule-0001"));
+    fs::remove_dir_all(run).unwrap();
+}
+
+#[test]
+fn table_renders_counts_and_worst_recovery() {
+    let run = clean_run("table");
+    let report = check_run(&run).unwrap();
+    let expected = "\
+schedules              2
+faults                 pg-crash 2, sigstop-gateway 2
+writes                 ok 12, failed 0, indeterminate 0 (gateway: ok 8, failed 0, indeterminate 0; sql: ok 4, failed 0, indeterminate 0)
+violations             S1 0, S2 0, S3 0, S4 0, S5 0, once 0, recovery 0
+worst recovery         2.41 s (schedule 2)
+";
+    assert_eq!(report.render(), expected);
+    fs::remove_dir_all(run).unwrap();
+}
+
+#[test]
+fn table_lists_at_most_fifty_violations() {
+    let mut h = base();
+    for i in 0..53 {
+        h.table.push(row(&format!("ghost-{i:02}"), 2, 10 + i));
+    }
+    let report = RunReport { schedules: vec![fencing_checker::report_history(&h, "x", &Default::default())] };
+    let text = report.render();
+    assert!(text.contains("once 53,"), "{text}");
+    assert!(text.contains("once schedule 1: unknown write ghost-49 applied at table\n"), "{text}");
+    assert!(!text.contains("ghost-50"), "{text}");
+    assert!(text.ends_with("... and 3 more\n"), "{text}");
+    assert_eq!(text.lines().count(), 5 + 50 + 1);
+}
+
+#[test]
+fn bin_exits_0_on_a_clean_run() {
+    let run = clean_run("bin-clean");
+    let out = run_bin(&[run.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).starts_with("schedules              2\n"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("violations             S1 0, S2 0, S3 0, S4 0, S5 0, once 0, recovery 0\n"));
+    fs::remove_dir_all(run).unwrap();
+}
+
+#[test]
+fn bin_exits_1_and_prints_each_violation() {
+    let run = clean_run("bin-violation");
+    let mut h = base();
+    h.meta.schedule = 3;
+    h.upstream.retain(|r| r.request_id != "c1");
+    write_schedule(&run.join("schedule-0003"), &h);
+    let out = run_bin(&[run.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("once 1, recovery 0\n"), "{text}");
+    assert!(text.ends_with("once schedule 3: c1 (leader-a) ok but never applied at upstream applying\n"), "{text}");
+    fs::remove_dir_all(run).unwrap();
+}
+
+#[test]
+fn bin_exits_2_naming_the_malformed_file_and_line() {
+    let run = clean_run("bin-malformed");
+    append(&run.join("schedule-0002").join("faults.jsonl"), r#"{"kind": "pg-crash"}"#);
+    let out = run_bin(&[run.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("schedule-0002/faults.jsonl:4: missing field `target`"), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "");
+    fs::remove_dir_all(run).unwrap();
+}
+
+#[test]
+fn bin_exits_2_on_a_missing_run_dir_or_bad_flag() {
+    let out = run_bin(&["/nonexistent/fencing-checker-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("/nonexistent/fencing-checker-run"), "{}", stderr(&out));
+    let out = run_bin(&["/tmp", "--grant-margin-ms", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn bin_flags_set_grant_margin_and_byte_tolerance() {
+    let run = temp_dir("bin-flags");
+    let mut h = base();
+    // An S4 case 60 ms after the grant, and an S5 case 5 us late.
+    let mut c = gateway_write("c7", "applying", 1, 6 * S + 60_000);
+    c.resource = "acct-2".into();
+    h.clients.push(c);
+    let mut r = req("applying", 3, "c7", Some(1), 6 * S + 70_000, Some(200));
+    r.resource = "acct-2".into();
+    h.upstream.push(r);
+    let mut c = gateway_write("c8", "applying", 1, 5 * S);
+    c.bound = false;
+    h.clients.push(c);
+    let mut r = req("applying", 4, "c8", Some(1), 5 * S, Some(200));
+    r.chunks = vec![(11 * S + 5, 1)];
+    r.complete_at_us = Some(11 * S + 5);
+    h.upstream.push(r);
+    write_schedule(&run.join("schedule-0001"), &h);
+    let dir = run.to_str().unwrap();
+
+    let out = run_bin(&[dir]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains("S4 0, S5 1,"), "{}", stdout(&out));
+    let out = run_bin(&[dir, "--grant-margin-ms", "50"]);
+    assert!(stdout(&out).contains("S4 1, S5 1,"), "{}", stdout(&out));
+    let out = run_bin(&[dir, "--byte-tolerance-us", "5"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    fs::remove_dir_all(run).unwrap();
+}
+
+#[test]
+fn bin_json_prints_the_run_report() {
+    let run = clean_run("bin-json");
+    let out = run_bin(&[run.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: RunReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report, check_run(&run).unwrap());
+    fs::remove_dir_all(run).unwrap();
+}
