@@ -31,6 +31,7 @@ pub fn check_history(h: &History, opts: &CheckOptions) -> Vec<Violation> {
     let mut out = Vec::new();
     out.extend(s1_periods_do_not_overlap(h));
     out.extend(s2_terms_grow_by_one(h));
+    out.extend(s2_every_believed_period_is_the_stores(h));
     out.extend(s3_terms_never_decrease(h));
     out.extend(s4_no_write_after_newer_grant(h, opts));
     out.extend(s5_no_lower_byte_after_higher_head(h, opts));
@@ -127,6 +128,57 @@ pub fn s2_terms_grow_by_one(h: &History) -> Vec<Violation> {
                         a.term.saturating_add(1)
                     ),
                 ));
+            }
+        }
+    }
+    out
+}
+
+/// S1 and S2 as the leaders lived them: every term a leader process was elected with is a
+/// period of the store's history with that process as owner. Two owners elected with one term
+/// of a key, or an elected term the history lacks or gives to another owner, is a grant that
+/// was not durable (lost in a crash) or a period two processes shared.
+pub fn s2_every_believed_period_is_the_stores(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut owners: HashMap<(&str, i64), Vec<&str>> = HashMap::new();
+    for p in &h.leases {
+        owners.entry((p.key.as_str(), p.term)).or_default().push(p.owner.as_str());
+    }
+    let mut elected: BTreeMap<(&str, i64), Vec<&str>> = BTreeMap::new();
+    for e in h.elections.iter().filter(|e| e.event == "elected") {
+        let owners_of_term = elected.entry((e.key.as_str(), e.term)).or_default();
+        if !owners_of_term.contains(&e.owner.as_str()) {
+            owners_of_term.push(e.owner.as_str());
+        }
+    }
+    for ((key, term), believers) in elected {
+        if believers.len() > 1 {
+            out.push(violation(
+                h,
+                Invariant::S2,
+                format!(
+                    "key {key}: term {term} was believed led by {} processes: {}",
+                    believers.len(),
+                    believers.join(", ")
+                ),
+            ));
+        }
+        for believer in believers {
+            match owners.get(&(key, term)) {
+                Some(held_by) if held_by.contains(&believer) => {}
+                Some(held_by) => out.push(violation(
+                    h,
+                    Invariant::S2,
+                    format!(
+                        "key {key}: {believer} was elected with term {term}, which the store's history gives to {}",
+                        held_by.join(", ")
+                    ),
+                )),
+                None => out.push(violation(
+                    h,
+                    Invariant::S2,
+                    format!("key {key}: {believer} was elected with term {term}, which the store's history does not have (a grant lost in a crash?)"),
+                )),
             }
         }
     }

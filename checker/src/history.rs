@@ -258,6 +258,21 @@ pub struct Fault {
     pub end_us: i64,
 }
 
+/// One line of `elections.jsonl`: a period a leader process believed it led.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Election {
+    /// The owner (the leader process's identity).
+    pub owner: String,
+    /// The lease key.
+    pub key: String,
+    /// The term it believed it led with.
+    pub term: i64,
+    /// `elected` or `lost`.
+    pub event: String,
+    /// When the process saw it.
+    pub at_us: i64,
+}
+
 /// Everything recorded for one schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
@@ -273,6 +288,9 @@ pub struct History {
     pub clients: Vec<ClientWrite>,
     /// `faults.jsonl`.
     pub faults: Vec<Fault>,
+    /// `elections.jsonl`.
+    #[serde(default)]
+    pub elections: Vec<Election>,
 }
 
 fn io_error(path: &Path, source: io::Error) -> InputError {
@@ -342,6 +360,7 @@ impl History {
         }
 
         let table = read_lines::<TableRow>(&dir.join("table.jsonl"))?.into_iter().map(|(_, r)| r).collect();
+        let elections = read_lines::<Election>(&dir.join("elections.jsonl"))?.into_iter().map(|(_, r)| r).collect();
 
         let clients_path = dir.join("clients.jsonl");
         let mut clients = Vec::new();
@@ -360,7 +379,7 @@ impl History {
         }
 
         let faults = read_lines::<Fault>(&dir.join("faults.jsonl"))?.into_iter().map(|(_, r)| r).collect();
-        Ok(History { meta, leases, upstream, table, clients, faults })
+        Ok(History { meta, leases, upstream, table, clients, faults, elections })
     }
 }
 

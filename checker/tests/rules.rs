@@ -436,3 +436,23 @@ fn recovery_within_the_bound_is_clean_and_measured_from_quiet() {
     assert_eq!(check(&h), vec![]);
     assert_eq!(recovery(&h).0, Some(8 * S));
 }
+
+#[test]
+fn s2_a_term_two_processes_were_elected_with_is_reported() {
+    let mut h = base();
+    // A grant lost in a crash: leader-c was elected with term 2 too.
+    h.elections.push(elected("k1", 2, "leader-c#1", 7 * S));
+    let violations = check(&h);
+    assert!(
+        violations.iter().any(|v| v.invariant == Invariant::S2 && v.detail.contains("2 processes")),
+        "{violations:#?}"
+    );
+    assert!(violations.iter().any(|v| v.detail.contains("leader-c#1") && v.detail.contains("gives to leader-b#1")));
+}
+
+#[test]
+fn s2_an_elected_term_missing_from_the_stores_history_is_reported() {
+    let mut h = base();
+    h.elections.push(elected("k1", 3, "leader-a#2", 20 * S));
+    assert_one(&check(&h), Invariant::S2, &["leader-a#2", "term 3", "does not have"]);
+}

@@ -28,8 +28,7 @@ fn seed() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_schedules_of_real_processes_show_no_violation_of_s1_to_s5() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let schedules =
-        std::env::var("FENCING_FAULT_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(25_usize);
+    let schedules = std::env::var("FENCING_FAULT_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(25_usize);
     let seed = seed();
     println!("fault suite: seed {seed}, {schedules} schedules (replay with FENCING_FAULT_SEED={seed})");
     let cluster = start_cluster().unwrap();
@@ -63,7 +62,8 @@ async fn caught(plant: Plant) {
     })
     .await
     .unwrap();
-    let caught_by = caught_by.unwrap_or_else(|| panic!("planted bug {} not caught in 50 schedules (seed {seed})", plant.name()));
+    let caught_by =
+        caught_by.unwrap_or_else(|| panic!("planted bug {} not caught in 50 schedules (seed {seed})", plant.name()));
     println!("planted bug {} caught in schedule {} of seed {seed}: {caught_by}", plant.name(), ran - 1);
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fencing_checker::history::{
-    ClientWrite, Fault, History, LeasePeriod, Meta, Mode, Outcome, TableRow, UpstreamRequest, WritePath,
+    ClientWrite, Election, Fault, History, LeasePeriod, Meta, Mode, Outcome, TableRow, UpstreamRequest, WritePath,
 };
 
 /// One second in microseconds.
@@ -132,7 +132,13 @@ pub fn base() -> History {
             start_us: 2 * S,
             end_us: 10 * S,
         }],
+        elections: vec![elected("k1", 1, "leader-a#1", 0), elected("k1", 2, "leader-b#1", 6 * S)],
     }
+}
+
+/// An `elected` line of `elections.jsonl`.
+pub fn elected(key: &str, term: i64, owner: &str, at: i64) -> Election {
+    Election { owner: owner.into(), key: key.into(), term, event: "elected".into(), at_us: at }
 }
 
 fn lines<T: serde::Serialize>(records: &[T]) -> String {
@@ -151,6 +157,7 @@ pub fn write_schedule(dir: &Path, h: &History) {
     fs::write(dir.join("table.jsonl"), lines(&h.table)).unwrap();
     fs::write(dir.join("clients.jsonl"), lines(&h.clients)).unwrap();
     fs::write(dir.join("faults.jsonl"), lines(&h.faults)).unwrap();
+    fs::write(dir.join("elections.jsonl"), lines(&h.elections)).unwrap();
     let mut by_upstream: BTreeMap<&str, Vec<&UpstreamRequest>> = BTreeMap::new();
     for r in &h.upstream {
         by_upstream.entry(&r.upstream).or_default().push(r);
