@@ -106,8 +106,10 @@ pub struct ElectorBuilder {
 }
 
 impl ElectorBuilder {
-    /// The owner identity. Default: host name, process id and a random part, so each process
-    /// incarnation is a distinct owner.
+    /// A prefix of the owner identity: the elector appends `#` and a random part of its own,
+    /// so two electors configured with one owner (two processes, or one restarted) are still
+    /// distinct owners and never share a leadership period (S1). Default: host name and
+    /// process id, then the random part.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
@@ -153,10 +155,13 @@ impl ElectorBuilder {
 
     /// Checks the settings and returns the elector, or the first setting that cannot be safe.
     pub fn build(self) -> Result<Elector, Error> {
+        if let Some(prefix) = &self.owner {
+            check_name("owner", prefix)?;
+        }
         let ttl = self.ttl;
         let renew_interval = self.renew_interval.unwrap_or(ttl / 3);
         let elector = Elector {
-            owner: self.owner.unwrap_or_else(default_owner),
+            owner: self.owner.map_or_else(default_owner, |prefix| unique_owner(&prefix)),
             retry_interval: self.retry_interval.unwrap_or(renew_interval),
             safety_margin: self.safety_margin.unwrap_or(ttl / 10),
             query_timeout: self.query_timeout.unwrap_or(ttl / 5),
@@ -239,7 +244,14 @@ fn default_owner() -> String {
         .filter(|name| !name.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".to_owned());
-    format!("{host}-{}-{:08x}", std::process::id(), rand::random::<u32>())
+    unique_owner(&format!("{host}-{}", std::process::id()))
+}
+
+/// `prefix`, `#`, and a random part: one value per elector incarnation.
+fn unique_owner(prefix: &str) -> String {
+    // Keep the whole within the store's 256 characters.
+    let prefix: String = prefix.chars().take(MAX_NAME_CHARS - 17).collect();
+    format!("{prefix}#{:016x}", rand::random::<u64>())
 }
 
 #[cfg(test)]
@@ -286,6 +298,9 @@ mod tests {
         check(Elector::builder(pool(), ""), "lease key must not be empty");
         check(Elector::builder(pool(), "k".repeat(257)), "lease key must be at most 256");
         check(Elector::builder(pool(), "k").owner(""), "owner must not be empty");
+        let same = || Elector::builder(pool(), "k").owner("node-a").build().expect("valid");
+        assert_ne!(same().owner(), same().owner(), "one configured owner, two distinct incarnations");
+        assert!(same().owner().starts_with("node-a#"));
         check(Elector::builder(pool(), "k").ttl(ms(50)), "ttl must be between");
         check(Elector::builder(pool(), "k").ttl(Duration::from_secs(7200)), "ttl must be between");
         check(Elector::builder(pool(), "k").renew_interval(Duration::ZERO), "renew interval must be positive");

@@ -408,7 +408,12 @@ impl Runtime {
         let client = self.pooled(call_deadline).await?;
         let (key, owner, ttl) = (&self.elector.key, &self.elector.owner, self.elector.ttl);
         let answer = match call {
-            LeaseCall::Acquire => timeout_at(call_deadline, store::acquire(&**client, key, owner, ttl)).await,
+            // Every acquire asks for a new period: a period this process held before and ended
+            // locally (or whose reply it never saw) is over, so it never leads again with its
+            // term (S2).
+            LeaseCall::Acquire => {
+                timeout_at(call_deadline, store::acquire_new_period(&**client, key, owner, ttl)).await
+            }
             LeaseCall::Renew => timeout_at(call_deadline, store::renew(&**client, key, owner, ttl)).await,
         };
         match answer {

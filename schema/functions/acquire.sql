@@ -1,10 +1,16 @@
 -- Acquires the lease for owner, or reports who holds it.
 --
--- A new leadership period (the lease was absent, expired or released) gets term + 1.
--- The valid holder acquiring again keeps its term and extends its lease, like a renewal.
-CREATE OR REPLACE FUNCTION fencing.acquire(key text, owner text, ttl interval)
+-- A new leadership period (the lease was absent, expired or released) gets term + 1 and a row
+-- of fencing.lease_history, in the same transaction. The valid holder acquiring again keeps its
+-- term and extends its lease, like a renewal, unless new_period: then its period ends at once
+-- (history: abandoned) and the next term starts, so a holder that ended its period locally (a
+-- failed or late renewal, a passed deadline) never leads again with the same term (S2). The
+-- election library passes new_period on every acquire. The transaction commits synchronously
+-- whatever the session or database says (S1, S2 across a crash).
+DROP FUNCTION IF EXISTS fencing.acquire(text, text, interval);
+CREATE OR REPLACE FUNCTION fencing.acquire(key text, owner text, ttl interval, new_period boolean DEFAULT false)
 RETURNS fencing.lease_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_key   ALIAS FOR key;
     p_owner ALIAS FOR owner;
@@ -15,6 +21,7 @@ BEGIN
     PERFORM fencing.check_name('lease key', p_key);
     PERFORM fencing.check_name('owner', p_owner);
     PERFORM fencing.check_ttl(p_ttl);
+    PERFORM fencing.commit_durably();
 
     SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
     IF NOT FOUND THEN
@@ -24,6 +31,9 @@ BEGIN
         ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING
         RETURNING * INTO row_;
         IF FOUND THEN
+            INSERT INTO fencing.lease_history (key, term, owner, granted_at)
+            VALUES (p_key, 1, p_owner, now_)
+            ON CONFLICT DO NOTHING;
             RETURN (true, p_owner, 1::bigint, row_.expires_at,
                     fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
         END IF;
@@ -39,20 +49,30 @@ BEGIN
                 fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
     END IF;
 
-    IF row_.expires_at > now_ THEN
+    IF row_.expires_at > now_ AND NOT coalesce(new_period, false) THEN
         -- The valid holder again: same period, same term, longer lease.
         UPDATE fencing.leases l
            SET renewed_at = now_, expires_at = now_ + p_ttl
          WHERE l.key = p_key
         RETURNING * INTO row_;
-    ELSE
-        -- A new leadership period.
-        UPDATE fencing.leases l
-           SET owner = p_owner, term = l.term + 1,
-               acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl
-         WHERE l.key = p_key
-        RETURNING * INTO row_;
+        RETURN (true, row_.owner, row_.term, row_.expires_at,
+                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
     END IF;
+
+    -- A new leadership period. The previous one ended when its lease expired, or now when its
+    -- holder asks for a new period while still valid.
+    UPDATE fencing.lease_history h
+       SET ended_at = least(row_.expires_at, now_),
+           end_reason = CASE WHEN row_.expires_at > now_ THEN 'abandoned' ELSE 'expired' END
+     WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
+    UPDATE fencing.leases l
+       SET owner = p_owner, term = l.term + 1,
+           acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl
+     WHERE l.key = p_key
+    RETURNING * INTO row_;
+    INSERT INTO fencing.lease_history (key, term, owner, granted_at)
+    VALUES (p_key, row_.term, p_owner, now_)
+    ON CONFLICT DO NOTHING;
     RETURN (true, row_.owner, row_.term, row_.expires_at,
             fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
 END

@@ -3,7 +3,7 @@
 -- nothing, when owner does not hold the lease.
 CREATE OR REPLACE FUNCTION fencing.release(key text, owner text)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_key   ALIAS FOR key;
     p_owner ALIAS FOR owner;
@@ -12,6 +12,7 @@ DECLARE
 BEGIN
     PERFORM fencing.check_name('lease key', p_key);
     PERFORM fencing.check_name('owner', p_owner);
+    PERFORM fencing.commit_durably();
 
     SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
     now_ := clock_timestamp();
@@ -19,6 +20,8 @@ BEGIN
         RETURN false;
     END IF;
     UPDATE fencing.leases l SET expires_at = now_ WHERE l.key = p_key;
+    UPDATE fencing.lease_history h SET ended_at = now_, end_reason = 'released'
+     WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
     RETURN true;
 END
 $$;

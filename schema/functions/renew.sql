@@ -1,8 +1,9 @@
--- Extends the lease of its valid holder. Fails, changing nothing, for anyone else,
+-- Extends the lease of its valid holder; commits synchronously, so the store's expiry never
+-- falls back behind the holder's deadline in a crash. Fails, changing nothing, for anyone else,
 -- and for the last holder once its lease has expired.
 CREATE OR REPLACE FUNCTION fencing.renew(key text, owner text, ttl interval)
 RETURNS fencing.lease_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_key   ALIAS FOR key;
     p_owner ALIAS FOR owner;
@@ -13,6 +14,7 @@ BEGIN
     PERFORM fencing.check_name('lease key', p_key);
     PERFORM fencing.check_name('owner', p_owner);
     PERFORM fencing.check_ttl(p_ttl);
+    PERFORM fencing.commit_durably();
 
     SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
     now_ := clock_timestamp();

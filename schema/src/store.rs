@@ -134,6 +134,9 @@ fn lease_reply(row: &Row) -> Result<LeaseReply, Error> {
 const ACQUIRE_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
     FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond')";
 
+const ACQUIRE_NEW_PERIOD_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
+    FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond', true)";
+
 const RENEW_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
     FROM fencing.renew($1, $2, $3::bigint * interval '1 millisecond')";
 
@@ -151,6 +154,18 @@ async fn lease_call(
 /// Calls `fencing.acquire(key, owner, ttl)`.
 pub async fn acquire(client: &impl GenericClient, key: &str, owner: &str, ttl: Duration) -> Result<LeaseReply, Error> {
     lease_call(client, ACQUIRE_SQL, key, owner, ttl).await
+}
+
+/// Calls `fencing.acquire(key, owner, ttl, new_period => true)`: as [`acquire`], except that a
+/// caller that still holds the lease gets a new period with the next term instead of keeping
+/// its old one (the election library's acquire: a period it ended locally is over, S2).
+pub async fn acquire_new_period(
+    client: &impl GenericClient,
+    key: &str,
+    owner: &str,
+    ttl: Duration,
+) -> Result<LeaseReply, Error> {
+    lease_call(client, ACQUIRE_NEW_PERIOD_SQL, key, owner, ttl).await
 }
 
 /// Calls `fencing.renew(key, owner, ttl)`.

@@ -40,7 +40,8 @@ async fn killed_leader_is_replaced_with_term_plus_one_within_ttl_and_one_retry_p
     b.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
 
     let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
-    assert_eq!((lease.owner.as_str(), lease.term), ("b", term + 1));
+    assert!(lease.owner.starts_with("b#"), "{lease:?}");
+    assert_eq!(lease.term, term + 1);
     // Measured on the store's clock: the new period began at most one ttl (the dead leader's
     // lease running out) plus one retry period (the follower's next attempt) after the kill,
     // plus one second for process scheduling on a loaded machine.
@@ -67,7 +68,7 @@ async fn paused_leader_is_replaced_and_on_resume_reports_loss_without_acting_pas
     let lost = a.wait_for("a reports loss", |l| event(l) == "lost").await.unwrap();
     assert_eq!(int(&lost, "term"), term);
     let holder = a.wait_for("a sees b", |l| event(l) == "holder_changed").await.unwrap();
-    assert_eq!(holder.get("holder").and_then(Value::as_str), Some("b"));
+    assert!(holder.get("holder").and_then(Value::as_str).is_some_and(|h| h.starts_with("b#")), "{holder}");
     assert_eq!(int(&holder, "term"), new_term);
 
     // The zombie's own record: every tick of its term came before the deadline it held at the
@@ -156,6 +157,14 @@ async fn leader_whose_backend_is_terminated_mid_renewal_steps_down_before_its_le
     assert!(terminated, "the elector's renewal was found waiting and its backend terminated");
     steps_down_before_expiry(&mut a, expires_at, async || store_now(&observer).await, "renew_failed").await;
     lock.rollback().await.unwrap();
+    // The store still sees A as the valid holder; A's next leadership is a new period (S2).
+    let again = a.wait_for("elected again", |l| event(l) == "elected").await.unwrap();
+    assert_eq!(
+        int(&again, "term"),
+        2,
+        "re-elected after a local loss with term {}, not a new one",
+        int(&again, "term")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,6 +180,83 @@ async fn leader_whose_renewal_hangs_steps_down_at_the_query_timeout_before_its_l
     let observer = db.connect().await;
     steps_down_before_expiry(&mut a, expires_at, async || store_now(&observer).await, "renew_timed_out").await;
     lock.rollback().await.unwrap();
+    let again = a.wait_for("elected again", |l| event(l) == "elected").await.unwrap();
+    assert_eq!(
+        int(&again, "term"),
+        2,
+        "re-elected after a local loss with term {}, not a new one",
+        int(&again, "term")
+    );
+    let history = store::list_history(&observer, KEY, 10).await.unwrap();
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[1].end_reason.as_deref(), Some("abandoned"), "{history:?}");
+}
+
+/// S1: one configured owner, two processes (or one restarted after SIGKILL): never one period
+/// for both, never the dead incarnation's term for the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_with_one_configured_owner_never_share_a_period_and_a_restart_gets_a_new_term() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let timing = Timing::FAST;
+    let mut first = ElectorProcess::spawn(&db.url(), KEY, "same", timing).unwrap();
+    let elected = first.wait_for("elected", |l| event(l) == "elected").await.unwrap();
+    let term = int(&elected, "term");
+    let mut second = ElectorProcess::spawn(&db.url(), KEY, "same", timing).unwrap();
+    second.wait_for("started", |l| event(l) == "started").await.unwrap();
+    // Two ttl: the second would have been elected with the same term by now if owners collided.
+    tokio::time::sleep(Duration::from_millis(2 * timing.ttl_ms)).await;
+    second.drain();
+    assert!(
+        second.seen.iter().all(|l| event(l) != "elected"),
+        "two processes with one configured owner both led: {:?}",
+        second.seen
+    );
+    drop(second);
+
+    // Killed and restarted with the same owner: a new incarnation, a new period, a new term.
+    first.signal(Signal::SIGKILL).unwrap();
+    let mut restarted = ElectorProcess::spawn(&db.url(), KEY, "same", timing).unwrap();
+    let again = restarted.wait_for("elected", |l| event(l) == "elected").await.unwrap();
+    assert!(int(&again, "term") > term, "the restarted process inherited term {term}");
+    let owners: Vec<String> =
+        store::list_history(&client, KEY, 10).await.unwrap().into_iter().map(|p| p.owner).collect();
+    assert!(owners.iter().all(|o| o.starts_with("same#")), "{owners:?}");
+    let distinct: std::collections::BTreeSet<&String> = owners.iter().collect();
+    assert_eq!(distinct.len(), owners.len(), "every period has an owner of its own: {owners:?}");
+}
+
+/// S1, S2 across a crash: the database commits asynchronously, yet the term granted to A survives
+/// a crash of Postgres right after it, so B cannot be granted the same term beside A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_under_asynchronous_commit_survives_a_crash_so_no_second_owner_gets_its_term() {
+    let cluster = PgCluster::start_with_settings(
+        fencing_tests::pg::Durability::Off,
+        "synchronous_commit = off\nwal_writer_delay = 10s\n",
+    )
+    .unwrap();
+    let admin = connect(&cluster.url("postgres")).await;
+    admin.batch_execute("CREATE DATABASE electors").await.unwrap();
+    let url = cluster.url("electors");
+    let mut client = connect(&url).await;
+    fencing_schema::migrate(&mut client).await.unwrap();
+    client.batch_execute("CHECKPOINT").await.unwrap();
+    let timing = Timing::FAST;
+    let mut a = ElectorProcess::spawn(&url, KEY, "a", timing).unwrap();
+    let elected = a.wait_for("elected", |l| event(l) == "elected").await.unwrap();
+    let term = int(&elected, "term");
+    cluster.crash().unwrap();
+    cluster.start_server().unwrap();
+    let client = connect(&url).await;
+    let lease = store::get_lease(&client, KEY).await.unwrap();
+    assert!(
+        lease.as_ref().is_some_and(|l| l.term >= term && l.owner.starts_with("a#")),
+        "A's grant of term {term} was lost in the crash: {lease:?}"
+    );
+    let mut b = ElectorProcess::spawn(&url, KEY, "b", timing).unwrap();
+    a.signal(Signal::SIGKILL).unwrap();
+    let b_elected = b.wait_for("b elected", |l| event(l) == "elected").await.unwrap();
+    assert!(int(&b_elected, "term") > term, "B was granted term {} beside A's {term}", int(&b_elected, "term"));
 }
 
 /// Postgres itself stops: the leader steps down before its lease would have expired, and when
@@ -202,7 +288,7 @@ async fn leader_steps_down_when_postgres_stops_and_leadership_resumes_when_it_re
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let lease = leader.expect("someone leads again after Postgres returns");
-    assert!(["a", "b"].contains(&lease.owner.as_str()), "{lease:?}");
+    assert!(lease.owner.starts_with("a#") || lease.owner.starts_with("b#"), "{lease:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,7 +307,8 @@ async fn graceful_shutdown_releases_so_the_follower_leads_well_before_the_ttl() 
     b.wait_for("b elected", is_elected_with(term + 1)).await.unwrap();
 
     let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
-    assert_eq!((lease.owner.as_str(), lease.term), ("b", term + 1));
+    assert!(lease.owner.starts_with("b#"), "{lease:?}");
+    assert_eq!(lease.term, term + 1);
     let early = expires_at.duration_since(lease.acquired_at).unwrap_or_default();
     assert!(
         early >= Duration::from_millis(timing.ttl_ms / 3),

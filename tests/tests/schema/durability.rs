@@ -46,3 +46,30 @@ async fn s3_a_fence_raised_under_asynchronous_commit_survives_a_crash_of_postgre
     assert!(matches!(store::admit(&client, "ledger", 4).await, Err(Error::Refused { .. })));
     assert_eq!(store::gate(&client, "orders", 6, FORWARD, None).await.unwrap().outcome, Outcome::Stale);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s1_s2_a_grant_and_a_renewal_under_asynchronous_commit_survive_a_crash_of_postgres() {
+    let (cluster, url) = asynchronous_cluster().await;
+    let client = connect(&url).await;
+    let ttl = Duration::from_secs(60);
+    let granted = store::acquire(&client, "k", "a", ttl).await.unwrap();
+    assert_eq!(granted.term, Some(1));
+    cluster.crash().unwrap();
+    cluster.start_server().unwrap();
+    let client = connect(&url).await;
+    let other = store::acquire(&client, "k", "b", ttl).await.unwrap();
+    assert!(!other.ok, "after the crash a second owner was granted {:?} beside a's term 1", other.term);
+    let lease = store::get_lease(&client, "k").await.unwrap().expect("the lease row survived the crash");
+    assert_eq!((lease.owner.as_str(), lease.term), ("a", 1));
+
+    // A renewal moves the store's expiry later; a crash must not move it back behind the
+    // holder's deadline.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let renewed = store::renew(&client, "k", "a", Duration::from_secs(3000)).await.unwrap();
+    assert!(renewed.ok);
+    cluster.crash().unwrap();
+    cluster.start_server().unwrap();
+    let client = connect(&url).await;
+    let lease = store::get_lease(&client, "k").await.unwrap().unwrap();
+    assert!(lease.remaining > Duration::from_secs(2000), "the renewal was lost in the crash: {lease:?}");
+}

@@ -158,3 +158,41 @@ async fn s2_terms_strictly_increase_across_periods_in_2000_random_operations() {
     assert!(counts.iter().all(|count| *count > 10), "seed {seed}: too few successes of some operation: {counts:?}");
     println!("s2: {} periods; successes (acquire, renew, release, expire): {counts:?}", period_terms.len());
 }
+
+/// `fencing.lease_history`: one row per period, written with the grant, closed with the reason
+/// the period ended.
+#[tokio::test]
+async fn lease_history_records_every_period_and_how_it_ended() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let ttl = Duration::from_secs(60);
+    assert_eq!(store::acquire(&client, "h", "a", ttl).await.unwrap().term, Some(1));
+    assert!(store::release(&client, "h", "a").await.unwrap());
+    assert_eq!(store::acquire(&client, "h", "b", Duration::from_millis(100)).await.unwrap().term, Some(2));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store::acquire(&client, "h", "c", ttl).await.unwrap().term, Some(3));
+    // The holder asks for a new period while it still holds: its old one is abandoned.
+    assert_eq!(store::acquire(&client, "h", "c", ttl).await.unwrap().term, Some(3), "without new_period: kept");
+    assert_eq!(store::acquire_new_period(&client, "h", "c", ttl).await.unwrap().term, Some(4));
+    store::force_release(&client, "h", "ops", "test").await.unwrap();
+    assert_eq!(store::acquire(&client, "h", "d", ttl).await.unwrap().term, Some(5));
+
+    let mut history = store::list_history(&client, "h", 10).await.unwrap();
+    history.reverse();
+    let rows: Vec<(i64, &str, Option<&str>)> =
+        history.iter().map(|p| (p.term, p.owner.as_str(), p.end_reason.as_deref())).collect();
+    assert_eq!(
+        rows,
+        vec![
+            (1, "a", Some("released")),
+            (2, "b", Some("expired")),
+            (3, "c", Some("abandoned")),
+            (4, "c", Some("force_released")),
+            (5, "d", None),
+        ]
+    );
+    for pair in history.windows(2) {
+        let ended = pair[0].ended_at.expect("ended");
+        assert!(ended <= pair[1].granted_at, "periods overlap: {pair:?}");
+    }
+}
