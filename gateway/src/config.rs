@@ -29,6 +29,8 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 pub const DEFAULT_MAX_BATCHES_IN_FLIGHT: usize = 2;
 /// How long a fence decision may take before the write is refused with 503 (S6).
 pub const DEFAULT_FENCE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Added to a new term's settle wait for lower-term bytes still in flight on loopback or a LAN.
+pub const DEFAULT_SETTLE_MARGIN: Duration = Duration::from_millis(25);
 /// How long connecting to an upstream may take.
 pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long an admitted write may take, from admission to the upstream's response head; it is
@@ -58,6 +60,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The routes, longest prefix first.
     pub routes: Vec<Route>,
+    /// What is allowed but worth saying at start-up (logged as warnings).
+    pub warnings: Vec<String>,
 }
 
 /// See [`Config::proxy`].
@@ -111,6 +115,9 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// An admitted write must have its response head within this of its admission.
     pub forward_timeout: Duration,
+    /// Added to a new term's settle wait: bytes of a lower-term write that its gateway sent
+    /// just before its deadline may still be on their way to the upstream (S5).
+    pub settle_margin: Duration,
 }
 
 /// How a route names the resource a write changes.
@@ -135,11 +142,23 @@ pub struct Route {
     pub resource: ResourceNaming,
     /// When set, the route's resources are bound to this lease key (S4).
     pub lease: Option<String>,
-    /// The methods that are fenced; others pass straight through.
-    pub fenced_methods: Vec<Method>,
+    /// The methods that pass straight through, unfenced; every other method is fenced (S8).
+    pub unfenced_methods: Vec<Method>,
 }
 
 impl Route {
+    /// The name of the fence a write to `resource` through this route is decided on: the
+    /// resource itself when the route is bound to a lease (so a protected table bound to the
+    /// same lease shares it), else `<prefix>/<resource>`, the route's own namespace, so an
+    /// unbound route can never create, raise or poison a fence another route or a table uses
+    /// (S8). Resource names never contain `/`, so no two routes' namespaces meet.
+    pub fn fence_name(&self, resource: &str) -> String {
+        match &self.lease {
+            Some(_) => resource.to_owned(),
+            None => format!("{}/{resource}", self.prefix.trim_end_matches('/')),
+        }
+    }
+
     /// True when `path` falls under this route's prefix.
     pub fn matches(&self, path: &str) -> bool {
         let prefix = self.prefix.trim_end_matches('/');
@@ -224,6 +243,7 @@ struct RawDatabase {
 struct RawUpstream {
     connect_timeout_ms: Option<u64>,
     forward_timeout_ms: Option<u64>,
+    settle_margin_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -239,7 +259,7 @@ struct RawRoute {
     upstream: String,
     resource: RawResource,
     lease: Option<String>,
-    fenced_methods: Option<Vec<String>>,
+    unfenced_methods: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -367,6 +387,14 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     if forward_timeout > Duration::from_secs(3600) {
         problems.push("upstream.forward_timeout_ms: at most 3600000".to_owned());
     }
+    let settle_margin = match raw.upstream.settle_margin_ms {
+        None => DEFAULT_SETTLE_MARGIN,
+        Some(ms) if ms <= 10_000 => Duration::from_millis(ms),
+        Some(_) => {
+            problems.push("upstream.settle_margin_ms: at most 10000".to_owned());
+            DEFAULT_SETTLE_MARGIN
+        }
+    };
 
     let body_limit_bytes = raw.proxy.body_limit_bytes.unwrap_or(DEFAULT_BODY_LIMIT_BYTES);
     let max_header_bytes = match raw.proxy.max_header_bytes.map(usize::try_from) {
@@ -423,6 +451,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     }
     // Longest prefix first, so the first match is the longest.
     routes.sort_by_key(|route| std::cmp::Reverse(route.prefix.trim_end_matches('/').len()));
+    let warnings = check_bindings(&routes, &mut problems);
 
     if !problems.is_empty() {
         return Err(ConfigError { problems });
@@ -444,10 +473,41 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             max_batches_in_flight,
             data_dir: PathBuf::from(raw.database.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),
         },
-        upstream: UpstreamConfig { connect_timeout, forward_timeout },
+        upstream: UpstreamConfig { connect_timeout, forward_timeout, settle_margin },
         shutdown_grace,
         routes,
+        warnings,
     })
+}
+
+/// Two routes bound to different leases that can name one resource would fight over its
+/// binding (a write never rebinds, so the second route's writes would all be refused): the same
+/// fixed name is a configuration error; a route that names resources by header or segment can
+/// name anything, so beside another lease it is a warning.
+fn check_bindings(routes: &[Route], problems: &mut Vec<String>) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (i, a) in routes.iter().enumerate() {
+        for b in &routes[i + 1..] {
+            let (Some(lease_a), Some(lease_b)) = (&a.lease, &b.lease) else { continue };
+            if lease_a == lease_b {
+                continue;
+            }
+            match (&a.resource, &b.resource) {
+                (ResourceNaming::Fixed(x), ResourceNaming::Fixed(y)) if x == y => problems.push(format!(
+                    "routes {:?} and {:?} bind the resource {x:?} to different leases ({lease_a:?}, {lease_b:?})",
+                    a.prefix, b.prefix
+                )),
+                (ResourceNaming::Fixed(_), ResourceNaming::Fixed(_)) => {}
+                _ => warnings.push(format!(
+                    "routes {:?} (lease {lease_a:?}) and {:?} (lease {lease_b:?}) can name the same resource; \
+                     a resource stays bound to the lease that first wrote it, and the other route's writes to it \
+                     are refused (rebinding is `fencing-gateway admin rebind`)",
+                    a.prefix, b.prefix
+                )),
+            }
+        }
+    }
+    warnings
 }
 
 fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Option<Route> {
@@ -472,13 +532,13 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
         }
     };
     let resource = match raw.resource {
-        RawResource::Fixed(name) if !name.is_empty() && name.chars().count() <= 256 => {
-            Some(ResourceNaming::Fixed(name))
-        }
-        RawResource::Fixed(_) => {
-            problems.push(format!("{}: a fixed resource name must be 1 to 256 characters", key("resource")));
-            None
-        }
+        RawResource::Fixed(name) => match crate::proxy::check_resource_name(&name) {
+            Ok(()) => Some(ResourceNaming::Fixed(name)),
+            Err(reason) => {
+                problems.push(format!("{}: {reason}", key("resource")));
+                None
+            }
+        },
         RawResource::Header(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
             Ok(header) => Some(ResourceNaming::Header(header)),
             Err(_) => {
@@ -497,23 +557,39 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
     {
         problems.push(format!("{}: a lease key must be 1 to 256 characters", key("lease")));
     }
-    let fenced_methods = match raw.fenced_methods {
-        None => vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+    let unfenced_methods = match raw.unfenced_methods {
+        None => vec![Method::GET, Method::HEAD, Method::OPTIONS],
         Some(names) => names
             .iter()
-            .filter_map(|name| match Method::from_bytes(name.to_ascii_uppercase().as_bytes()) {
-                Ok(method) if method != Method::CONNECT => Some(method),
+            .filter_map(|name| match Method::from_bytes(name.as_bytes()) {
+                Ok(method)
+                    if method != Method::CONNECT
+                        && method != Method::TRACE
+                        && !name.bytes().any(|b| b.is_ascii_lowercase()) =>
+                {
+                    Some(method)
+                }
                 _ => {
-                    problems.push(format!("{}: {name:?} is not a method that can be fenced", key("fenced_methods")));
+                    problems.push(format!(
+                        "{}: {name:?} is not an upper-case method the proxy forwards",
+                        key("unfenced_methods")
+                    ));
                     None
                 }
             })
             .collect(),
     };
+    if raw.prefix.starts_with('/') && crate::proxy::check_path(&raw.prefix).is_err() {
+        problems.push(format!(
+            "{}: {:?} must be a plain path (no dot or empty segments, no ; or \\, no needless percent-encoding)",
+            key("prefix"),
+            raw.prefix
+        ));
+    }
     if problems.len() > before {
         return None;
     }
-    Some(Route { prefix: raw.prefix, upstream: upstream?, resource: resource?, lease: raw.lease, fenced_methods })
+    Some(Route { prefix: raw.prefix, upstream: upstream?, resource: resource?, lease: raw.lease, unfenced_methods })
 }
 
 #[cfg(test)]
@@ -585,7 +661,7 @@ mod tests {
             prefix = "ledger"
             upstream = "ftp://x"
             resource = { segment = 0 }
-            fenced_methods = ["CONNECT"]
+            unfenced_methods = ["CONNECT"]
         "#;
         let error = Config::parse(text, &env(&[])).expect_err("invalid");
         let all = error.problems.join("\n");
@@ -596,7 +672,7 @@ mod tests {
             "routes[0].prefix",
             "routes[0].upstream",
             "routes[0].resource: segment must be 1 or more",
-            "routes[0].fenced_methods",
+            "routes[0].unfenced_methods",
         ] {
             assert!(all.contains(expected), "{expected:?} missing from:\n{all}");
         }

@@ -140,6 +140,9 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    for warning in &config.warnings {
+        warn!("configuration: {warning}");
+    }
     if config.routes.is_empty() {
         warn!(
             config = config_path.map_or_else(|| "(none)".to_owned(), |path| path.display().to_string()),

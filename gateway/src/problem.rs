@@ -59,6 +59,9 @@ pub enum Rejection {
         outcome: Outcome,
         /// The resource written.
         resource: String,
+        /// The fence the decision was made on (the resource, or `<prefix>/<resource>` for an
+        /// unbound route).
+        fence: String,
         /// The term presented (`None` in stamp mode when no term applies).
         presented_term: Option<i64>,
         /// The term the writer lost to.
@@ -120,9 +123,9 @@ impl Rejection {
                 status,
                 "method-not-allowed",
                 "Method not allowed",
-                "the gateway forwards only to configured upstreams; CONNECT is refused",
+                "the gateway forwards only to configured upstreams; CONNECT and TRACE are refused",
             ),
-            Rejection::Fenced { outcome, resource, presented_term, current_term } => {
+            Rejection::Fenced { outcome, resource, fence, presented_term, current_term } => {
                 let (kind, title, detail) = match outcome {
                     Outcome::FutureTerm => (
                         "future-term",
@@ -146,6 +149,7 @@ impl Rejection {
                 };
                 Problem::new(status, kind, title, &detail)
                     .with("resource", json!(resource))
+                    .with("fence", json!(fence))
                     .with("presented_term", json!(presented_term))
                     .with("current_term", json!(current_term))
                     .current_term(*current_term)

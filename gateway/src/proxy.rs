@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tower_http::timeout::TimeoutBody;
 use tracing::{Instrument, debug, field, info_span, warn};
@@ -38,10 +38,6 @@ pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
-/// Added to a settle wait: bytes of a lower-term write that its gateway wrote just before its
-/// deadline may still be on their way to the upstream.
-const SETTLE_MARGIN: Duration = Duration::from_millis(25);
-
 /// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
 const HOP_BY_HOP: [&str; 9] = [
     "connection",
@@ -55,8 +51,18 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
+/// The connector to upstreams: plain TCP whose sockets close with RST (SO_LINGER 0), so a
+/// write aborted at its deadline leaves nothing in the kernel to be sent or retransmitted later.
+pub type UpstreamConnector =
+    tower::util::MapResponse<HttpConnector, fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>>;
+
 /// The upstream client's body type.
-pub type UpstreamClient = Client<HttpConnector, Body>;
+pub type UpstreamClient = Client<UpstreamConnector, Body>;
+
+fn reset_on_close(io: TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream> {
+    let _ = io.inner().set_zero_linger();
+    io
+}
 
 /// Builds the pooled, keep-alive client every upstream is contacted with.
 pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
@@ -64,6 +70,10 @@ pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     connector.enforce_http(true);
+    let connector = tower::ServiceExt::map_response(
+        connector,
+        reset_on_close as fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>,
+    );
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
 }
 
@@ -118,8 +128,8 @@ impl Proxy {
     }
 
     async fn route(&self, mut request: Request<Incoming>, remote: SocketAddr, request_id: &str) -> Response<Body> {
-        if request.method() == Method::CONNECT {
-            return Rejection::MethodNotAllowed.problem().into_response();
+        if let Err(rejection) = check_method(request.method()) {
+            return rejection.problem().into_response();
         }
         if request.uri().scheme().is_some() || request.uri().authority().is_some() {
             return Rejection::Malformed(
@@ -128,12 +138,17 @@ impl Proxy {
             .problem()
             .into_response();
         }
+        // S8: one spelling per resource. A path an upstream could read another way is refused,
+        // never normalised, so the upstream receives exactly the path that was fenced.
+        if let Err(rejection) = check_path(request.uri().path()) {
+            return rejection.problem().into_response();
+        }
         let Some(route) = self.config.route(request.uri().path()) else {
             return Rejection::NoRoute.problem().into_response();
         };
         tracing::Span::current().record("route", route.prefix.as_str());
         strip_hop_by_hop(request.headers_mut());
-        if !route.fenced_methods.contains(request.method()) {
+        if route.unfenced_methods.contains(request.method()) {
             metrics::counter!(names::PASSTHROUGH, "route" => route.prefix.clone()).increment(1);
             return self.pass_through(route, request, remote, request_id).await;
         }
@@ -158,9 +173,9 @@ impl Proxy {
                 let outcome = rejection.outcome();
                 metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => outcome.as_label())
                     .increment(1);
-                if let Rejection::Fenced { resource, presented_term, current_term, .. } = &rejection {
+                if let Rejection::Fenced { fence, presented_term, current_term, .. } = &rejection {
                     self.refusals.record(&crate::refusals::Refused {
-                        resource,
+                        resource: fence,
                         route: &route.prefix,
                         outcome: outcome.as_label(),
                         presented_term: *presented_term,
@@ -194,7 +209,12 @@ impl Proxy {
     ) -> Response<Body> {
         remove_fencing_headers(request.headers_mut());
         let deadline = Instant::now() + self.config.upstream.forward_timeout;
-        match self.forward(route, request, remote, request_id, deadline, None).await {
+        let (parts, body) = request.into_parts();
+        let limited = Limited::new(
+            TimeoutBody::new(self.config.proxy.body_read_timeout, body),
+            usize::try_from(self.config.proxy.body_limit_bytes).unwrap_or(usize::MAX),
+        );
+        match self.forward(route, parts, Body::new(limited), remote, request_id, deadline, None).await {
             Ok(response) => response,
             Err(rejection) => rejection.problem().into_response(),
         }
@@ -203,7 +223,7 @@ impl Proxy {
     async fn fenced(
         &self,
         route: &Route,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
         remote: SocketAddr,
         request_id: &str,
     ) -> Result<Response<Body>, Rejection> {
@@ -215,60 +235,69 @@ impl Proxy {
         }
         let presented = presented(request.headers())?;
         let resource = resource(route, &request)?;
+        let fence = route.fence_name(&resource);
         tracing::Span::current().record("resource", resource.as_str());
 
+        // The whole body before the decision: a malformed, oversized or abandoned body is
+        // refused before any fence changes, and nothing of the write waits on the client once
+        // the write has a deadline.
+        let (mut parts, body) = request.into_parts();
+        let body = read_body(body, limit, self.config.proxy.body_read_timeout).await?;
+
         let sent = Instant::now();
-        let gate = self.fences.decide(&resource, &presented, route.lease.as_deref()).await.map_err(|error| {
+        let gate = self.fences.decide(&fence, &presented, route.lease.as_deref()).await.map_err(|error| {
             warn!(%error, "fence decision could not be made; refusing the write");
             match error {
                 Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
             }
         })?;
         let received = Instant::now();
-        let term = admitted_term(&gate, &resource, &presented)?;
+        let term = admitted_term(&gate, &resource, &fence, &presented)?;
         tracing::Span::current().record("term", term);
 
         // S5. The store decided at some instant between `sent` and `received`, and said: wait
-        // `gate.wait` from that instant. So start no earlier than `received + wait` (lower-term
-        // writes through any replica may be sent until then), and end no later than
-        // `sent + wait + forward_timeout` (the store's horizon covers no later deadline).
+        // `gate.wait` from that instant. So start no earlier than `received + wait` plus the
+        // settle margin (lower-term writes through any replica may be sent until then, and
+        // their bytes be on their way), and end no later than `sent + wait + forward_timeout`
+        // (the store's horizon covers no later deadline).
         let deadline = sent + gate.wait + self.config.upstream.forward_timeout;
         if !gate.wait.is_zero() {
             debug!(wait = ?gate.wait, "settling behind the previous term");
-            sleep_until(received + gate.wait + SETTLE_MARGIN).await;
+            sleep_until(received + gate.wait + self.config.upstream.settle_margin).await;
         }
-        let headers = request.headers_mut();
+        let headers = &mut parts.headers;
         remove_fencing_headers(headers);
         headers.insert(FENCING_TOKEN, HeaderValue::from(term));
         let resource_value = HeaderValue::from_str(&resource)
             .map_err(|_| Rejection::Malformed("resource is not a header value".to_owned()))?;
         headers.insert(FENCING_RESOURCE, resource_value);
-        self.forward(route, request, remote, request_id, deadline, Some(term)).await
+        headers.remove(CONTENT_LENGTH);
+        headers.remove(http::header::TRANSFER_ENCODING);
+        self.forward(route, parts, Body::from(body), remote, request_id, deadline, Some(term)).await
     }
 
-    /// Sends `request` to the route's upstream and streams the answer back. The upstream's
-    /// response head must arrive before `deadline`, else the request is aborted (504).
+    /// Sends the request to the route's upstream and streams the answer back. Everything the
+    /// gateway sends of it (head and body) and the upstream's response head must pass before
+    /// `deadline`; else the request is aborted and its upstream connection reset (SO_LINGER 0:
+    /// no byte of it goes out after the deadline, not even a retransmission).
+    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
         route: &Route,
-        request: Request<Incoming>,
+        mut parts: http::request::Parts,
+        body: Body,
         remote: SocketAddr,
         request_id: &str,
         deadline: Instant,
         term: Option<i64>,
     ) -> Result<Response<Body>, Rejection> {
-        let (mut parts, body) = request.into_parts();
         parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
         let original_host = parts.headers.remove(HOST);
         add_forwarded(&mut parts.headers, remote, original_host.as_ref());
         if let Ok(value) = HeaderValue::from_str(request_id) {
             parts.headers.insert(REQUEST_ID, value);
         }
-        let limited = Limited::new(
-            TimeoutBody::new(self.config.proxy.body_read_timeout, body),
-            usize::try_from(self.config.proxy.body_limit_bytes).unwrap_or(usize::MAX),
-        );
-        let outbound = Request::from_parts(parts, Body::new(limited));
+        let outbound = Request::from_parts(parts, body);
         if Instant::now() >= deadline {
             return Err(Rejection::UpstreamTimeout);
         }
@@ -305,7 +334,7 @@ impl Proxy {
 }
 
 /// The term to stamp on an admitted write, or the refusal.
-fn admitted_term(gate: &Gate, resource: &str, presented: &Presented) -> Result<i64, Rejection> {
+fn admitted_term(gate: &Gate, resource: &str, fence: &str, presented: &Presented) -> Result<i64, Rejection> {
     let presented_term = match presented {
         Presented::Token(term) => Some(*term),
         Presented::Lease { .. } => gate.term,
@@ -318,7 +347,13 @@ fn admitted_term(gate: &Gate, resource: &str, presented: &Presented) -> Result<i
         StoreOutcome::FutureTerm => Outcome::FutureTerm,
         StoreOutcome::NotLeader | StoreOutcome::WrongLease => Outcome::NotLeader,
     };
-    Err(Rejection::Fenced { outcome, resource: resource.to_owned(), presented_term, current_term: gate.current_term() })
+    Err(Rejection::Fenced {
+        outcome,
+        resource: resource.to_owned(),
+        fence: fence.to_owned(),
+        presented_term,
+        current_term: gate.current_term(),
+    })
 }
 
 /// Removes the hop-by-hop headers, including every header the `Connection` header names.
@@ -424,10 +459,93 @@ fn resource(route: &Route, request: &Request<Incoming>) -> Result<String, Reject
             })?
             .to_owned(),
     };
-    if name.is_empty() || name.chars().count() > 256 {
-        return Err(Rejection::Malformed("the resource name must be 1 to 256 characters".to_owned()));
-    }
+    check_resource_name(&name).map_err(Rejection::Malformed)?;
     Ok(name)
+}
+
+/// The one character set of resource names, from a path segment, a header or the
+/// configuration: `A-Z a-z 0-9 . _ ~ -`, 1 to 256 of them, not `.` or `..`. So a name has one
+/// spelling: nothing in it can be percent-encoded, split, or read as a list.
+pub fn check_resource_name(name: &str) -> Result<(), String> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-');
+    if name.is_empty() || name.len() > 256 {
+        return Err(format!("a resource name must be 1 to 256 characters, got {}", name.len()));
+    }
+    if name == "." || name == ".." || !name.bytes().all(allowed) {
+        return Err(format!("a resource name is made of A-Z a-z 0-9 . _ ~ - only (and is not . or ..), got {name:?}"));
+    }
+    Ok(())
+}
+
+/// S8: methods. CONNECT and TRACE are never forwarded (405); a method that is not an upper-case
+/// token is refused (400), because frameworks that upper-case methods would apply `post` as a
+/// POST although it is not one of the route's unfenced methods.
+fn check_method(method: &Method) -> Result<(), Rejection> {
+    if *method == Method::CONNECT || *method == Method::TRACE {
+        return Err(Rejection::MethodNotAllowed);
+    }
+    if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(Rejection::Malformed(format!("the method must be an upper-case token, got {:?}", method.as_str())));
+    }
+    Ok(())
+}
+
+/// S8: one spelling per path. Refuses dot segments, empty segments (a trailing slash aside),
+/// `;` parameters, backslashes, and percent-encoding of an unreserved character or of `/` or
+/// `\`: an upstream that normalises any of them would act on another resource than the fenced
+/// one.
+pub fn check_path(path: &str) -> Result<(), Rejection> {
+    let refuse =
+        |why: &str| Err(Rejection::Malformed(format!("the path {path:?} {why}; send it in its one plain spelling")));
+    if !path.starts_with('/') {
+        return refuse("does not start with /");
+    }
+    if path.contains(';') {
+        return refuse("has ; parameters");
+    }
+    if path.contains('\\') {
+        return refuse("has a backslash");
+    }
+    let segments: Vec<&str> = path[1..].split('/').collect();
+    for (index, segment) in segments.iter().enumerate() {
+        if segment.is_empty() && index + 1 < segments.len() {
+            return refuse("has an empty segment");
+        }
+        if *segment == "." || *segment == ".." {
+            return refuse("has a dot segment");
+        }
+    }
+    let bytes = path.as_bytes();
+    for (index, byte) in bytes.iter().enumerate() {
+        if *byte != b'%' {
+            continue;
+        }
+        let hex = bytes.get(index + 1..index + 3).and_then(|pair| std::str::from_utf8(pair).ok());
+        let Some(decoded) = hex.and_then(|pair| u8::from_str_radix(pair, 16).ok()) else {
+            return refuse("has a malformed percent-encoding");
+        };
+        if decoded.is_ascii_alphanumeric() || matches!(decoded, b'-' | b'.' | b'_' | b'~' | b'/' | b'\\') {
+            return refuse("percent-encodes a character that needs no encoding (or / or \\)");
+        }
+    }
+    Ok(())
+}
+
+/// Reads a fenced write's whole body, at most `limit` bytes, each piece within `pause` of the
+/// last: 413 over the limit, 400 for a body that is malformed, cut off or too slow.
+async fn read_body(body: Incoming, limit: u64, pause: Duration) -> Result<Bytes, Rejection> {
+    let limited = Limited::new(TimeoutBody::new(pause, body), usize::try_from(limit).unwrap_or(usize::MAX));
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::BodyTooLarge { limit }),
+        Err(error) if error.is::<tower_http::timeout::TimeoutError>() => Err(Rejection::Malformed(format!(
+            "the request body paused for longer than {} ms; nothing was decided",
+            pause.as_millis()
+        ))),
+        Err(error) => {
+            Err(Rejection::Malformed(format!("the request body could not be read ({error}); nothing was decided")))
+        }
+    }
 }
 
 /// The upstream's scheme and authority, its base path, then the request's path and query.

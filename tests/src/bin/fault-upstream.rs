@@ -2,8 +2,11 @@
 //! time of the head and of every body piece, in the history format of `checker/HISTORY.md`.
 //!
 //! ```text
-//! fault-upstream --name checking|applying --listen 127.0.0.1:PORT --log FILE [--checking]
+//! fault-upstream --name checking|applying --listen 127.0.0.1:PORT --log FILE [--checking] [--early]
 //! ```
+//! With `--early` it answers 200 as soon as a request's head arrives (legal in HTTP/1.1) and
+//! goes on reading and recording the body: an upstream before which a proxy must not keep
+//! streaming a write past its deadline.
 //! With `--checking` it keeps its own maximum `Fencing-Token` per `Fencing-Resource` and answers
 //! 409 (not applied) to a lower token: the upstream-side check the gateway makes one line. Without
 //! it, it applies every complete request. It answers as soon as the whole body arrived. Each line
@@ -19,6 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -33,6 +37,7 @@ fn now_us() -> i64 {
 struct State {
     name: String,
     checking: bool,
+    early: bool,
     log: Mutex<std::fs::File>,
     seq: Mutex<u64>,
     /// The highest token accepted per resource (checking mode).
@@ -88,6 +93,24 @@ async fn answer(request: Request<Incoming>, state: Arc<State>) -> Result<Respons
         }),
     };
     let mut body = request.into_body();
+    if state.early {
+        // Answer now; read and record the body as it comes.
+        tokio::spawn(async move {
+            let mut chunks = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Some(data) = frame.data_ref() {
+                    chunks.push(json!([now_us(), data.len()]));
+                    record.line["chunks"] = json!(chunks);
+                }
+            }
+            record.line["complete"] = json!(body.is_end_stream());
+            if body.is_end_stream() {
+                record.line["complete_at_us"] = json!(now_us());
+                record.line["status"] = json!(200);
+            }
+        });
+        return Ok(Response::new(Full::new(Bytes::from_static(b"{}"))));
+    }
     let mut chunks = Vec::new();
     loop {
         match body.frame().await {
@@ -137,6 +160,7 @@ async fn main() {
     let mut listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut log = None;
     let mut checking = false;
+    let mut early = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -144,6 +168,7 @@ async fn main() {
             "--listen" => listen = args.next().and_then(|v| v.parse().ok()).unwrap_or(listen),
             "--log" => log = args.next(),
             "--checking" => checking = true,
+            "--early" => early = true,
             other => {
                 eprintln!("fault-upstream: unknown argument {other}");
                 std::process::exit(64);
@@ -178,6 +203,7 @@ async fn main() {
     let state = Arc::new(State {
         name,
         checking,
+        early,
         log: Mutex::new(file),
         seq: Mutex::new(0),
         maxima: Mutex::new(HashMap::new()),

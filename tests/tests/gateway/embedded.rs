@@ -82,7 +82,7 @@ async fn without_a_database_url_serve_owns_a_local_postgres_that_stops_and_keeps
         let config_file = dir.join("gateway.toml");
         std::fs::write(&config_file, &config).unwrap();
         let inspect = tokio::process::Command::new(fencing_tests::workspace_bin("fencing-gateway").unwrap())
-            .args(["inspect", "fence", "w", "--config"])
+            .args(["inspect", "fence", "/w/w", "--config"])
             .arg(&config_file)
             .env_remove("DATABASE_URL")
             .env_remove("FENCING_DATABASE_URL")

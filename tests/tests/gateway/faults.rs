@@ -84,7 +84,7 @@ async fn s6_a_fence_decision_slower_than_the_timeout_gives_503_and_forwards_noth
     // Hold the fence row: raising its term must wait for the lock, past the check timeout.
     let mut locker = setup.db.connect().await;
     let lock = locker.transaction().await.unwrap();
-    lock.execute("SELECT 1 FROM fencing.fences WHERE resource = 'the-fixed-one' FOR UPDATE", &[]).await.unwrap();
+    lock.execute("SELECT 1 FROM fencing.fences WHERE resource = '/fixed/the-fixed-one' FOR UPDATE", &[]).await.unwrap();
     let slow = send(proxy, Method::POST, "/fixed", &[("fencing-token", "2"), ("x-request-id", "slow-check")], "")
         .await
         .unwrap();

@@ -12,6 +12,7 @@ mod faults;
 mod inspect;
 mod observability;
 mod replicas;
+mod s8_nothing_goes_around;
 mod shutdown;
 mod zombie;
 

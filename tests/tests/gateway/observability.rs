@@ -188,7 +188,7 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     );
     let mut locker = setup.db.connect().await;
     let lock = locker.transaction().await.unwrap();
-    lock.execute("SELECT 1 FROM fencing.fences WHERE resource = 'the-fixed-one' FOR UPDATE", &[]).await.unwrap();
+    lock.execute("SELECT 1 FROM fencing.fences WHERE resource = '/fixed/the-fixed-one' FOR UPDATE", &[]).await.unwrap();
     let slow = send(proxy, Method::POST, "/fixed", &[("fencing-token", "2")], "").await.unwrap();
     assert_eq!(slow.status, StatusCode::SERVICE_UNAVAILABLE);
     lock.rollback().await.unwrap();

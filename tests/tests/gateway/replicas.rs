@@ -91,60 +91,141 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
     println!("replicas: {admitted} admitted, {stale} refused as stale");
 }
 
-/// Sends a fenced write to `proxy` whose body trickles in over `body_time`, and returns the
-/// status line.
-async fn slow_write(proxy: std::net::SocketAddr, term: i64, id: &str, body_time: Duration) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
-    let head = format!(
-        "POST /r/s5/item HTTP/1.1\r\nHost: x\r\nFencing-Token: {term}\r\nX-Request-Id: {id}\r\n\
-         Connection: close\r\nContent-Length: 10\r\n\r\n"
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    for _ in 0..10 {
-        tokio::time::sleep(body_time / 10).await;
-        stream.write_all(b"x").await.unwrap();
+/// A `fault-upstream` process (it records the arrival time of each request's head and of
+/// every body piece), answering at once on a request's head when `early`.
+struct TimingUpstream {
+    addr: std::net::SocketAddr,
+    log: std::path::PathBuf,
+    _child: tokio::process::Child,
+}
+
+impl TimingUpstream {
+    async fn start(early: bool) -> TimingUpstream {
+        use tokio::io::AsyncBufReadExt;
+        let log =
+            std::env::temp_dir().join(format!("fencing-timing-{}-{}.jsonl", std::process::id(), rand::random::<u32>()));
+        let mut command = tokio::process::Command::new(fencing_tests::workspace_bin("fault-upstream").unwrap());
+        command.args(["--name", "applying", "--log"]).arg(&log).stdout(std::process::Stdio::piped()).kill_on_drop(true);
+        if early {
+            command.arg("--early");
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let first = tokio::io::BufReader::new(stdout).lines().next_line().await.unwrap().unwrap();
+        let addr = first.strip_prefix("listening ").unwrap().parse().unwrap();
+        TimingUpstream { addr, log, _child: child }
     }
-    let mut answer = String::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer)).await;
-    answer.lines().next().unwrap_or_default().to_owned()
+
+    /// Every request recorded so far, by request id.
+    fn records(&self) -> HashMap<String, serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|v| Some((v["request_id"].as_str()?.to_owned(), v)))
+            .collect()
+    }
+}
+
+/// Every arrival time (head and body pieces) of a recorded request, in microseconds.
+fn arrivals(record: &serde_json::Value) -> Vec<i64> {
+    let mut times = vec![record["head_at_us"].as_i64().unwrap()];
+    times.extend(record["chunks"].as_array().unwrap().iter().filter_map(|c| c[0].as_i64()));
+    times
+}
+
+fn config_for(upstream: std::net::SocketAddr, forward_ms: u64) -> String {
+    format!(
+        "[upstream]\nforward_timeout_ms = {forward_ms}\n\
+         [[routes]]\nprefix = \"/r\"\nupstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n"
+    )
 }
 
 /// S5 across replicas: a lower-term write admitted by one replica is still on its way to the
-/// upstream (its body trickles in) when another replica admits a higher term. The higher term
-/// is forwarded only after the lower-term write could have completed, so the upstream never
-/// sees the lower term after the higher one.
+/// upstream (its link is slow) when another replica admits the next term. The higher term is
+/// forwarded only after the lower-term write could have arrived, so the upstream never sees a
+/// byte of the lower term after the higher one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s5_a_higher_term_is_never_forwarded_ahead_of_a_slow_lower_term_write_on_another_replica() {
     let db = TestDb::new().await;
-    let mut upstream = Upstream::start().await.unwrap();
-    let config = format!(
-        "[upstream]\nforward_timeout_ms = 1500\n\
-         [[routes]]\nprefix = \"/r\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n",
-        upstream.url()
-    );
-    let first = Gateway::start(&db.url(), &config).await.unwrap();
-    let second = Gateway::start(&db.url(), &config).await.unwrap();
+    let upstream = TimingUpstream::start(false).await;
+    let slow_link = fencing_tests::faultproxy::FaultProxy::start(upstream.addr).await.unwrap();
+    let first = Gateway::start(&db.url(), &config_for(slow_link.addr(), 1500)).await.unwrap();
+    let second = Gateway::start(&db.url(), &config_for(upstream.addr, 1500)).await.unwrap();
     // Term 1 is the resource's current term.
     let reply = send(first.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "1")], "").await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
 
+    slow_link.set(fencing_tests::faultproxy::Mode::Delay(Duration::from_millis(700)));
     let proxy = first.proxy;
-    let lower = tokio::spawn(async move { slow_write(proxy, 1, "lower", Duration::from_millis(700)).await });
+    let lower = tokio::spawn(async move {
+        send(proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "1"), ("x-request-id", "lower")], "x").await
+    });
     tokio::time::sleep(Duration::from_millis(150)).await;
     let higher =
-        send(second.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "2"), ("x-request-id", "higher")], "")
+        send(second.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "2"), ("x-request-id", "higher")], "y")
             .await
             .unwrap();
     assert_eq!(higher.status, StatusCode::OK);
-    assert!(lower.await.unwrap().starts_with("HTTP/1.1 200"), "the lower-term write was admitted before the raise");
+    assert_eq!(
+        lower.await.unwrap().unwrap().status,
+        StatusCode::OK,
+        "the lower-term write was admitted before the raise"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let records = upstream.records();
+    let higher_head = records["higher"]["head_at_us"].as_i64().unwrap();
+    let latest_lower = arrivals(&records["lower"]).into_iter().max().unwrap();
+    assert!(
+        latest_lower < higher_head,
+        "a byte of the lower term arrived {} us after the higher term's head",
+        latest_lower - higher_head
+    );
+}
 
-    let order: Vec<String> = upstream
-        .collect(Duration::from_millis(300))
-        .await
-        .iter()
-        .filter_map(|line| line["x_request_id"].as_str().map(str::to_owned))
-        .filter(|id| id == "lower" || id == "higher")
-        .collect();
-    assert_eq!(order, vec!["lower", "higher"], "the higher term overtook a lower-term write in flight");
+/// S5 with an upstream that answers before it has read the body (legal in HTTP/1.1): the
+/// gateway never sends a byte of a write after its deadline, so a lower-term body trickling in
+/// slowly can never reach the upstream after a higher term's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_no_byte_of_a_trickling_lower_term_body_reaches_the_upstream_after_a_higher_term_write() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDb::new().await;
+    let upstream = TimingUpstream::start(true).await;
+    let first = Gateway::start(&db.url(), &config_for(upstream.addr, 1000)).await.unwrap();
+    let second = Gateway::start(&db.url(), &config_for(upstream.addr, 1000)).await.unwrap();
+    let reply = send(first.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "1")], "").await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+
+    // A term-1 write whose chunked body trickles in over 3.2 s.
+    let proxy = first.proxy;
+    let lower = tokio::spawn(async move {
+        let mut stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        let head = "PUT /r/s5/item HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nX-Request-Id: lower\r\n\
+                    Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
+        stream.write_all(head.as_bytes()).await.unwrap();
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            if stream.write_all(b"1\r\nx\r\n").await.is_err() {
+                break;
+            }
+        }
+        let _ = stream.write_all(b"0\r\n\r\n").await;
+        let mut answer = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut answer)).await;
+        answer
+    });
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let higher =
+        send(second.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "2"), ("x-request-id", "higher")], "y")
+            .await
+            .unwrap();
+    assert_eq!(higher.status, StatusCode::OK);
+    let _ = lower.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let records = upstream.records();
+    let higher_head = records["higher"]["head_at_us"].as_i64().unwrap();
+    if let Some(lower) = records.get("lower") {
+        let late: Vec<i64> = arrivals(lower).into_iter().filter(|at| *at > higher_head).collect();
+        assert!(late.is_empty(), "{} bytes of the term-1 write arrived after the term-2 write's head", late.len());
+    }
 }
