@@ -175,7 +175,16 @@ async fn main() -> ExitCode {
 
     let mut events = handle.events();
     tokio::spawn(async move {
-        while let Ok(event) = events.recv().await {
+        loop {
+            let event = match events.recv().await {
+                Ok(event) => event,
+                // A slow printer missed some events: say so and go on.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    println!(r#"{{"event":"lagged","at_ms":{},"missed":{missed}}}"#, at());
+                    continue;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
             match event {
                 Event::Elected { term } => {
                     println!(r#"{{"event":"elected","at_ms":{},"term":{term}}}"#, at())

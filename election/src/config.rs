@@ -18,6 +18,10 @@ pub const MAX_TTL: Duration = fencing_schema::MAX_TTL;
 pub const RENEW_JITTER: f64 = 0.2;
 /// The longest key or owner the store accepts.
 const MAX_NAME_CHARS: usize = 256;
+/// The smallest safety margin at all: scheduling delays alone can reach tens of milliseconds.
+pub const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(50);
+/// The shortest renew and retry intervals: shorter ones only load the store.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A configured elector for one lease key; [`Elector::start`] runs it.
 #[derive(Debug, Clone)]
@@ -210,6 +214,26 @@ fn validate(elector: &Elector) -> Result<(), Error> {
             return invalid(format!("{what} must be positive"));
         }
     }
+    let margin_floor = MIN_SAFETY_MARGIN.max(ttl / 1000);
+    if elector.safety_margin < margin_floor {
+        return invalid(format!(
+            "safety margin ({:?}) must be at least {margin_floor:?} (50 ms, or ttl/1000 when more): it covers scheduling \
+             delays between the deadline passing and leader work noticing",
+            elector.safety_margin
+        ));
+    }
+    for (what, value) in [("renew interval", elector.renew_interval), ("retry interval", elector.retry_interval)] {
+        if value < MIN_INTERVAL {
+            return invalid(format!("{what} ({value:?}) must be at least {MIN_INTERVAL:?}"));
+        }
+    }
+    if elector.shutdown_grace.is_zero() || elector.shutdown_grace > ttl {
+        return invalid(format!(
+            "shutdown grace ({:?}) must be positive and at most the ttl ({ttl:?}): leader work that outlives it keeps \
+             the lease from being released",
+            elector.shutdown_grace
+        ));
+    }
     if elector.safety_margin >= ttl / 2 {
         return invalid(format!(
             "safety margin ({:?}) must be less than half the ttl ({ttl:?}), or the leader would hardly lead",
@@ -312,5 +336,14 @@ mod tests {
         // Nor can a query allowed to take as long as the lease.
         check(Elector::builder(pool(), "k").query_timeout(Duration::from_secs(9)), "two thirds of ttl");
         check(Elector::builder(pool(), "k").retry_interval(Duration::from_secs(11)), "retry interval");
+        check(Elector::builder(pool(), "k").safety_margin(ms(10)), "must be at least 50ms");
+        check(
+            Elector::builder(pool(), "k").ttl(Duration::from_secs(3600)).safety_margin(ms(1000)),
+            "must be at least 3.6s",
+        );
+        check(Elector::builder(pool(), "k").renew_interval(ms(5)), "renew interval (5ms) must be at least");
+        check(Elector::builder(pool(), "k").retry_interval(ms(1)), "retry interval (1ms) must be at least");
+        check(Elector::builder(pool(), "k").shutdown_grace(Duration::ZERO), "shutdown grace");
+        check(Elector::builder(pool(), "k").shutdown_grace(Duration::from_secs(20)), "shutdown grace");
     }
 }

@@ -57,12 +57,14 @@
 //!
 //! # Layout
 //!
+//! - [`clock`]: the boot clock (`CLOCK_BOOTTIME`) that decides validity.
 //! - [`config`]: the builder, its defaults and the validation that refuses unsafe settings.
 //! - [`state`]: what leader code sees: [`LeaderState`], [`Event`], [`Leadership`], [`FencingToken`].
 //! - `runtime`: the background task.
 //! - [`metrics`]: the names of the metrics it records.
 //! - [`Error`]: this crate's one error type.
 
+pub mod clock;
 pub mod config;
 mod error;
 pub mod metrics;

@@ -16,9 +16,23 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::Error;
+use crate::clock::BootInstant;
 use crate::config::{Elector, RENEW_JITTER};
 use crate::metrics as names;
-use crate::state::{Event, FencingToken, LeaderState, Leadership, LossReason};
+use crate::state::{Deadline, Event, FencingToken, LeaderState, Leadership, LossReason};
+
+/// When a call was sent, on both clocks.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    wake: Instant,
+    boot: BootInstant,
+}
+
+impl Sent {
+    fn now() -> Sent {
+        Sent { wake: Instant::now(), boot: BootInstant::now() }
+    }
+}
 
 /// How many events a slow subscriber may fall behind before it misses some.
 const EVENT_CAPACITY: usize = 64;
@@ -74,6 +88,12 @@ pub(crate) fn start(elector: Elector) -> ElectorHandle {
         metric_labels: [("key", elector.key.clone())],
         elector,
     };
+    // Every series from start-up, at 0: a follower shows 0, not "No data".
+    let labels = [("key", runtime.elector.key.clone())];
+    metrics::gauge!(names::IS_LEADER, &labels).set(0.0);
+    metrics::gauge!(names::TERM, &labels).set(0.0);
+    metrics::gauge!(names::LEASE_REMAINING_SECONDS, &labels).set(0.0);
+    metrics::counter!(names::RENEW_FAILURES, &labels).increment(0);
     let task = tokio::spawn(runtime.run().instrument(span));
     ElectorHandle { shared, shutdown, leader_work, task: Some(task) }
 }
@@ -133,9 +153,14 @@ impl ElectorHandle {
         });
     }
 
-    /// Calls `send` with the current fencing token, only while this process leads; the send is
-    /// dropped if leadership ends before it completes. Use it for writes through the gateway:
-    /// put `FencingToken::HEADER: token.header_value()` on the request.
+    /// Calls `send` with the current fencing token, only while this process leads; the period
+    /// is checked on every poll of the send, and the send is dropped if the period ends before
+    /// it completes. Use it for writes through the gateway: put
+    /// `FencingToken::HEADER: token.header_value()` on the request.
+    ///
+    /// [`Error::NotLeader`]: nothing was sent. [`Error::OutcomeUnknown`]: the period ended while
+    /// the send was in flight, and it may have arrived (a request handed to a connection task
+    /// goes on when its future is dropped): treat the write as indeterminate.
     pub async fn write_fenced<F, Fut, T>(&self, send: F) -> Result<T, Error>
     where
         F: FnOnce(FencingToken) -> Fut,
@@ -143,7 +168,7 @@ impl ElectorHandle {
     {
         let leadership = self.leadership().ok_or_else(|| Error::NotLeader { key: self.key().to_owned() })?;
         let token = leadership.fencing_token()?;
-        leadership.run(send(token)).await
+        leadership.run_send(send(token)).await
     }
 
     /// Stops the elector: cancels leader work and waits for it (bounded by the shutdown
@@ -218,15 +243,32 @@ impl Runtime {
 
     /// Tries to acquire until it succeeds (returning the reply and when it was sent) or the
     /// elector is shut down.
-    async fn acquire(&self) -> Option<(LeaseReply, Instant)> {
+    async fn acquire(&self) -> Option<(LeaseReply, Sent)> {
         let mut failures: u32 = 0;
         let mut last_seen: Option<(Option<String>, Option<i64>)> = None;
         loop {
             if self.shutdown.is_cancelled() {
                 return None;
             }
-            let sent = Instant::now();
-            let delay = match self.call(LeaseCall::Acquire, sent + self.elector.query_timeout).await {
+            let sent = Sent::now();
+            let call_deadline = sent.wake + self.elector.query_timeout;
+            let delay = match self.call(LeaseCall::Acquire, call_deadline).await {
+                Ok(reply) if reply.ok && self.shutdown.is_cancelled() => {
+                    // Shut down while the acquire ran: end the period at once, quietly; it was
+                    // never anyone's to act on.
+                    self.release().await;
+                    return None;
+                }
+                Ok(reply)
+                    if reply.ok
+                        && BootInstant::now()
+                            >= self.deadline(sent, &reply).boot.min(sent.boot + self.elector.query_timeout) =>
+                {
+                    // The answer came too late to act on: never publish a period whose deadline
+                    // is behind us. The next acquire starts a new period with a new term.
+                    warn!(term = ?reply.term, "acquire answered after its call deadline; not leading with it");
+                    Duration::ZERO
+                }
                 Ok(reply) if reply.ok => return Some((reply, sent)),
                 Ok(reply) => {
                     failures = 0;
@@ -256,16 +298,19 @@ impl Runtime {
 
     /// Leads from a successful acquire until the period ends; returns why it ended. Leader work
     /// is cancelled and the state is Follower again when this returns.
-    async fn lead(&self, reply: &LeaseReply, sent: Instant) -> LossReason {
+    async fn lead(&self, reply: &LeaseReply, sent: Sent) -> LossReason {
         let Some(term) = reply.term else {
             return LossReason::RenewFailed { error: "the store granted a lease without a term".to_owned() };
         };
         let mut deadline = self.deadline(sent, reply);
         let token = CancellationToken::new();
         let (deadline_tx, deadline_rx) = watch::channel(deadline);
+        // The period ends at its deadline even when this runtime is too busy to notice: a thread
+        // of its own cancels the period's token then (S7).
+        let watchdog = spawn_watchdog(token.clone(), deadline_rx.clone());
         let leadership = Leadership::new(Arc::clone(&self.shared.key), term, token.clone(), deadline_rx);
         self.shared.leadership.send_replace(Some(leadership));
-        self.shared.state.send_replace(LeaderState::Leader { term, deadline });
+        self.shared.state.send_replace(LeaderState::Leader { term, deadline: deadline.wake });
         self.shared.publish(Event::Elected { term });
         metrics::gauge!(names::IS_LEADER, &self.metric_labels).set(1.0);
         metrics::gauge!(names::TERM, &self.metric_labels).set(term as f64);
@@ -274,34 +319,40 @@ impl Runtime {
 
         let mut last_sent = sent;
         let reason = loop {
-            let next_renew = last_sent + self.jittered_renew_interval();
+            let next_renew = last_sent.wake + self.jittered_renew_interval();
             tokio::select! {
                 biased;
-                () = sleep_until(deadline) => break LossReason::DeadlinePassed,
+                () = token.cancelled() => break LossReason::DeadlinePassed,
+                () = sleep_until(deadline.wake) => break LossReason::DeadlinePassed,
                 () = self.shutdown.cancelled() => break LossReason::Shutdown,
                 () = sleep_until(next_renew) => {}
             }
-            let sent = Instant::now();
-            if sent >= deadline {
+            let sent = Sent::now();
+            if sent.boot >= deadline.boot || token.is_cancelled() {
                 break LossReason::DeadlinePassed;
             }
-            let call_deadline = deadline.min(sent + self.elector.query_timeout);
+            let call_deadline = deadline.wake.min(sent.wake + self.elector.query_timeout);
             match self.call(LeaseCall::Renew, call_deadline).await {
+                // A reply handled after the old deadline never brings the period back: the
+                // period ended at its deadline, whatever the store said since (no revival).
+                Ok(_) if BootInstant::now() >= deadline.boot || token.is_cancelled() => {
+                    break LossReason::DeadlinePassed;
+                }
                 Ok(reply) if reply.ok && reply.term == Some(term) => {
                     let renewed = self.deadline(sent, &reply);
-                    if renewed <= Instant::now() {
+                    if renewed.boot <= BootInstant::now() {
                         break LossReason::DeadlinePassed;
                     }
                     deadline = renewed;
                     last_sent = sent;
                     deadline_tx.send_replace(deadline);
-                    self.shared.state.send_replace(LeaderState::Leader { term, deadline });
+                    self.shared.state.send_replace(LeaderState::Leader { term, deadline: deadline.wake });
                     self.record_remaining(deadline);
                 }
                 Ok(reply) => {
                     break LossReason::RenewRefused { holder: reply.holder };
                 }
-                Err(CallError::TimedOut) if Instant::now() >= deadline => {
+                Err(CallError::TimedOut) if BootInstant::now() >= deadline.boot => {
                     break LossReason::DeadlinePassed;
                 }
                 Err(CallError::TimedOut) => break LossReason::RenewTimedOut,
@@ -311,6 +362,9 @@ impl Runtime {
 
         // Step down: stop leader work first, then tell everyone.
         token.cancel();
+        if let Some(watchdog) = watchdog {
+            watchdog.thread().unpark();
+        }
         drop(deadline_tx);
         self.shared.leadership.send_replace(None);
         self.shared.state.send_replace(LeaderState::Follower);
@@ -328,12 +382,23 @@ impl Runtime {
         reason
     }
 
-    /// After stepping down for shutdown: waits for leader work (bounded), then releases.
+    /// After stepping down for shutdown: waits for leader work (bounded), then releases. When
+    /// leader work overran the grace, it may still be running: the lease is not released then,
+    /// so no successor starts beside it before the lease expires.
     async fn finish_leading(&self) -> bool {
         self.leader_work.close();
         if tokio::time::timeout(self.elector.shutdown_grace, self.leader_work.wait()).await.is_err() {
-            warn!(grace = ?self.elector.shutdown_grace, "leader work did not stop within the shutdown grace");
+            warn!(
+                grace = ?self.elector.shutdown_grace,
+                "leader work did not stop within the shutdown grace; not releasing the lease, it will expire"
+            );
+            return false;
         }
+        self.release().await
+    }
+
+    /// Releases the lease (bounded by the query timeout); true when it was released.
+    async fn release(&self) -> bool {
         let call_deadline = Instant::now() + self.elector.query_timeout;
         let released = match timeout_at(call_deadline, self.pooled(call_deadline)).await {
             Ok(Ok(client)) => {
@@ -362,13 +427,16 @@ impl Runtime {
     }
 
     /// The local deadline: when the call was sent, plus the store's remaining time, minus the
-    /// safety margin (S7). Never based on a wall clock.
-    fn deadline(&self, sent: Instant, reply: &LeaseReply) -> Instant {
-        (sent + reply.remaining).checked_sub(self.elector.safety_margin).unwrap_or(sent)
+    /// safety margin (S7), on both clocks. Never based on a wall clock.
+    fn deadline(&self, sent: Sent, reply: &LeaseReply) -> Deadline {
+        Deadline {
+            wake: (sent.wake + reply.remaining).checked_sub(self.elector.safety_margin).unwrap_or(sent.wake),
+            boot: (sent.boot + reply.remaining).checked_sub(self.elector.safety_margin).unwrap_or(sent.boot),
+        }
     }
 
-    fn record_remaining(&self, deadline: Instant) {
-        let remaining = deadline.saturating_duration_since(Instant::now());
+    fn record_remaining(&self, deadline: Deadline) {
+        let remaining = deadline.boot.saturating_duration_since(BootInstant::now());
         metrics::gauge!(names::LEASE_REMAINING_SECONDS, &self.metric_labels).set(remaining.as_secs_f64());
     }
 
@@ -407,6 +475,21 @@ impl Runtime {
     async fn call(&self, call: LeaseCall, call_deadline: Instant) -> Result<LeaseReply, CallError> {
         let client = self.pooled(call_deadline).await?;
         let (key, owner, ttl) = (&self.elector.key, &self.elector.owner, self.elector.ttl);
+        // The server gives up on its own too: a call this process abandoned (timed out, or
+        // the process paused) can never commit later and grant a term nobody uses.
+        let limit = self.elector.query_timeout.as_millis().max(1);
+        let limits = format!("SET statement_timeout = {limit}; SET lock_timeout = {limit}");
+        match timeout_at(call_deadline, client.batch_execute(&limits)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                discard(client);
+                return Err(CallError::Failed(error_chain(&error)));
+            }
+            Err(_) => {
+                discard(client);
+                return Err(CallError::TimedOut);
+            }
+        }
         let answer = match call {
             // Every acquire asks for a new period: a period this process held before and ended
             // locally (or whose reply it never saw) is over, so it never leads again with its
@@ -418,6 +501,11 @@ impl Runtime {
         };
         match answer {
             Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(error)) if server_gave_up(&error) => {
+                // The server's statement or lock timeout, the twin of the client's.
+                discard(client);
+                Err(CallError::TimedOut)
+            }
             Ok(Err(error)) => {
                 if error.is_store_failure() {
                     discard(client);
@@ -428,6 +516,43 @@ impl Runtime {
                 discard(client);
                 Err(CallError::TimedOut)
             }
+        }
+    }
+}
+
+/// True when the server cancelled the call at its statement or lock timeout.
+fn server_gave_up(error: &fencing_schema::Error) -> bool {
+    let fencing_schema::Error::Store(error) = error else { return false };
+    error.as_db_error().is_some_and(|db| matches!(db.code().code(), "57014" | "55P03"))
+}
+
+/// A thread that cancels `token` when the period's boot-clock deadline passes, whatever the
+/// async runtime is doing; renewals move the deadline it waits for. It ends when the token is
+/// cancelled (it is unparked then). `None` when no thread can be started: the runtime's timers
+/// still end the period.
+fn spawn_watchdog(
+    token: CancellationToken,
+    deadline: watch::Receiver<Deadline>,
+) -> Option<std::thread::JoinHandle<()>> {
+    let spawned = std::thread::Builder::new().name("election-deadline".to_owned()).spawn(move || {
+        loop {
+            if token.is_cancelled() {
+                return;
+            }
+            let until = deadline.borrow().boot;
+            let now = BootInstant::now();
+            if now >= until {
+                token.cancel();
+                return;
+            }
+            std::thread::park_timeout(until.saturating_duration_since(now));
+        }
+    });
+    match spawned {
+        Ok(handle) => Some(handle),
+        Err(error) => {
+            warn!(%error, "cannot start the deadline thread; the period ends by the runtime's timers only");
+            None
         }
     }
 }

@@ -2,12 +2,24 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
+use crate::clock::BootInstant;
+
+/// A period's deadline on two clocks: `boot` (`CLOCK_BOOTTIME`) decides whether the period
+/// lasts; `wake` (tokio's clock) only schedules wake-ups and is what [`Leadership::deadline`]
+/// shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deadline {
+    pub(crate) wake: Instant,
+    pub(crate) boot: BootInstant,
+}
 
 /// Whether this process leads, watchable through [`crate::ElectorHandle::state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,11 +131,11 @@ pub struct Leadership {
     key: Arc<str>,
     term: i64,
     token: CancellationToken,
-    deadline: watch::Receiver<Instant>,
+    deadline: watch::Receiver<Deadline>,
 }
 
 impl Leadership {
-    pub(crate) fn new(key: Arc<str>, term: i64, token: CancellationToken, deadline: watch::Receiver<Instant>) -> Self {
+    pub(crate) fn new(key: Arc<str>, term: i64, token: CancellationToken, deadline: watch::Receiver<Deadline>) -> Self {
         Leadership { key, term, token, deadline }
     }
 
@@ -132,9 +144,11 @@ impl Leadership {
         self.term
     }
 
-    /// The current local deadline; renewals move it later.
+    /// The current local deadline, on tokio's clock; renewals move it later. Whether the period
+    /// lasts is decided on the boot clock ([`Leadership::is_valid`]), which keeps counting
+    /// while the host is suspended.
     pub fn deadline(&self) -> Instant {
-        *self.deadline.borrow()
+        self.deadline.borrow().wake
     }
 
     /// Cancelled the instant this period ends. Hand it to leader-only work.
@@ -142,10 +156,10 @@ impl Leadership {
         &self.token
     }
 
-    /// True while this period lasts: not ended by the elector and the deadline not passed.
-    /// Check it immediately before any action others can see.
+    /// True while this period lasts: not ended by the elector and the deadline not passed on
+    /// the boot clock. Check it immediately before any action others can see.
     pub fn is_valid(&self) -> bool {
-        !self.token.is_cancelled() && Instant::now() < self.deadline()
+        !self.token.is_cancelled() && BootInstant::now() < self.deadline.borrow().boot
     }
 
     /// The term while this period lasts, else [`Error::NotLeader`].
@@ -158,18 +172,25 @@ impl Leadership {
         self.check().map(FencingToken)
     }
 
-    /// Resolves when this period ends: cancelled by the elector, or the deadline passed.
+    /// Resolves when this period ends: cancelled by the elector (or its deadline watchdog), or
+    /// the deadline passed.
     pub async fn ended(&self) {
         let mut deadline = self.deadline.clone();
         loop {
-            let until = *deadline.borrow_and_update();
-            if Instant::now() >= until {
+            if !self.is_valid() {
                 return;
             }
+            let until = deadline.borrow_and_update().wake;
             tokio::select! {
                 biased;
                 () = self.token.cancelled() => return,
-                () = tokio::time::sleep_until(until) => {}
+                () = tokio::time::sleep_until(until) => {
+                    // The boot clock decides; it never lags the timer's clock by more than a
+                    // rounding, so this loops at most once more.
+                    if self.is_valid() {
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                }
                 changed = deadline.changed() => {
                     if changed.is_err() {
                         // The elector dropped the period's deadline: the period is over.
@@ -181,19 +202,79 @@ impl Leadership {
     }
 
     /// Runs `work` while this period lasts: it is dropped (stopped at its next await) the
-    /// instant the period ends, and [`Error::NotLeader`] is returned instead of its output.
+    /// instant the period ends, and [`Error::NotLeader`] is returned instead of its output. The
+    /// period is checked on every poll of `work`, not only when a timer fires.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+        self.guard(work, Leadership::not_leader).await
+    }
+
+    /// Runs a fenced send while this period lasts, checking the period on every poll. When the
+    /// period ends before the send was first polled, nothing was sent: [`Error::NotLeader`].
+    /// When it ends after, the send may have reached its destination (a request handed to a
+    /// connection task goes on when its future is dropped): [`Error::OutcomeUnknown`].
+    pub async fn run_send<F: Future>(&self, send: F) -> Result<F::Output, Error> {
+        self.guard(send, Leadership::outcome_unknown).await
+    }
+
+    async fn guard<F: Future>(&self, work: F, after_start: fn(&Leadership) -> Error) -> Result<F::Output, Error> {
         if !self.is_valid() {
             return Err(self.not_leader());
         }
-        tokio::select! {
+        let started = AtomicBool::new(false);
+        let mut work = std::pin::pin!(work);
+        let guarded = std::future::poll_fn(|cx| {
+            if !self.is_valid() {
+                return Poll::Ready(Err(()));
+            }
+            started.store(true, Ordering::Relaxed);
+            work.as_mut().poll(cx).map(Ok)
+        });
+        let outcome = tokio::select! {
             biased;
-            () = self.ended() => Err(self.not_leader()),
-            output = work => Ok(output),
-        }
+            () = self.ended() => Err(()),
+            output = guarded => output,
+        };
+        outcome.map_err(|()| if started.load(Ordering::Relaxed) { after_start(self) } else { self.not_leader() })
+    }
+
+    fn outcome_unknown(&self) -> Error {
+        Error::OutcomeUnknown { key: self.key.to_string() }
     }
 
     fn not_leader(&self) -> Error {
         Error::NotLeader { key: self.key.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::watch;
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::clock::BootInstant;
+    use crate::state::{Deadline, Leadership};
+
+    /// S7 across a suspend: tokio's clock (CLOCK_MONOTONIC) stops while the host sleeps, the
+    /// boot clock does not. Here the timer deadline lies far ahead, as a stopped monotonic clock
+    /// would make it, while the boot-clock deadline passes: the period is over.
+    #[test]
+    fn validity_is_decided_on_the_boot_clock_not_on_the_timer_clock() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+        runtime.block_on(async {
+            let deadline = Deadline {
+                wake: Instant::now() + Duration::from_secs(3600),
+                boot: BootInstant::now() + Duration::from_millis(50),
+            };
+            let (_sender, receiver) = watch::channel(deadline);
+            let leadership = Leadership::new(Arc::from("k"), 1, CancellationToken::new(), receiver);
+            assert!(leadership.is_valid());
+            std::thread::sleep(Duration::from_millis(80));
+            assert!(!leadership.is_valid(), "still valid by the timer clock after the boot-clock deadline");
+            assert!(leadership.check().is_err());
+        });
     }
 }

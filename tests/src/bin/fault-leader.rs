@@ -254,6 +254,9 @@ impl Leader {
             });
             client.batch_execute("SET statement_timeout = 2000").await?;
             let transaction = client.transaction().await?;
+            // The application's own rows are durable because it asks for it: the suite's database
+            // commits asynchronously, to test that the fencing functions override that.
+            transaction.batch_execute("SET LOCAL synchronous_commit = on").await?;
             transaction.execute("SELECT set_config('fencing.token', $1, true)", &[&term.to_string()]).await?;
             let table = format!("ledger_{key}");
             let request_id = record["request_id"].as_str().unwrap_or_default().to_owned();

@@ -200,3 +200,82 @@ async fn shutdown_stops_leader_work_then_releases_the_lease() {
     let lease = store::get_lease(&client, "release").await.unwrap().unwrap();
     assert_eq!((lease.term, lease.remaining), (term, Duration::ZERO), "released: the row stays, expired");
 }
+
+/// S7: the end of a period does not wait for the runtime. A leader whose only runtime thread
+/// is blocked (a starved runtime) has its period's token cancelled at its deadline anyway, by a
+/// thread of its own, so anything checking the token sees the end in time.
+#[test]
+fn a_period_ends_at_its_deadline_even_when_the_runtime_is_starved() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let db = TestDb::new().await;
+        let handle = elector(&db, "starved", "a");
+        let leadership =
+            tokio::time::timeout(Duration::from_secs(30), handle.wait_for_leadership()).await.unwrap().expect("leads");
+        let token = leadership.cancellation_token().clone();
+        let latest_end = std::time::SystemTime::now() + TTL;
+        let watcher = std::thread::spawn(move || {
+            for _ in 0..(3 * TTL.as_millis() / 10) {
+                if token.is_cancelled() {
+                    return Some(std::time::SystemTime::now());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            None
+        });
+        // Starve the runtime: block its only thread for three ttl. No renewal, no timer runs.
+        std::thread::sleep(TTL * 3);
+        let ended = watcher.join().unwrap().expect("the period's token was never cancelled while the runtime starved");
+        let late = ended.duration_since(latest_end).unwrap_or_default();
+        assert!(late < Duration::from_millis(200), "the period ended {late:?} after its deadline");
+        assert!(!leadership.is_valid());
+        handle.shutdown().await;
+    });
+}
+
+/// A fenced send that was in flight when the period ended has an unknown outcome, and says so;
+/// only a send that never started is "not the leader".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_in_flight_when_the_period_ends_reports_an_unknown_outcome() {
+    let db = TestDb::new().await;
+    let handle = elector(&db, "in-flight", "a");
+    handle.wait_for_leadership().await.unwrap();
+    // Renewals block on a row lock from now on, so the period ends while the send is out.
+    let mut client = db.connect().await;
+    let lock = client.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM fencing.leases WHERE key = 'in-flight' FOR UPDATE", &[]).await.unwrap();
+    let result = handle.write_fenced(|_token| tokio::time::sleep(TTL * 2)).await;
+    assert!(matches!(result, Err(Error::OutcomeUnknown { .. })), "{result:?}");
+    let after = handle.write_fenced(|_token| async {}).await;
+    assert!(matches!(after, Err(Error::NotLeader { .. })), "{after:?}");
+    lock.rollback().await.unwrap();
+    handle.shutdown().await;
+}
+
+/// Shutdown does not release the lease while leader work that overran the grace may still run:
+/// a successor starting now would run beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_release_while_overrunning_leader_work_may_still_run() {
+    let db = TestDb::new().await;
+    let handle = Elector::builder(pool(&db.url()), "overrun")
+        .owner("a")
+        .ttl(TTL)
+        .renew_interval(RENEW)
+        .safety_margin(MARGIN)
+        .query_timeout(QUERY_TIMEOUT)
+        .shutdown_grace(Duration::from_millis(200))
+        .build()
+        .unwrap()
+        .start();
+    handle.wait_for_leadership().await.unwrap();
+    handle.spawn_leader_work(|_leadership| async {
+        // Work that blocks its thread and never yields in time to be stopped.
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = handle.shutdown().await;
+    assert!(!released, "released the lease while leader work was still running");
+    let client = db.connect().await;
+    let lease = store::get_lease(&client, "overrun").await.unwrap().unwrap();
+    assert!(!lease.remaining.is_zero(), "the lease was ended early: {lease:?}");
+}

@@ -331,3 +331,77 @@ async fn elector_with_unsafe_settings_exits_64_naming_the_setting() {
     let client = db.connect().await;
     assert!(store::get_lease(&client, KEY).await.unwrap().is_none(), "nothing was written");
 }
+
+/// An acquire that a paused elector abandoned cannot commit later: the server gives up on it
+/// at the query timeout by itself (statement and lock timeouts), so no term is granted to a
+/// process that is not there to use it, and takeover is not delayed by a ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_abandoned_by_a_paused_elector_never_commits_later() {
+    let db = TestDb::new().await;
+    let mut client = db.connect().await;
+    let observer = db.connect().await;
+    // The lease row exists and has expired: the next acquire would be granted term 2.
+    store::acquire(&client, KEY, "old", Duration::from_millis(100)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lock = client.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM fencing.leases WHERE key = $1 FOR UPDATE", &[&KEY]).await.unwrap();
+
+    let url = format!("{}?application_name=elector-paused", db.url());
+    let mut a = ElectorProcess::spawn(&url, KEY, "a", SLOW_QUERY).unwrap();
+    a.wait_for("started", |l| event(l) == "started").await.unwrap();
+    let mut waiting = false;
+    for _ in 0..1000 {
+        waiting = observer
+            .query_one(
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'elector-paused' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(waiting, "the elector's acquire waits on the row lock");
+    a.signal(Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(Duration::from_millis(3 * SLOW_QUERY.query_timeout_ms)).await;
+    lock.rollback().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lease = store::get_lease(&observer, KEY).await.unwrap().unwrap();
+    assert!(!lease.owner.starts_with("a#"), "the paused elector's abandoned acquire committed later: {lease:?}");
+    a.signal(Signal::SIGKILL).unwrap();
+}
+
+/// A follower exports the election series at 0 from start-up, not nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_exports_every_election_series_at_zero_from_start_up() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::acquire(&client, KEY, "someone-else", Duration::from_secs(60)).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut b = ElectorProcess::spawn_with(&db.url(), KEY, "b", Timing::FAST, &["--metrics-listen", &listen]).unwrap();
+    b.wait_for("started", |l| event(l) == "started").await.unwrap();
+    let mut text = String::new();
+    for _ in 0..100 {
+        if let Ok(reply) =
+            fencing_tests::gateway::send(listen.parse().unwrap(), http::Method::GET, "/metrics", &[], "").await
+        {
+            text = String::from_utf8_lossy(&reply.body).into_owned();
+            if text.contains("election_is_leader") {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for series in [
+        "election_is_leader{key=\"jobs\"} 0",
+        "election_term{key=\"jobs\"} 0",
+        "election_renew_failures_total{key=\"jobs\"} 0",
+        "election_lease_remaining_seconds{key=\"jobs\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == series), "missing {series:?} in:\n{text}");
+    }
+}
