@@ -137,13 +137,18 @@ impl Rejection {
                     Outcome::NotLeader => (
                         "not-leader",
                         "Not the leader",
-                        format!("the writer does not hold the lease that resource {resource:?} needs"),
+                        format!(
+                            "the lease that resource {resource:?} needs is not held by this writer: its owner does not \
+                             hold it (stamp mode), it has expired or been released, or the resource is bound to another \
+                             lease than this route's"
+                        ),
                     ),
                     _ => (
                         "stale-term",
                         "Stale term",
                         format!(
-                            "a newer leader has written resource {resource:?}; this writer must stop acting as leader"
+                            "a term newer than the presented one exists for resource {resource:?} (admitted for it, or granted to the \
+                             lease it is bound to): this writer's period is over; it must stop acting as leader"
                         ),
                     ),
                 };

@@ -5,7 +5,8 @@
 //! Every connection to [`FaultProxy::addr`] is forwarded to the target. The mode applies to
 //! every byte not yet forwarded: [`Mode::Delay`] holds each piece for a while (in order),
 //! [`Mode::Hold`] holds everything until the mode changes (then releases it in order),
-//! [`Mode::OneWay`] holds one direction only. [`FaultProxy::drop_all`] closes every open
+//! [`Mode::OneWay`] holds one direction only. Bytes held when their sender closes or resets
+//! the connection are lost, never delivered later. [`FaultProxy::drop_all`] closes every open
 //! connection; [`FaultProxy::reset_all`] resets them (RST, nothing more delivered).
 
 use std::net::SocketAddr;
@@ -161,6 +162,7 @@ async fn pump(
             }
             Ok(read) => read,
         };
+        let mut pending = buffer[..read].to_vec();
         loop {
             let current = *mode.borrow_and_update();
             match current {
@@ -171,13 +173,26 @@ async fn pump(
                 }
                 Mode::OneWay(open) if open == direction => break,
                 Mode::Hold | Mode::OneWay(_) => {
-                    if mode.changed().await.is_err() {
-                        return;
+                    // Held: the sender may reset the connection meanwhile (a gateway aborting a
+                    // write at its deadline). Bytes held then are lost, as a reset loses what the
+                    // sender's kernel had not sent: a hold delays, it never delivers bytes the
+                    // sender took back.
+                    let mut more = vec![0_u8; 16 * 1024];
+                    tokio::select! {
+                        changed = mode.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                        }
+                        read = from.read(&mut more) => match read {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&more[..n]),
+                        },
                     }
                 }
             }
         }
-        if to.write_all(&buffer[..read]).await.is_err() {
+        if to.write_all(&pending).await.is_err() {
             return;
         }
     }

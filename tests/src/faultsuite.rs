@@ -373,9 +373,10 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     let url = prepare_database(cluster, config, &name).await?;
     let pg_addr: SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse()?;
 
-    // Upstreams, behind one proxy each (every gateway goes through it).
+    // Upstreams; each gateway reaches each upstream through a proxy of its own, so one
+    // gateway's link can be slow while another's is not.
     let mut upstreams = Vec::new();
-    let mut upstream_proxies = Vec::new();
+    let mut upstream_ports = Vec::new();
     for (name, checking) in [("checking", true), ("applying", false)] {
         let port = free_port()?;
         let mut command = vec![
@@ -395,18 +396,28 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         if !wait_listening(port, Duration::from_secs(10)).await {
             bail!("upstream {name} did not listen");
         }
-        upstream_proxies.push(FaultProxy::start(format!("127.0.0.1:{port}").parse()?).await?);
+        upstream_ports.push(port);
         upstreams.push(managed);
     }
-    let upstream_addrs: Vec<SocketAddr> = upstream_proxies.iter().map(FaultProxy::addr).collect();
-    let config_path = dir.join("gateway.toml");
-    std::fs::write(&config_path, gateway_config(config, &upstream_addrs))?;
+    let mut upstream_proxies = Vec::new();
+    let mut config_paths = Vec::new();
+    for gateway in 0..3 {
+        let mut addrs = Vec::new();
+        for port in &upstream_ports {
+            let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse()?).await?;
+            addrs.push(proxy.addr());
+            upstream_proxies.push(proxy);
+        }
+        let config_path = dir.join(format!("gateway-{gateway}.toml"));
+        std::fs::write(&config_path, gateway_config(config, &addrs))?;
+        config_paths.push(config_path);
+    }
 
     // Gateways, each reaching Postgres through a proxy of its own.
     let mut gateways = Vec::new();
     let mut gateway_ports = Vec::new();
     let mut gateway_pg = Vec::new();
-    for gateway in 0..3 {
+    for (gateway, config_path) in config_paths.iter().enumerate() {
         let proxy = FaultProxy::start(pg_addr).await?;
         let database_url = format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr());
         let (proxy_port, control_port) = (free_port()?, free_port()?);
@@ -544,21 +555,30 @@ impl Schedule {
     }
 
     async fn begin(&mut self, cluster: &PgCluster, rng: &mut StdRng, active: &[Fault]) -> Result<Option<Fault>> {
-        const KINDS: [&str; 14] = [
+        // Leaders are paused, killed and resign more often than the rest: term changes are
+        // where fencing works. Links to the upstreams are delayed often: that is where a term
+        // change meets writes still in flight (S5).
+        const KINDS: [&str; 20] = [
             "sigstop-gateway",
             "sigstop-gateway-inflight",
+            "sigstop-gateway-inflight",
+            "sigstop-leader",
+            "sigstop-leader",
             "sigstop-leader",
             "sigkill-leader",
+            "sigkill-leader",
+            "leader-resign",
             "sigkill-gateway",
             "sigkill-upstream",
             "pg-crash",
+            "proxy-delay",
+            "proxy-delay",
             "proxy-delay",
             "proxy-hold",
             "proxy-drop",
             "proxy-reset",
             "proxy-oneway",
             "leader-resign",
-            "sigstop-leader",
         ];
         let kind = KINDS[rng.random_range(0..KINDS.len())];
         let mut target = rng.random_range(0..3);
@@ -569,7 +589,7 @@ impl Schedule {
                 target = leaders[rng.random_range(0..leaders.len())];
             }
         }
-        let link = rng.random_range(0..3);
+        let link = if kind == "proxy-delay" && rng.random_bool(0.7) { 2 } else { rng.random_range(0..3) };
         let lasting = Duration::from_millis(rng.random_range(300..2000));
         // One fault per process or link at a time, and a Postgres crash alone.
         if active.iter().any(|f| f.kind == "pg-crash") || (kind == "pg-crash" && !active.is_empty()) {
@@ -593,13 +613,16 @@ impl Schedule {
             "sigkill-gateway" => self.gateways[target].kill_now().await,
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
             "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
-            "proxy-delay" => self.link(link, target).set(Mode::Delay(Duration::from_millis(rng.random_range(50..300)))),
-            "proxy-hold" => self.link(link, target).set(Mode::Hold),
-            "proxy-drop" => self.link(link, target).drop_all(),
-            "proxy-reset" => self.link(link, target).reset_all(),
+            "proxy-delay" => {
+                let delay = Mode::Delay(Duration::from_millis(rng.random_range(50..300)));
+                self.links(link, target).iter().for_each(|proxy| proxy.set(delay));
+            }
+            "proxy-hold" => self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::Hold)),
+            "proxy-drop" => self.links(link, target).iter().for_each(|proxy| proxy.drop_all()),
+            "proxy-reset" => self.links(link, target).iter().for_each(|proxy| proxy.reset_all()),
             "proxy-oneway" => {
                 let direction = if rng.random_bool(0.5) { Direction::ToTarget } else { Direction::FromTarget };
-                self.link(link, target).set(Mode::OneWay(direction));
+                self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::OneWay(direction)));
             }
             "leader-resign" => self.leaders[target].terminate(Duration::from_secs(3)).await,
             _ => return Ok(None),
@@ -627,11 +650,13 @@ impl Schedule {
             .collect()
     }
 
-    fn link(&self, link: usize, target: usize) -> &FaultProxy {
+    /// The proxies of one link: a gateway's or a leader's to Postgres, or a gateway's to both
+    /// upstreams.
+    fn links(&self, link: usize, target: usize) -> Vec<&FaultProxy> {
         match link {
-            0 => &self.gateway_pg[target],
-            1 => &self.leader_pg[target],
-            _ => &self.upstream_proxies[target % 2],
+            0 => vec![&self.gateway_pg[target]],
+            1 => vec![&self.leader_pg[target]],
+            _ => self.upstream_proxies[target * 2..target * 2 + 2].iter().collect(),
         }
     }
 
@@ -639,7 +664,7 @@ impl Schedule {
         match link {
             0 => format!("gateway-{target}->postgres"),
             1 => format!("leader-{target}->postgres"),
-            _ => format!("gateways->upstream-{}", if target % 2 == 0 { "checking" } else { "applying" }),
+            _ => format!("gateway-{target}->upstreams"),
         }
     }
 
@@ -656,7 +681,9 @@ impl Schedule {
             "sigkill-gateway" => self.gateways[target].spawn()?,
             "sigkill-upstream" => self.upstreams[target % 2].spawn()?,
             "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
-            kind if kind.starts_with("proxy") => self.link(fault.link, target).set(Mode::Pass),
+            kind if kind.starts_with("proxy") => {
+                self.links(fault.link, target).iter().for_each(|proxy| proxy.set(Mode::Pass))
+            }
             _ => {}
         }
         let target_name = if fault.kind.starts_with("proxy") {
