@@ -279,3 +279,80 @@ async fn shutdown_does_not_release_while_overrunning_leader_work_may_still_run()
     let lease = store::get_lease(&client, "overrun").await.unwrap().unwrap();
     assert!(!lease.remaining.is_zero(), "the lease was ended early: {lease:?}");
 }
+
+/// No revival: a renewal whose reply is handled after the old deadline (here the runtime is
+/// blocked while the reply waits in the socket) does not bring the ended period back. The
+/// period ends at its deadline, and the elector reports the loss.
+#[test]
+fn a_renewal_reply_handled_after_the_deadline_does_not_revive_the_period() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let db = TestDb::new().await;
+        let url = format!("{}?application_name=revival", db.url());
+        let handle = Elector::builder(pool(&url), "revival")
+            .owner("a")
+            .ttl(TTL)
+            .renew_interval(RENEW)
+            .safety_margin(MARGIN)
+            .query_timeout(QUERY_TIMEOUT)
+            .build()
+            .unwrap()
+            .start();
+        let mut events = handle.events();
+        let leadership = handle.wait_for_leadership().await.unwrap();
+        let term = leadership.term();
+
+        // A locker on a thread and runtime of its own: the renewal blocks on the lease row.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let locker_url = db.url();
+        let locker = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let mut client = fencing_tests::pg::connect(&locker_url).await;
+                let lock = client.transaction().await.unwrap();
+                lock.execute("SELECT 1 FROM fencing.leases WHERE key = 'revival' FOR UPDATE", &[]).await.unwrap();
+                let _ = tokio::task::spawn_blocking(move || released.recv()).await;
+                lock.rollback().await.unwrap();
+            });
+        });
+        let observer = db.connect().await;
+        let mut waiting = false;
+        for _ in 0..2000 {
+            waiting = observer
+                .query_one(
+                    "SELECT count(*) > 0 FROM pg_stat_activity WHERE application_name = 'revival' AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(waiting, "the renewal blocks on the row lock");
+        // Let the renewal through, and keep this runtime (the elector's) from handling its
+        // reply until the old deadline has passed.
+        let old_deadline = leadership.deadline();
+        release.send(()).unwrap();
+        std::thread::sleep(old_deadline.saturating_duration_since(tokio::time::Instant::now()) + Duration::from_millis(200));
+        locker.join().unwrap();
+
+        let lost = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match events.recv().await {
+                    Ok(Event::Lost { term: lost, reason }) => return (lost, reason),
+                    Ok(_) => {}
+                    Err(error) => panic!("events: {error}"),
+                }
+            }
+        })
+        .await
+        .expect("the elector reports the loss of the period whose deadline passed");
+        assert_eq!(lost, (term, LossReason::DeadlinePassed));
+        assert!(!leadership.is_valid(), "the ended period came back");
+        assert!(handle.current_term() != Some(term), "leading again with the same term");
+        handle.shutdown().await;
+    });
+}
