@@ -169,14 +169,16 @@ impl Gateway {
         bail!("the gateway did not become ready")
     }
 
-    /// The process id.
-    pub fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0))
+    /// The process id; `None` once the process has been reaped: its pid may belong to another process by then.
+    pub fn pid(&self) -> Option<Pid> {
+        self.child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw)
     }
 
     /// Sends `signal` to the gateway.
     pub fn signal(&self, signal: Signal) -> Result<()> {
-        kill(self.pid(), signal).context("signal the gateway")
+        // Never kill(0, ..): that would signal this test's own process group.
+        let pid = self.pid().ok_or_else(|| anyhow!("the gateway has already exited"))?;
+        kill(pid, signal).context("signal the gateway")
     }
 
     /// Waits for the process to exit; returns its exit code.

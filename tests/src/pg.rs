@@ -238,9 +238,26 @@ impl PgCluster {
 
     fn spawn_supervisor(&mut self) -> Result<()> {
         // Blocks until the pipe closes, then stops the server and removes everything.
+        // When pg_ctl cannot stop the server, the postmaster is killed; the removal is retried
+        // while processes that outlived it may still write, and a failure is reported.
         let script = r#"cat >/dev/null
-if [ -f "$2/postmaster.pid" ]; then "$1" -D "$2" -m immediate -w -t 30 stop >/dev/null 2>&1; fi
-rm -rf "$3""#;
+pidfile="$2/postmaster.pid"
+if [ -f "$pidfile" ] && ! "$1" -D "$2" -m immediate -w -t 30 stop >/dev/null 2>&1; then
+  pid=$(head -n 1 "$pidfile" 2>/dev/null)
+  # Only a postmaster of this data directory: the pid may have been reused.
+  if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$2"; then
+    kill -9 "$pid" 2>/dev/null
+  fi
+fi
+tries=0
+while [ -e "$3" ] && [ "$tries" -lt 100 ]; do
+  rm -rf "$3" 2>/dev/null || sleep 0.1
+  tries=$((tries + 1))
+done
+if [ -e "$3" ]; then
+  echo "fencing-pg-supervisor: could not remove $3:" >&2
+  ls -laR "$3" 2>&1 | head -n 40 >&2
+fi"#;
         let mut command = Command::new("sh");
         command
             .args(["-c", script, "fencing-pg-supervisor"])
@@ -249,7 +266,8 @@ rm -rf "$3""#;
             .arg(&self.root)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // Inherited: a cluster it could not remove is reported in the test run's output.
+            .stderr(Stdio::inherit())
             // Its own process group: a Ctrl-C to the test run does not stop it before it cleans.
             .process_group(0);
         if let Some(user) = &self.run_as {

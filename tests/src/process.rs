@@ -95,14 +95,16 @@ impl ElectorProcess {
         Ok(ElectorProcess { owner: owner.to_owned(), child, lines, seen: Vec::new() })
     }
 
-    /// The process id.
-    pub fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id().and_then(|id| i32::try_from(id).ok()).unwrap_or(0))
+    /// The process id; `None` once the process has been reaped: its pid may belong to another process by then.
+    pub fn pid(&self) -> Option<Pid> {
+        self.child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw)
     }
 
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: Signal) -> Result<()> {
-        kill(self.pid(), signal).with_context(|| format!("send {signal} to {}", self.owner))
+        // Never kill(0, ..): that would signal this test's own process group.
+        let pid = self.pid().ok_or_else(|| anyhow!("{} has already exited", self.owner))?;
+        kill(pid, signal).with_context(|| format!("send {signal} to {}", self.owner))
     }
 
     /// Waits (bounded by [`LINE_TIMEOUT`]) for the next line for which `wanted` is true, keeping
