@@ -558,7 +558,12 @@ impl Schedule {
         // Leaders are paused, killed and resign more often than the rest: term changes are
         // where fencing works. Links to the upstreams are delayed often: that is where a term
         // change meets writes still in flight (S5).
-        const KINDS: [&str; 20] = [
+        // A crash right after a grant needs a moment with no other fault: it is drawn often.
+        const KINDS: [&str; 24] = [
+            "pg-crash-after-grant",
+            "pg-crash-after-grant",
+            "pg-crash-after-grant",
+            "pg-crash-after-grant",
             "sigstop-gateway",
             "sigstop-gateway-inflight",
             "sigstop-gateway-inflight",
@@ -592,7 +597,8 @@ impl Schedule {
         let link = if kind == "proxy-delay" && rng.random_bool(0.7) { 2 } else { rng.random_range(0..3) };
         let lasting = Duration::from_millis(rng.random_range(300..2000));
         // One fault per process or link at a time, and a Postgres crash alone.
-        if active.iter().any(|f| f.kind == "pg-crash") || (kind == "pg-crash" && !active.is_empty()) {
+        let crash = |kind: &str| kind.starts_with("pg-crash");
+        if active.iter().any(|f| crash(f.kind)) || (crash(kind) && !active.is_empty()) {
             return Ok(None);
         }
         if active.iter().any(|f| f.target == target && f.link == link) {
@@ -613,6 +619,7 @@ impl Schedule {
             "sigkill-gateway" => self.gateways[target].kill_now().await,
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
             "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
+            "pg-crash-after-grant" => target = self.crash_after_grant(cluster).await?,
             "proxy-delay" => {
                 let delay = Mode::Delay(Duration::from_millis(rng.random_range(50..300)));
                 self.links(link, target).iter().for_each(|proxy| proxy.set(delay));
@@ -629,6 +636,47 @@ impl Schedule {
         }
         let link = if kind.starts_with("proxy") { link } else { usize::MAX };
         Ok(Some(Fault { kind, target, link, started_us, ends: Instant::now() + lasting }))
+    }
+
+    /// A term change, then a crash of Postgres as soon as its grant is visible, with every
+    /// other leader paused meanwhile so that none of their own synchronous commits flushes the
+    /// grant's WAL first: a grant that was answered before it was durable is lost. Returns the
+    /// leader that resigned to make the term change; it is started again when the fault ends.
+    async fn crash_after_grant(&mut self, cluster: &PgCluster) -> Result<usize> {
+        let leaders = self.current_leaders().await;
+        let target = leaders.first().copied().unwrap_or(0);
+        let terms = "SELECT coalesce(sum(term), 0)::bigint FROM fencing.leases";
+        // Straight to Postgres, not through a fault proxy.
+        let watcher = match tokio::time::timeout(Duration::from_secs(1), try_connect(&self.url)).await {
+            Ok(Ok(client)) => Some(client),
+            _ => None,
+        };
+        let mut before = None;
+        if let Some(client) = &watcher
+            && let Ok(Ok(row)) = tokio::time::timeout(Duration::from_millis(500), client.query_one(terms, &[])).await
+        {
+            before = row.try_get::<_, i64>(0).ok();
+        }
+        self.leaders[target].terminate(Duration::from_secs(3)).await;
+        if let (Some(client), Some(before)) = (&watcher, before) {
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                match tokio::time::timeout(Duration::from_millis(200), client.query_one(terms, &[])).await {
+                    Ok(Ok(row)) if row.try_get::<_, i64>(0).ok() != Some(before) => break,
+                    _ => {}
+                }
+            }
+        }
+        let paused: Vec<usize> = (0..self.leaders.len()).filter(|&i| i != target && !self.leaders[i].paused).collect();
+        for &leader in &paused {
+            self.leaders[leader].signal(Signal::SIGSTOP);
+        }
+        let crashed = tokio::task::block_in_place(|| cluster.crash_now());
+        for &leader in &paused {
+            self.leaders[leader].signal(Signal::SIGCONT);
+        }
+        crashed?;
+        Ok(target)
     }
 
     /// The leader processes (by index) that hold a lease right now, by the store.
@@ -681,6 +729,10 @@ impl Schedule {
             "sigkill-gateway" => self.gateways[target].spawn()?,
             "sigkill-upstream" => self.upstreams[target % 2].spawn()?,
             "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
+            "pg-crash-after-grant" => {
+                tokio::task::block_in_place(|| cluster.start_server())?;
+                self.leaders[target].spawn()?;
+            }
             kind if kind.starts_with("proxy") => {
                 self.links(fault.link, target).iter().for_each(|proxy| proxy.set(Mode::Pass))
             }

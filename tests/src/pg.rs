@@ -166,6 +166,22 @@ impl PgCluster {
         self.pg_ctl_stop("immediate")
     }
 
+    /// Crashes the server at once: SIGQUIT to the postmaster (what `pg_ctl stop -m immediate`
+    /// sends, without starting a process first), then waits, bounded, until it is gone.
+    pub fn crash_now(&self) -> Result<()> {
+        let pid = self.postmaster_pid().ok_or_else(|| anyhow!("the server is not running"))?;
+        let pid = nix::unistd::Pid::from_raw(pid);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGQUIT).context("send SIGQUIT to the postmaster")?;
+        // 6,000 checks 10 ms apart: about 60 s.
+        for _ in 0..6_000 {
+            if nix::sys::signal::kill(pid, None).is_err() && !self.data_dir.join("postmaster.pid").exists() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        bail!("the postmaster {pid} did not stop within 60 s of SIGQUIT")
+    }
+
     fn pg_ctl_stop(&self, mode: &str) -> Result<()> {
         let output = self
             .pg_command("pg_ctl")
