@@ -44,6 +44,19 @@ pub enum Command {
         #[arg(long)]
         exit_after_story: bool,
     },
+    /// Make a client token: prints a new random bearer token (give it to the client, keep it
+    /// out of argv and logs) and the `[[clients]]` entry with its SHA-256 for the configuration.
+    Token {
+        /// The client's name (A-Z a-z 0-9 . _ -).
+        #[arg(long)]
+        name: String,
+        /// A lease-key glob the client may use; repeat for more.
+        #[arg(long = "lease")]
+        leases: Vec<String>,
+        /// Let the client read leases, fences and /metrics.
+        #[arg(long)]
+        read: bool,
+    },
     /// One leader of the demo (started by `demo`): elects itself through the library and writes
     /// through the gateway, printing what happens.
     #[command(hide = true)]
@@ -89,9 +102,11 @@ pub enum Command {
     ///
     /// Safe to run from several replicas at once; refuses a database migrated by a newer release.
     Migrate {
-        /// The database, as a libpq URL or key=value string.
+        /// The database, as a libpq URL or key=value string; or DATABASE_URL_FILE, a file
+        /// holding it. A password never goes on the command line (refused): every local user
+        /// can read it there.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        database_url: Option<String>,
     },
 }
 

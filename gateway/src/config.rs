@@ -60,6 +60,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The routes, longest prefix first.
     pub routes: Vec<Route>,
+    /// Who may call the control API and write through the proxy; empty: development mode,
+    /// loopback listeners only.
+    pub clients: crate::auth::Clients,
     /// What is allowed but worth saying at start-up (logged as warnings).
     pub warnings: Vec<String>,
 }
@@ -79,6 +82,8 @@ pub struct ProxyConfig {
     pub body_read_timeout: Duration,
     /// Connections held at once; more wait in the accept queue.
     pub max_connections: usize,
+    /// When not empty, the only names `Host` may carry (without the port).
+    pub hosts: Vec<String>,
 }
 
 /// See [`Config::control`].
@@ -90,6 +95,8 @@ pub struct ControlConfig {
     pub min_ttl: Duration,
     /// The longest ttl the lease API accepts.
     pub max_ttl: Duration,
+    /// When not empty, the only names `Host` may carry (without the port).
+    pub hosts: Vec<String>,
 }
 
 /// See [`Config::database`].
@@ -207,6 +214,18 @@ struct RawFile {
     upstream: RawUpstream,
     shutdown: RawShutdown,
     routes: Vec<RawRoute>,
+    clients: Vec<RawClient>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    name: String,
+    token_sha256: String,
+    #[serde(default)]
+    leases: Vec<String>,
+    #[serde(default)]
+    read: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -218,6 +237,7 @@ struct RawProxy {
     header_read_timeout_ms: Option<u64>,
     body_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
+    hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -226,6 +246,7 @@ struct RawControl {
     listen: Option<String>,
     min_ttl_ms: Option<u64>,
     max_ttl_ms: Option<u64>,
+    hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -279,7 +300,7 @@ impl Config {
     pub fn parse(text: &str, env: &dyn Environment) -> Result<Config, ConfigError> {
         let mut table: toml::Table =
             toml::from_str(text).map_err(|error| ConfigError { problems: vec![format!("config file: {error}")] })?;
-        apply_environment(&mut table, env);
+        apply_environment(&mut table, env).map_err(|problems| ConfigError { problems })?;
         let raw: RawFile = toml::Value::Table(table)
             .try_into()
             .map_err(|error: toml::de::Error| ConfigError { problems: vec![format!("config: {error}")] })?;
@@ -302,12 +323,34 @@ impl Config {
     }
 }
 
-fn apply_environment(table: &mut toml::Table, env: &dyn Environment) {
-    // (priority, section, key, value): FENCING_DATABASE_URL wins over DATABASE_URL.
+fn apply_environment(table: &mut toml::Table, env: &dyn Environment) -> Result<(), Vec<String>> {
+    // (priority, section, key, value): FENCING_DATABASE_URL wins over DATABASE_URL. A secret
+    // may come from a file instead: `DATABASE_URL_FILE`, `FENCING_DATABASE_URL_FILE`.
     let mut overrides: Vec<(u8, String, String, String)> = Vec::new();
-    for (name, value) in env.vars() {
+    let mut problems = Vec::new();
+    let vars = env.vars();
+    for (name, value) in &vars {
+        let priority = match name.as_str() {
+            "DATABASE_URL_FILE" => 0,
+            "FENCING_DATABASE_URL_FILE" => 1,
+            _ => continue,
+        };
+        let plain = name.trim_end_matches("_FILE");
+        if vars.iter().any(|(other, _)| other == plain) {
+            problems.push(format!("{name}: set {plain} or {name}, not both"));
+            continue;
+        }
+        match std::fs::read_to_string(value) {
+            Ok(text) => overrides.push((priority, "database".to_owned(), "url".to_owned(), text.trim().to_owned())),
+            Err(error) => problems.push(format!("{name}: {value}: {error}")),
+        }
+    }
+    for (name, value) in vars {
         if name == "DATABASE_URL" {
             overrides.push((0, "database".to_owned(), "url".to_owned(), value));
+            continue;
+        }
+        if name.ends_with("_FILE") {
             continue;
         }
         let Some(rest) = name.strip_prefix("FENCING_") else {
@@ -331,6 +374,7 @@ fn apply_environment(table: &mut toml::Table, env: &dyn Environment) {
             section.insert(key, typed);
         }
     }
+    if problems.is_empty() { Ok(()) } else { Err(problems) }
 }
 
 fn ms(value: u64) -> Duration {
@@ -452,6 +496,29 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     // Longest prefix first, so the first match is the longest.
     routes.sort_by_key(|route| std::cmp::Reverse(route.prefix.trim_end_matches('/').len()));
     let warnings = check_bindings(&routes, &mut problems);
+    let clients = validate_clients(raw.clients, &mut problems);
+    if clients.is_empty() {
+        // Development mode: nobody authenticates, so nobody off this host may connect.
+        for (key, addr) in [("proxy.listen", proxy_listen), ("control.listen", control_listen)] {
+            if !addr.ip().is_loopback() {
+                problems.push(format!(
+                    "{key}: {addr} is not a loopback address; listening beyond this host needs [[clients]] \
+                     (bearer tokens), see the README's security model"
+                ));
+            }
+        }
+    }
+    let hosts = |key: &str, names: Option<Vec<String>>, problems: &mut Vec<String>| -> Vec<String> {
+        let names = names.unwrap_or_default();
+        for name in &names {
+            if name.is_empty() || name.contains([':', '/', ' ']) {
+                problems.push(format!("{key}: {name:?} must be a host name without port"));
+            }
+        }
+        names.into_iter().map(|name| name.to_ascii_lowercase()).collect()
+    };
+    let proxy_hosts = hosts("proxy.hosts", raw.proxy.hosts, &mut problems);
+    let control_hosts = hosts("control.hosts", raw.control.hosts, &mut problems);
 
     if !problems.is_empty() {
         return Err(ConfigError { problems });
@@ -464,8 +531,9 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             header_read_timeout,
             body_read_timeout,
             max_connections,
+            hosts: proxy_hosts,
         },
-        control: ControlConfig { listen: control_listen, min_ttl, max_ttl },
+        control: ControlConfig { listen: control_listen, min_ttl, max_ttl, hosts: control_hosts },
         database: DatabaseConfig {
             url,
             pool_size,
@@ -476,8 +544,52 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         upstream: UpstreamConfig { connect_timeout, forward_timeout, settle_margin },
         shutdown_grace,
         routes,
+        clients: crate::auth::Clients::new(clients),
         warnings,
     })
+}
+
+fn validate_clients(raw: Vec<RawClient>, problems: &mut Vec<String>) -> Vec<crate::auth::Client> {
+    let mut clients: Vec<crate::auth::Client> = Vec::new();
+    for (index, client) in raw.into_iter().enumerate() {
+        let key = |name: &str| format!("clients[{index}].{name}");
+        let before = problems.len();
+        if !crate::auth::valid_client_name(&client.name) {
+            problems.push(format!("{}: {:?} must be 1 to 64 of A-Z a-z 0-9 . _ -", key("name"), client.name));
+        }
+        if clients.iter().any(|c| c.name == client.name) {
+            problems.push(format!("{}: {:?} is configured twice", key("name"), client.name));
+        }
+        let hash = crate::auth::parse_sha256_hex(&client.token_sha256.to_ascii_lowercase());
+        if hash.is_none() {
+            problems.push(format!(
+                "{}: must be 64 hex digits, the SHA-256 of the token (never the token itself; \
+                 `fencing-gateway token` makes one)",
+                key("token_sha256")
+            ));
+        }
+        if let Some(hash) = hash
+            && clients.iter().any(|c| c.token_sha256 == hash)
+        {
+            problems.push(format!("{}: two clients share one token", key("token_sha256")));
+        }
+        for pattern in &client.leases {
+            if pattern.is_empty() || pattern.chars().count() > 256 {
+                problems.push(format!("{}: {pattern:?} must be 1 to 256 characters", key("leases")));
+            }
+        }
+        if problems.len() == before
+            && let Some(hash) = hash
+        {
+            clients.push(crate::auth::Client {
+                name: client.name,
+                token_sha256: hash,
+                leases: client.leases,
+                read: client.read,
+            });
+        }
+    }
+    clients
 }
 
 /// Two routes bound to different leases that can name one resource would fight over its

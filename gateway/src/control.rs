@@ -5,11 +5,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use bytes::Bytes;
 use deadpool_postgres::Object;
 use fencing_schema::store::{self, LeaseReply};
@@ -20,10 +21,11 @@ use serde_json::{Value, json};
 use tokio::time::{Instant, timeout_at};
 use tracing::warn;
 
+use crate::auth::{Caller, check_host};
 use crate::config::Config;
 use crate::fence::{FenceStore, discard};
 use crate::metrics as names;
-use crate::problem::Problem;
+use crate::problem::{Problem, forbidden, unauthenticated};
 
 /// What the control handlers share.
 #[derive(Debug, Clone)]
@@ -40,6 +42,7 @@ pub struct ControlState {
 
 /// The control API's routes.
 pub fn router(state: ControlState) -> Router {
+    let guarded = axum::middleware::from_fn_with_state(state.clone(), guard);
     Router::new()
         .route("/v1/leases/{key}/acquire", post(acquire))
         .route("/v1/leases/{key}/renew", post(renew))
@@ -50,7 +53,62 @@ pub fn router(state: ControlState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
+        .layer(guarded)
         .with_state(state)
+}
+
+/// Every request: `Host` checked, then, with clients configured, the bearer token (but for the
+/// health probes); the caller goes to the handlers as an extension.
+async fn guard(State(state): State<ControlState>, mut request: Request, next: Next) -> Response {
+    if let Err(problem) = check_host(request.headers(), request.version(), &state.config.control.hosts) {
+        return problem.into_response();
+    }
+    let path = request.uri().path();
+    let caller = if path == "/healthz" || path == "/readyz" {
+        Caller::Anyone
+    } else {
+        match state.config.clients.authenticate(request.headers()) {
+            Ok(caller) => caller,
+            Err(reason) => return unauthenticated(reason).into_response(),
+        }
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// 403 unless the caller may use lease `key`.
+fn may_use(caller: &Caller, key: &str) -> Result<(), Problem> {
+    if caller.may_use(key) {
+        return Ok(());
+    }
+    Err(forbidden(&format!("client {:?} may not use lease {key:?}", caller.name())).with("key", json!(key)))
+}
+
+/// 403 unless the caller may read.
+fn may_read(caller: &Caller) -> Result<(), Problem> {
+    if caller.may_read() {
+        return Ok(());
+    }
+    Err(forbidden(&format!("client {:?} has no read permission", caller.name())))
+}
+
+/// 415 unless the body is declared JSON: a browser's cross-site "simple" request can only send
+/// text/plain, form or multipart bodies, so this also keeps web pages out.
+fn json_body(headers: &HeaderMap) -> Result<(), Problem> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    if declared == Some(true) {
+        return Ok(());
+    }
+    Err(Problem::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+        "JSON required",
+        "the body must be sent with Content-Type: application/json",
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -183,15 +241,42 @@ fn held_elsewhere(key: &str, reply: &LeaseReply, detail: &str) -> Problem {
         .with("expires_at", json!(reply.expires_at.filter(|_| reply.holder.is_some()).map(rfc3339)))
 }
 
-async fn acquire(State(state): State<ControlState>, Path(key): Path<String>, body: Bytes) -> Response {
-    lease_call(state, key, body, "acquire").await
+async fn acquire(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    lease_call(state, &caller, key, &headers, body, "acquire").await
 }
 
-async fn renew(State(state): State<ControlState>, Path(key): Path<String>, body: Bytes) -> Response {
-    lease_call(state, key, body, "renew").await
+async fn renew(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    lease_call(state, &caller, key, &headers, body, "renew").await
 }
 
-async fn lease_call(state: ControlState, key: String, body: Bytes, op: &'static str) -> Response {
+async fn lease_call(
+    state: ControlState,
+    caller: &Caller,
+    key: String,
+    headers: &HeaderMap,
+    body: Bytes,
+    op: &'static str,
+) -> Response {
+    if let Err(problem) = may_use(caller, &key) {
+        ControlState::count(op, "forbidden");
+        return problem.into_response();
+    }
+    if let Err(problem) = json_body(headers) {
+        ControlState::count(op, "invalid");
+        return problem.into_response();
+    }
     let request: LeaseRequest = match parse(&body) {
         Ok(request) => request,
         Err(problem) => {
@@ -206,7 +291,8 @@ async fn lease_call(state: ControlState, key: String, body: Bytes, op: &'static 
             return problem.into_response();
         }
     };
-    let (call_key, owner) = (key.clone(), request.owner.clone());
+    // The store's owner is the client's: another client cannot renew or stamp with it.
+    let (call_key, owner) = (key.clone(), caller.store_owner(&request.owner));
     let reply = state
         .with_client(|client| async move {
             let result = if op == "acquire" {
@@ -241,7 +327,21 @@ async fn lease_call(state: ControlState, key: String, body: Bytes, op: &'static 
     }
 }
 
-async fn release(State(state): State<ControlState>, Path(key): Path<String>, body: Bytes) -> Response {
+async fn release(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(problem) = may_use(&caller, &key) {
+        ControlState::count("release", "forbidden");
+        return problem.into_response();
+    }
+    if let Err(problem) = json_body(&headers) {
+        ControlState::count("release", "invalid");
+        return problem.into_response();
+    }
     let request: ReleaseRequest = match parse(&body) {
         Ok(request) => request,
         Err(problem) => {
@@ -252,7 +352,7 @@ async fn release(State(state): State<ControlState>, Path(key): Path<String>, bod
     let call_key = key.clone();
     let released = state
         .with_client(|client| async move {
-            let result = store::release(&**client, &call_key, &request.owner).await;
+            let result = store::release(&**client, &call_key, &caller.store_owner(&request.owner)).await;
             (client, result)
         })
         .await;
@@ -274,7 +374,14 @@ async fn release(State(state): State<ControlState>, Path(key): Path<String>, bod
     }
 }
 
-async fn get_lease(State(state): State<ControlState>, Path(key): Path<String>) -> Response {
+async fn get_lease(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+) -> Response {
+    if let Err(problem) = may_read(&caller) {
+        return problem.into_response();
+    }
     let call_key = key.clone();
     let row = state
         .with_client(|client| async move {
@@ -301,7 +408,14 @@ async fn get_lease(State(state): State<ControlState>, Path(key): Path<String>) -
     }
 }
 
-async fn get_fence(State(state): State<ControlState>, Path(resource): Path<String>) -> Response {
+async fn get_fence(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(resource): Path<String>,
+) -> Response {
+    if let Err(problem) = may_read(&caller) {
+        return problem.into_response();
+    }
     let call_resource = resource.clone();
     let row = state
         .with_client(|client| async move {
@@ -329,7 +443,10 @@ async fn get_fence(State(state): State<ControlState>, Path(resource): Path<Strin
     }
 }
 
-async fn render_metrics(State(state): State<ControlState>) -> Response {
+async fn render_metrics(State(state): State<ControlState>, Extension(caller): Extension<Caller>) -> Response {
+    if let Err(problem) = may_read(&caller) {
+        return problem.into_response();
+    }
     // Refusals inside Postgres roll back with their transactions: the store counts them in a
     // sequence, read here (bounded) so the dashboard sees them whichever client was refused.
     let count = state

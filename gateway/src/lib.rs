@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //!
+//! - [`auth`]: clients, bearer tokens and what each client may do.
 //! - [`config`]: the configuration file and its environment overrides, checked in one place.
 //! - [`proxy`]: the proxy listener's handler: route, decide, settle, forward, stream back.
 //! - [`fence`]: the fence decision, one prepared call of `fencing.gate` per write.
@@ -17,6 +18,7 @@
 //! - [`migrate`]: `fencing-gateway migrate`.
 //! - [`cli`]: the command line.
 
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod control;

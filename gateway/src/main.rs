@@ -15,6 +15,10 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if let Some(message) = password_in_argv(std::env::args()) {
+        eprintln!("fencing-gateway: {message}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -60,6 +64,24 @@ async fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Token { name, leases, read } => {
+            if !fencing_gateway::auth::valid_client_name(&name) {
+                eprintln!("fencing-gateway token: --name {name:?} must be 1 to 64 of A-Z a-z 0-9 . _ -");
+                return ExitCode::from(EXIT_USAGE);
+            }
+            let token: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+            let leases = leases.iter().map(|lease| format!("{lease:?}")).collect::<Vec<_>>().join(", ");
+            println!(
+                "# The client's bearer token (shown once; give it to the client through a file or the environment):"
+            );
+            println!("# {token}");
+            println!("[[clients]]");
+            println!("name = {name:?}");
+            println!("token_sha256 = {:?}", fencing_gateway::auth::token_sha256_hex(&token));
+            println!("leases = [{leases}]");
+            println!("read = {read}");
+            ExitCode::SUCCESS
         }
         Command::DemoLeader { database_url, owner, proxy } => {
             match fencing_gateway::demo::leader(&database_url, &owner, proxy).await {
@@ -113,20 +135,65 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Migrate { database_url } => match fencing_gateway::migrate::run(&database_url).await {
-            Ok(report) if report.applied.is_empty() => {
-                println!("schema fencing is current at version {}", report.version);
-                ExitCode::SUCCESS
-            }
-            Ok(report) => {
-                println!("applied migrations {:?}; schema fencing is at version {}", report.applied, report.version);
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("fencing-gateway migrate: {}", error_chain(&error));
-                ExitCode::FAILURE
-            }
-        },
+        Command::Migrate { database_url } => {
+            let database_url = match database_url.map_or_else(url_from_file, |url| Ok(Some(url))) {
+                Ok(Some(url)) => url,
+                Ok(None) => {
+                    eprintln!("fencing-gateway migrate: needs --database-url, DATABASE_URL or DATABASE_URL_FILE");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+                Err(message) => {
+                    eprintln!("fencing-gateway migrate: {message}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            migrate(&database_url).await
+        }
+    }
+}
+
+async fn migrate(database_url: &str) -> ExitCode {
+    match fencing_gateway::migrate::run(database_url).await {
+        Ok(report) if report.applied.is_empty() => {
+            println!("schema fencing is current at version {}", report.version);
+            ExitCode::SUCCESS
+        }
+        Ok(report) => {
+            println!("applied migrations {:?}; schema fencing is at version {}", report.applied, report.version);
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("fencing-gateway migrate: {}", error_chain(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A password on the command line is readable by every local user (`/proc/PID/cmdline`, `ps`):
+/// refused, with where to put it instead.
+fn password_in_argv(args: impl Iterator<Item = String>) -> Option<String> {
+    let mut flag_before = false;
+    for arg in args {
+        let value = if flag_before { Some(arg.as_str()) } else { arg.strip_prefix("--database-url=") };
+        flag_before = arg == "--database-url";
+        if value.is_some_and(|url| url.parse::<tokio_postgres::Config>().is_ok_and(|c| c.get_password().is_some())) {
+            return Some(
+                "--database-url carries a password, which every local user can read in /proc/PID/cmdline; \
+                 set DATABASE_URL, or DATABASE_URL_FILE naming a file only you can read, instead"
+                    .to_owned(),
+            );
+        }
+    }
+    None
+}
+
+/// The database URL from the file `DATABASE_URL_FILE` names, if set.
+fn url_from_file() -> Result<Option<String>, String> {
+    match std::env::var_os("DATABASE_URL_FILE") {
+        None => Ok(None),
+        Some(path) => std::fs::read_to_string(&path)
+            .map(|text| Some(text.trim().to_owned()))
+            .map_err(|error| format!("DATABASE_URL_FILE {}: {error}", std::path::Path::new(&path).display())),
     }
 }
 
@@ -230,6 +297,9 @@ async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
 /// configuration's `data_dir`.
 fn find_database(database_url: Option<String>, config_path: Option<&std::path::Path>) -> Result<String, String> {
     if let Some(url) = database_url {
+        return Ok(url);
+    }
+    if let Some(url) = url_from_file()? {
         return Ok(url);
     }
     let config = Config::load(config_path, &ProcessEnvironment).map_err(|error| error.to_string())?;

@@ -2,7 +2,7 @@
 //! the one place that maps an outcome to its status, body and metric label.
 
 use axum::body::Body;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 
@@ -28,6 +28,8 @@ pub enum Outcome {
     Unavailable,
     /// Admitted, but the upstream could not be reached or timed out.
     UpstreamError,
+    /// No valid bearer token (401), or the client may not use the lease (403).
+    Unauthorized,
 }
 
 impl Outcome {
@@ -42,6 +44,7 @@ impl Outcome {
             Outcome::Malformed => "malformed",
             Outcome::Unavailable => "unavailable",
             Outcome::UpstreamError => "upstream_error",
+            Outcome::Unauthorized => "unauthorized",
         }
     }
 }
@@ -82,6 +85,13 @@ pub enum Rejection {
     UpstreamUnreachable,
     /// The upstream did not answer before the write's forward deadline.
     UpstreamTimeout,
+    /// Clients are configured and the write carries no valid bearer token.
+    Unauthenticated(crate::auth::Unauthenticated),
+    /// The authenticated client may not write under this lease; the detail says which.
+    Forbidden(String),
+    /// `Host` is missing, repeated or malformed (400), or not one of the configured names
+    /// (421); the problem says which.
+    BadHost(Problem),
 }
 
 impl Rejection {
@@ -97,6 +107,9 @@ impl Rejection {
             Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Rejection::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Rejection::Forbidden(_) => StatusCode::FORBIDDEN,
+            Rejection::BadHost(problem) => problem.status,
         }
     }
 
@@ -108,7 +121,9 @@ impl Rejection {
             Rejection::NoRoute
             | Rejection::MethodNotAllowed
             | Rejection::Malformed(_)
-            | Rejection::BodyTooLarge { .. } => Outcome::Malformed,
+            | Rejection::BodyTooLarge { .. }
+            | Rejection::BadHost(_) => Outcome::Malformed,
+            Rejection::Unauthenticated(_) | Rejection::Forbidden(_) => Outcome::Unauthorized,
             Rejection::Unavailable => Outcome::Unavailable,
             Rejection::UpstreamUnreachable | Rejection::UpstreamTimeout => Outcome::UpstreamError,
         }
@@ -191,17 +206,36 @@ impl Rejection {
                 "Upstream timed out",
                 "the write was admitted but the upstream did not answer before its forward deadline; it was aborted",
             ),
+            Rejection::Unauthenticated(reason) => unauthenticated(*reason),
+            Rejection::Forbidden(detail) => forbidden(detail),
+            Rejection::BadHost(problem) => problem.clone(),
         }
     }
 }
 
 /// An RFC 9457 problem document and the headers that go with it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
     status: StatusCode,
     body: serde_json::Map<String, Value>,
     retry_after: Option<u32>,
     current_term: Option<i64>,
+    bearer_challenge: bool,
+}
+
+impl Eq for Problem {}
+
+/// 401: no valid bearer token. Says why, never which clients exist.
+pub fn unauthenticated(reason: crate::auth::Unauthenticated) -> Problem {
+    let mut problem =
+        Problem::new(StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required", &reason.to_string());
+    problem.bearer_challenge = true;
+    problem
+}
+
+/// 403: an authenticated client that may not do this.
+pub fn forbidden(detail: &str) -> Problem {
+    Problem::new(StatusCode::FORBIDDEN, "forbidden", "Forbidden", detail)
 }
 
 impl Problem {
@@ -212,7 +246,7 @@ impl Problem {
         body.insert("title".to_owned(), json!(title));
         body.insert("status".to_owned(), json!(status.as_u16()));
         body.insert("detail".to_owned(), json!(detail));
-        Problem { status, body, retry_after: None, current_term: None }
+        Problem { status, body, retry_after: None, current_term: None, bearer_challenge: false }
     }
 
     /// Adds a member.
@@ -245,6 +279,9 @@ impl Problem {
         }
         if let Some(term) = self.current_term {
             headers.insert(FENCING_CURRENT_TERM, HeaderValue::from(term));
+        }
+        if self.bearer_challenge {
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"fencing-gateway\""));
         }
         response
     }

@@ -128,6 +128,9 @@ impl Proxy {
     }
 
     async fn route(&self, mut request: Request<Incoming>, remote: SocketAddr, request_id: &str) -> Response<Body> {
+        if let Err(problem) = crate::auth::check_host(request.headers(), request.version(), &self.config.proxy.hosts) {
+            return problem.into_response();
+        }
         if let Err(rejection) = check_method(request.method()) {
             return rejection.problem().into_response();
         }
@@ -227,13 +230,29 @@ impl Proxy {
         remote: SocketAddr,
         request_id: &str,
     ) -> Result<Response<Body>, Rejection> {
+        // With clients configured, a fenced write is a client's: authenticated, and under a
+        // lease the client may use. Its stamp-mode owner is the client's (see `auth`).
+        let caller = self.config.clients.authenticate(request.headers()).map_err(Rejection::Unauthenticated)?;
+        let forbidden =
+            |key: &str| Rejection::Forbidden(format!("client {:?} may not write under lease {key:?}", caller.name()));
+        if let Some(key) = &route.lease
+            && !caller.may_use(key)
+        {
+            return Err(forbidden(key));
+        }
         let limit = self.config.proxy.body_limit_bytes;
         if let Some(length) = content_length(request.headers())?
             && length > limit
         {
             return Err(Rejection::BodyTooLarge { limit });
         }
-        let presented = presented(request.headers())?;
+        let mut presented = presented(request.headers())?;
+        if let Presented::Lease { key, owner } = &mut presented {
+            if !caller.may_use(key) {
+                return Err(forbidden(key));
+            }
+            *owner = caller.store_owner(owner);
+        }
         let resource = resource(route, &request)?;
         let fence = route.fence_name(&resource);
         tracing::Span::current().record("resource", resource.as_str());
@@ -267,6 +286,10 @@ impl Proxy {
         }
         let headers = &mut parts.headers;
         remove_fencing_headers(headers);
+        if self.config.clients.enabled() {
+            // The client's credential for this gateway, not for the upstream.
+            headers.remove(http::header::AUTHORIZATION);
+        }
         headers.insert(FENCING_TOKEN, HeaderValue::from(term));
         let resource_value = HeaderValue::from_str(&resource)
             .map_err(|_| Rejection::Malformed("resource is not a header value".to_owned()))?;

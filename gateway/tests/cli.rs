@@ -127,3 +127,45 @@ fn logs_are_json_lines_with_fencing_log_format_json_and_other_formats_are_refuse
     assert_eq!(bad.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("FENCING_LOG_FORMAT"));
 }
+
+#[test]
+fn a_password_on_the_command_line_is_refused_without_being_echoed() {
+    for args in [
+        vec!["migrate", "--database-url", "postgres://u:hunter2@127.0.0.1:1/x"],
+        vec!["inspect", "leases", "--database-url=host=127.0.0.1 user=u password=hunter2"],
+    ] {
+        let output = gateway().args(&args).env_remove("DATABASE_URL").output().expect("run the gateway binary");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains("DATABASE_URL_FILE"), "{stderr}");
+        assert!(!stderr.contains("hunter2"), "the password was echoed: {stderr}");
+    }
+}
+
+#[test]
+fn the_database_url_can_come_from_a_file() {
+    let path = std::env::temp_dir().join(format!("fencing-cli-url-{}", std::process::id()));
+    std::fs::write(&path, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2\n").expect("write the url file");
+    let output = gateway()
+        .arg("migrate")
+        .env_remove("DATABASE_URL")
+        .env("DATABASE_URL_FILE", &path)
+        .output()
+        .expect("run the gateway binary");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // It read the file: it tried that database.
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("connect to the database"), "{stderr}");
+
+    // Both the variable and the file: ambiguous, refused before anything starts.
+    let output = gateway()
+        .arg("serve")
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("DATABASE_URL_FILE", &path)
+        .output()
+        .expect("run the gateway binary");
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("DATABASE_URL_FILE: set DATABASE_URL or DATABASE_URL_FILE, not both"), "{stderr}");
+}

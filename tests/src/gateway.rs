@@ -196,6 +196,9 @@ impl Drop for Gateway {
     }
 }
 
+/// The header every JSON body to the control API carries (else 415).
+pub const JSON: (&str, &str) = ("content-type", "application/json");
+
 /// A response read whole.
 #[derive(Debug, Clone)]
 pub struct Reply {

@@ -21,7 +21,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use axum::body::Body;
 use bytes::Bytes;
 use fencing_gateway::proxy::{strip_hop_by_hop, upstream_client};
-use fencing_tests::gateway::{Gateway, send};
+use fencing_tests::gateway::{Gateway, JSON, send};
 use fencing_tests::pg::{Durability, PgCluster, connect};
 use fencing_tests::workspace_bin;
 use http::{Method, Request, Response, StatusCode, Uri};
@@ -230,7 +230,7 @@ async fn run(options: &Options) -> Result<()> {
         gateway.control,
         Method::POST,
         "/v1/leases/bench-writer/acquire",
-        &[],
+        &[JSON],
         r#"{"owner":"bench","ttl_ms":3600000}"#,
     )
     .await?;

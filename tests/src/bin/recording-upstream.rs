@@ -44,7 +44,7 @@ async fn answer(
         None
     } else {
         Some(format!(
-            r#"{{"seq":{n},"method":{},"path":{},"fencing_token":{},"fencing_resource":{},"fencing_owner":{},"fencing_lease":{},"forwarded":{},"host":{},"connection":{},"x_hop":{},"x_request_id":{}"#,
+            r#"{{"seq":{n},"method":{},"path":{},"fencing_token":{},"fencing_resource":{},"fencing_owner":{},"fencing_lease":{},"forwarded":{},"host":{},"connection":{},"x_hop":{},"x_request_id":{},"authorization":{}"#,
             serde_json::to_string(request.method().as_str()).unwrap_or_default(),
             serde_json::to_string(&request.uri().to_string()).unwrap_or_default(),
             header(&request, "fencing-token"),
@@ -56,6 +56,7 @@ async fn answer(
             header(&request, "connection"),
             header(&request, "x-hop"),
             header(&request, "x-request-id"),
+            header(&request, "authorization"),
         ))
     };
     // A request whose body did not arrive whole was aborted by its sender: an upstream does not

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fencing_tests::gateway::{Reply, raw, send};
+use fencing_tests::gateway::{JSON, Reply, raw, send};
 use http::{Method, StatusCode};
 use serde_json::Value;
 
@@ -33,7 +33,7 @@ fn fenced(reply: &Reply, resource: &str, presented: Option<i64>, current: i64) {
 async fn acquire(setup: &Setup, key: &str, owner: &str) -> i64 {
     let body = format!(r#"{{"owner":"{owner}","ttl_ms":60000}}"#);
     let reply =
-        send(setup.gateway.control, Method::POST, &format!("/v1/leases/{key}/acquire"), &[], &body).await.unwrap();
+        send(setup.gateway.control, Method::POST, &format!("/v1/leases/{key}/acquire"), &[JSON], &body).await.unwrap();
     assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
     reply.json()["term"].as_i64().unwrap()
 }

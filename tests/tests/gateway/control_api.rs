@@ -1,7 +1,7 @@
 //! The control listener: the lease API, fences, metrics and health, and its bad input.
 
 use fencing_tests::fencing_state;
-use fencing_tests::gateway::send;
+use fencing_tests::gateway::{JSON, send};
 use http::{Method, StatusCode};
 use serde_json::Value;
 
@@ -12,7 +12,7 @@ async fn lease_api_acquires_renews_releases_and_reports_conflicts() {
     let setup = Setup::new().await;
     let control = setup.gateway.control;
     let call = |method: Method, path: &'static str, body: &'static str| async move {
-        send(control, method, path, &[], body).await.unwrap()
+        send(control, method, path, &[JSON], body).await.unwrap()
     };
 
     let a = call(Method::POST, "/v1/leases/jobs/acquire", r#"{"owner":"a","ttl_ms":30000}"#).await;
@@ -79,7 +79,7 @@ async fn bad_lease_requests_get_400_or_422_and_write_nothing() {
         (r#"{"owner":"","ttl_ms":1000}"#, StatusCode::UNPROCESSABLE_ENTITY, "invalid-argument"),
     ] {
         for op in ["acquire", "renew"] {
-            let reply = send(control, Method::POST, &format!("/v1/leases/k/{op}"), &[], body).await.unwrap();
+            let reply = send(control, Method::POST, &format!("/v1/leases/k/{op}"), &[JSON], body).await.unwrap();
             assert_eq!(reply.status, status, "{op} {body}: {}", String::from_utf8_lossy(&reply.body));
             assert_eq!(reply.header("content-type"), Some("application/problem+json"));
             assert!(
@@ -89,10 +89,10 @@ async fn bad_lease_requests_get_400_or_422_and_write_nothing() {
             );
         }
     }
-    let reply = send(control, Method::POST, "/v1/leases/k/release", &[], r#"{"owner":"a","x":1}"#).await.unwrap();
+    let reply = send(control, Method::POST, "/v1/leases/k/release", &[JSON], r#"{"owner":"a","x":1}"#).await.unwrap();
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
     let long_key = format!("/v1/leases/{}/acquire", "k".repeat(300));
-    let reply = send(control, Method::POST, &long_key, &[], r#"{"owner":"a","ttl_ms":1000}"#).await.unwrap();
+    let reply = send(control, Method::POST, &long_key, &[JSON], r#"{"owner":"a","ttl_ms":1000}"#).await.unwrap();
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
     let unknown = send(control, Method::GET, "/v2/anything", &[], "").await.unwrap();
     assert_eq!((unknown.status, unknown.json()["status"].clone()), (StatusCode::NOT_FOUND, Value::from(404)));

@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fencing_schema::store;
-use fencing_tests::gateway::send;
+use fencing_tests::gateway::{JSON, send};
 use fencing_tests::workspace_bin;
 use http::{Method, StatusCode};
 use tokio::io::AsyncWriteExt;
@@ -40,7 +40,7 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
             setup.gateway.control,
             Method::POST,
             "/v1/leases/ledger-writer/acquire",
-            &[],
+            &[JSON],
             &format!(r#"{{"owner":"{owner}","ttl_ms":600000}}"#),
         )
         .await

@@ -13,6 +13,7 @@ mod inspect;
 mod observability;
 mod replicas;
 mod s8_nothing_goes_around;
+mod security;
 mod shutdown;
 mod zombie;
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use fencing_tests::gateway::{Reply, send};
+use fencing_tests::gateway::{JSON, Reply, send};
 use fencing_tests::process::{ElectorProcess, Timing, event, int};
 use http::{Method, StatusCode};
 use nix::sys::signal::Signal;
@@ -177,10 +177,15 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     // store too slow to answer (its row held locked while a new term is presented).
     let dead = send(proxy, Method::POST, "/dead", &[("fencing-token", "1")], "").await.unwrap();
     assert_eq!(dead.status, StatusCode::BAD_GATEWAY);
-    let lease =
-        send(setup.gateway.control, Method::POST, "/v1/leases/other/acquire", &[], r#"{"owner":"x","ttl_ms":60000}"#)
-            .await
-            .unwrap();
+    let lease = send(
+        setup.gateway.control,
+        Method::POST,
+        "/v1/leases/other/acquire",
+        &[JSON],
+        r#"{"owner":"x","ttl_ms":60000}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(lease.status, StatusCode::OK);
     assert_eq!(
         send(proxy, Method::POST, "/fixed", &[("fencing-token", "1")], "").await.unwrap().status,

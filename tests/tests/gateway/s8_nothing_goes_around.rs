@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fencing_schema::store;
-use fencing_tests::gateway::{raw, send};
+use fencing_tests::gateway::{JSON, raw, send};
 use http::{Method, StatusCode};
 
 use crate::Setup;
@@ -124,7 +124,7 @@ async fn s8_an_unbound_route_cannot_poison_the_fence_of_a_bound_route() {
         setup.gateway.control,
         Method::POST,
         "/v1/leases/ledger-writer/acquire",
-        &[],
+        &[JSON],
         r#"{"owner":"leader","ttl_ms":60000}"#,
     )
     .await

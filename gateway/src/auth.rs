@@ -1,0 +1,346 @@
+//! Clients: who may call the control API and write through the proxy.
+//!
+//! Without `[[clients]]` the gateway is in development mode: both listeners bind loopback only
+//! (checked at start-up) and nobody authenticates. With clients, every control call but
+//! `/healthz` and `/readyz`, and every fenced write, carries `Authorization: Bearer <token>`.
+//! The configuration keeps only the token's SHA-256; a presented token is hashed and compared
+//! with every client's hash in constant time.
+//!
+//! A lease belongs to the client that acquired it: the store's owner is `<client>/<owner>`, so
+//! another client that learns the owner string (every 409 and GET shows the holder) still
+//! cannot renew, release or stamp with it. Client names cannot contain `/`, so the prefix is
+//! unambiguous.
+
+use std::sync::Arc;
+
+use http::StatusCode;
+use http::header::{AUTHORIZATION, HOST, HeaderMap};
+use sha2::{Digest, Sha256};
+
+use crate::problem::Problem;
+
+/// One configured client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Client {
+    /// The client's name: letters, digits, `.`, `_`, `-`.
+    pub name: String,
+    /// SHA-256 of the client's bearer token.
+    pub token_sha256: [u8; 32],
+    /// The lease keys (globs, `*` for any run of characters) it may acquire, renew, release and
+    /// write under.
+    pub leases: Vec<String>,
+    /// Whether it may read leases, fences and `/metrics`.
+    pub read: bool,
+}
+
+impl Client {
+    /// Whether this client may use `key`.
+    pub fn may_use(&self, key: &str) -> bool {
+        self.leases.iter().any(|pattern| glob_match(pattern, key))
+    }
+
+    /// The owner string the store keeps for this client's `owner`.
+    pub fn store_owner(&self, owner: &str) -> String {
+        format!("{}/{owner}", self.name)
+    }
+}
+
+/// Who made a request.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// Development mode: no clients are configured, everyone may do everything.
+    Anyone,
+    /// An authenticated client.
+    Client(Arc<Client>),
+}
+
+impl Caller {
+    /// Whether the caller may use lease `key`.
+    pub fn may_use(&self, key: &str) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Client(client) => client.may_use(key),
+        }
+    }
+
+    /// Whether the caller may read leases, fences and metrics.
+    pub fn may_read(&self) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Client(client) => client.read,
+        }
+    }
+
+    /// The owner string the store keeps for the caller's `owner`.
+    pub fn store_owner(&self, owner: &str) -> String {
+        match self {
+            Caller::Anyone => owner.to_owned(),
+            Caller::Client(client) => client.store_owner(owner),
+        }
+    }
+
+    /// The client's name, for logs.
+    pub fn name(&self) -> &str {
+        match self {
+            Caller::Anyone => "-",
+            Caller::Client(client) => &client.name,
+        }
+    }
+}
+
+/// Why a request could not be authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unauthenticated {
+    /// No `Authorization` header.
+    #[error("this gateway requires Authorization: Bearer <token>")]
+    Missing,
+    /// A header that is not one `Bearer` token.
+    #[error("the Authorization header must be one `Bearer <token>`")]
+    Malformed,
+    /// A token no client has.
+    #[error("the bearer token is not one of a configured client")]
+    Unknown,
+}
+
+/// The configured clients; empty in development mode.
+#[derive(Debug, Clone, Default)]
+pub struct Clients {
+    clients: Vec<Arc<Client>>,
+}
+
+impl Clients {
+    /// The clients of the configuration.
+    pub fn new(clients: Vec<Client>) -> Clients {
+        Clients { clients: clients.into_iter().map(Arc::new).collect() }
+    }
+
+    /// Whether clients are configured (else: development mode).
+    pub fn enabled(&self) -> bool {
+        !self.clients.is_empty()
+    }
+
+    /// Who sent a request with these headers.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, Unauthenticated> {
+        if !self.enabled() {
+            return Ok(Caller::Anyone);
+        }
+        let mut values = headers.get_all(AUTHORIZATION).iter();
+        let value = values.next().ok_or(Unauthenticated::Missing)?;
+        if values.next().is_some() {
+            return Err(Unauthenticated::Malformed);
+        }
+        let text = value.to_str().map_err(|_| Unauthenticated::Malformed)?;
+        let (scheme, token) = text.split_once(' ').ok_or(Unauthenticated::Malformed)?;
+        let token = token.trim_matches(' ');
+        if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+            return Err(Unauthenticated::Malformed);
+        }
+        let digest = Sha256::digest(token.as_bytes());
+        // Every client is compared, each in constant time: the time taken says nothing about
+        // which client (if any) matched, nor how much of a hash did.
+        let mut found = None;
+        for client in &self.clients {
+            if constant_time_eq(digest.as_slice(), &client.token_sha256) {
+                found = Some(Arc::clone(client));
+            }
+        }
+        found.map(Caller::Client).ok_or(Unauthenticated::Unknown)
+    }
+}
+
+/// RFC 9112: an HTTP/1.1 request without `Host`, or any request with more than one or with
+/// one that is not a valid authority, gets 400. When `allowed` names hosts, `Host` (without its
+/// port) must be one of them, else 421: a page on another site that reaches this gateway
+/// through DNS rebinding carries its own name.
+pub fn check_host(headers: &HeaderMap, version: http::Version, allowed: &[String]) -> Result<(), Problem> {
+    let bad = |detail: &str| Problem::new(StatusCode::BAD_REQUEST, "bad-host", "Bad Host header", detail);
+    let mut values = headers.get_all(HOST).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) if version >= http::Version::HTTP_11 => return Err(bad("an HTTP/1.1 request needs one Host header")),
+        (None, _) if allowed.is_empty() => return Ok(()),
+        (None, _) => return Err(bad("this gateway needs a Host header")),
+        (Some(_), Some(_)) => return Err(bad("more than one Host header")),
+        (Some(value), None) => value,
+    };
+    let authority = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.parse::<http::uri::Authority>().ok())
+        .filter(|authority| !authority.as_str().contains('@'))
+        .ok_or_else(|| bad("the Host header is not a host and optional port"))?;
+    if allowed.is_empty() || allowed.iter().any(|name| authority.host().eq_ignore_ascii_case(name)) {
+        return Ok(());
+    }
+    Err(Problem::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "misdirected-host",
+        "Host not served here",
+        "the Host header names a host this gateway is not configured to serve",
+    ))
+}
+
+/// The SHA-256 of `token`, as the lower-case hex that `token_sha256` holds.
+pub fn token_sha256_hex(token: &str) -> String {
+    Sha256::digest(token.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Parses 64 hex digits.
+pub fn parse_sha256_hex(text: &str) -> Option<[u8; 32]> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0_u8; 32];
+    for (slot, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let digit = |b: u8| char::from(b).to_digit(16);
+        *slot = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+    }
+    Some(out)
+}
+
+/// Whether `name` is a valid client name.
+pub fn valid_client_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let difference = a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
+}
+
+/// `*` matches any run of characters (also none); every other character matches itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (pattern, text): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // The classic two-pointer match with backtracking to the last `*`.
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == '*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((star_p, star_t)) = star {
+            p = star_p + 1;
+            t = star_t + 1;
+            star = Some((star_p, star_t + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn clients() -> Clients {
+        Clients::new(vec![
+            Client {
+                name: "billing".to_owned(),
+                token_sha256: parse_sha256_hex(&token_sha256_hex("s3cret")).unwrap_or_default(),
+                leases: vec!["billing-*".to_owned()],
+                read: true,
+            },
+            Client {
+                name: "other".to_owned(),
+                token_sha256: parse_sha256_hex(&token_sha256_hex("other-token")).unwrap_or_default(),
+                leases: vec!["exact".to_owned()],
+                read: false,
+            },
+        ])
+    }
+
+    fn with(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(AUTHORIZATION, value);
+        }
+        headers
+    }
+
+    #[test]
+    fn the_contract_example_hash_is_the_sha256_of_test() {
+        assert_eq!(token_sha256_hex("test"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+        assert!(parse_sha256_hex("9f86").is_none());
+        assert!(parse_sha256_hex(&"g".repeat(64)).is_none());
+    }
+
+    #[test]
+    fn tokens_authenticate_their_client_and_nothing_else() {
+        let clients = clients();
+        assert!(matches!(clients.authenticate(&with("Bearer s3cret")), Ok(Caller::Client(c)) if c.name == "billing"));
+        assert!(
+            matches!(clients.authenticate(&with("bearer other-token")), Ok(Caller::Client(c)) if c.name == "other")
+        );
+        assert_eq!(clients.authenticate(&HeaderMap::new()).err(), Some(Unauthenticated::Missing));
+        for bad in ["Bearer", "Bearer ", "Basic s3cret", "s3cret", "Bearer s3cret2", "Bearer S3CRET"] {
+            assert!(clients.authenticate(&with(bad)).is_err(), "{bad:?} authenticated");
+        }
+        let mut twice = with("Bearer s3cret");
+        twice.append(AUTHORIZATION, HeaderValue::from_static("Bearer s3cret"));
+        assert_eq!(clients.authenticate(&twice).err(), Some(Unauthenticated::Malformed));
+        assert!(matches!(Clients::default().authenticate(&HeaderMap::new()), Ok(Caller::Anyone)));
+    }
+
+    #[test]
+    fn lease_globs_match_whole_keys() {
+        for (pattern, key, expected) in [
+            ("billing-*", "billing-1", true),
+            ("billing-*", "billing-", true),
+            ("billing-*", "xbilling-1", false),
+            ("billing-*", "billing", false),
+            ("*", "anything", true),
+            ("a*b*c", "aXXbYYc", true),
+            ("a*b*c", "aXXbYY", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(glob_match(pattern, key), expected, "{pattern:?} vs {key:?}");
+        }
+    }
+
+    #[test]
+    fn host_must_be_one_valid_authority_and_a_configured_name_when_names_are_set() {
+        let headers = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                if let Ok(value) = HeaderValue::from_str(value) {
+                    headers.append(HOST, value);
+                }
+            }
+            headers
+        };
+        let v11 = http::Version::HTTP_11;
+        let names = vec!["gw.internal".to_owned()];
+        assert!(check_host(&headers(&["127.0.0.1:8080"]), v11, &[]).is_ok());
+        assert!(check_host(&headers(&["GW.internal:8080"]), v11, &names).is_ok());
+        assert!(check_host(&headers(&["gw.internal"]), v11, &names).is_ok());
+        assert!(check_host(&headers(&[]), http::Version::HTTP_10, &[]).is_ok());
+        let status = |result: Result<(), Problem>| result.err().map(|p| p.into_response().status().as_u16());
+        assert_eq!(status(check_host(&headers(&[]), v11, &[])), Some(400));
+        assert_eq!(status(check_host(&headers(&["a", "b"]), v11, &[])), Some(400));
+        assert_eq!(status(check_host(&headers(&["evil\\"]), v11, &[])), Some(400));
+        assert_eq!(status(check_host(&headers(&["user@gw.internal"]), v11, &names)), Some(400));
+        assert_eq!(status(check_host(&headers(&["evil.example"]), v11, &names)), Some(421));
+        assert_eq!(status(check_host(&headers(&["gw.internal.evil.example"]), v11, &names)), Some(421));
+    }
+
+    #[test]
+    fn store_owners_are_prefixed_with_the_client() {
+        let caller = clients().authenticate(&with("Bearer s3cret")).ok();
+        assert_eq!(caller.map(|c| c.store_owner("w1")), Some("billing/w1".to_owned()));
+        assert!(valid_client_name("billing-2.x_y"));
+        assert!(!valid_client_name("a/b"));
+        assert!(!valid_client_name(""));
+    }
+}

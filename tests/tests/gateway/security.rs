@@ -1,0 +1,353 @@
+//! Clients and authentication, tried as an attacker on the same host would: every control
+//! endpoint with no token, a wrong token and a right one; a lease taken over by another client
+//! that knows its owner string; writes under another client's lease; a web page's text/plain
+//! POST; a foreign Host; a non-loopback listener without clients.
+
+use std::time::Duration;
+
+use fencing_gateway::auth::token_sha256_hex;
+use fencing_tests::fencing_state;
+use fencing_tests::gateway::{Gateway, JSON, Reply, Upstream, raw, send};
+use fencing_tests::pg::TestDb;
+use fencing_tests::workspace_bin;
+use http::{Method, StatusCode};
+
+const BILLING: &str = "billing-token-0123456789abcdef";
+const OTHER: &str = "other-token-fedcba9876543210";
+const READER: &str = "reader-token-5555555555555555";
+
+fn config(upstream: &str) -> String {
+    format!(
+        r#"
+[control]
+hosts = ["localhost", "127.0.0.1"]
+[[clients]]
+name = "billing"
+token_sha256 = "{billing}"
+leases = ["billing-*"]
+read = true
+[[clients]]
+name = "other"
+token_sha256 = "{other}"
+leases = ["other-*", "billing-*"]
+[[clients]]
+name = "reader"
+token_sha256 = "{reader}"
+read = true
+[[routes]]
+prefix = "/billing"
+upstream = "{upstream}"
+resource = {{ segment = 2 }}
+lease = "billing-writer"
+[[routes]]
+prefix = "/free"
+upstream = "{upstream}"
+resource = {{ segment = 2 }}
+"#,
+        billing = token_sha256_hex(BILLING),
+        other = token_sha256_hex(OTHER),
+        reader = token_sha256_hex(READER),
+    )
+}
+
+struct Secured {
+    db: TestDb,
+    upstream: Upstream,
+    gateway: Gateway,
+}
+
+async fn secured() -> Secured {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await.unwrap();
+    let gateway = Gateway::start(&db.url(), &config(&upstream.url())).await.unwrap();
+    Secured { db, upstream, gateway }
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+fn problem_type(reply: &Reply) -> String {
+    reply.json()["type"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_control_endpoint_needs_a_valid_token_and_the_permission_for_it() {
+    let s = secured().await;
+    let client = s.db.connect().await;
+    let before = fencing_state(&client).await;
+    let acquire = r#"{"owner":"w1","ttl_ms":30000}"#;
+    let endpoints: [(Method, &str, &str); 6] = [
+        (Method::POST, "/v1/leases/billing-writer/acquire", acquire),
+        (Method::POST, "/v1/leases/billing-writer/renew", acquire),
+        (Method::POST, "/v1/leases/billing-writer/release", r#"{"owner":"w1"}"#),
+        (Method::GET, "/v1/leases/billing-writer", ""),
+        (Method::GET, "/v1/fences/acct-1", ""),
+        (Method::GET, "/metrics", ""),
+    ];
+    // No token, a wrong one, a malformed header: 401 with a Bearer challenge, nothing written.
+    for (method, path, body) in &endpoints {
+        for auth in [None, Some("Bearer wrong-token"), Some("Basic Zm9vOmJhcg=="), Some(BILLING)] {
+            let mut headers = vec![JSON];
+            if let Some(auth) = auth {
+                headers.push(("authorization", auth));
+            }
+            let reply = send(s.gateway.control, method.clone(), path, &headers, body).await.unwrap();
+            assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{method} {path} with {auth:?}");
+            assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+            assert_eq!(reply.header("www-authenticate"), Some("Bearer realm=\"fencing-gateway\""));
+            assert!(problem_type(&reply).ends_with("unauthenticated"), "{}", reply.json());
+        }
+    }
+    assert_eq!(fencing_state(&client).await, before, "unauthenticated calls wrote nothing");
+    // The probes stay open: a load balancer has no token.
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(send(s.gateway.control, Method::GET, path, &[], "").await.unwrap().status, StatusCode::OK);
+    }
+
+    // The reader may read but not use leases; billing may use billing-*, not other keys.
+    let reader = bearer(READER);
+    let reply = send(s.gateway.control, Method::POST, endpoints[0].1, &[JSON, ("authorization", &reader)], acquire)
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.json());
+    assert!(problem_type(&reply).ends_with("forbidden"));
+    let billing = bearer(BILLING);
+    let reply = send(
+        s.gateway.control,
+        Method::POST,
+        "/v1/leases/other-writer/acquire",
+        &[JSON, ("authorization", &billing)],
+        acquire,
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(fencing_state(&client).await, before, "forbidden calls wrote nothing");
+
+    // The right token: every endpoint works.
+    fn with(token: &str) -> Vec<(&str, &str)> {
+        vec![JSON, ("authorization", token)]
+    }
+    let mut statuses = Vec::new();
+    for (method, path, body) in &endpoints {
+        let reply = send(s.gateway.control, method.clone(), path, &with(&billing), body).await.unwrap();
+        statuses.push(reply.status.as_u16());
+    }
+    assert_eq!(statuses, vec![200, 200, 204, 200, 404, 200], "acquire, renew, release, get, fence, metrics");
+    // Without read permission, the reads are 403.
+    let other = bearer(OTHER);
+    for (method, path, body) in &endpoints[3..] {
+        let reply = send(s.gateway.control, method.clone(), path, &with(&other), body).await.unwrap();
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{method} {path} without read");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_is_the_clients_that_acquired_it_even_for_one_who_knows_the_owner_string() {
+    let s = secured().await;
+    let (billing, other) = (bearer(BILLING), bearer(OTHER));
+    let call = |token: String, op: &'static str, body: &'static str| {
+        let control = s.gateway.control;
+        async move {
+            send(
+                control,
+                Method::POST,
+                &format!("/v1/leases/billing-writer/{op}"),
+                &[JSON, ("authorization", &token)],
+                body,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let acquired = call(billing.clone(), "acquire", r#"{"owner":"w1","ttl_ms":30000}"#).await;
+    assert_eq!(acquired.status, StatusCode::OK);
+    assert_eq!(acquired.json()["owner"], "w1");
+    let term = acquired.json()["term"].as_i64().unwrap();
+
+    // `other` may use billing-* keys too, and every 409 shows the holder: still, the lease is
+    // billing's. Renew, release and acquire with the same owner string all fail.
+    let taken = call(other.clone(), "acquire", r#"{"owner":"w1","ttl_ms":30000}"#).await;
+    assert_eq!(taken.status, StatusCode::CONFLICT);
+    assert_eq!(taken.json()["holder"], "billing/w1", "the holder names its client");
+    for (op, body) in [("renew", r#"{"owner":"w1","ttl_ms":30000}"#), ("release", r#"{"owner":"w1"}"#)] {
+        let reply = call(other.clone(), op, body).await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{op} by another client");
+    }
+    let forged = call(other.clone(), "renew", r#"{"owner":"../billing/w1","ttl_ms":30000}"#).await;
+    assert_eq!(forged.status, StatusCode::CONFLICT);
+
+    // Stamp mode with billing's owner string, sent by `other`: refused, nothing forwarded.
+    let mut s = s;
+    let stamped = send(
+        s.gateway.proxy,
+        Method::POST,
+        "/billing/acct-1/entries",
+        &[
+            ("authorization", &other),
+            ("fencing-lease", "billing-writer"),
+            ("fencing-owner", "w1"),
+            ("x-request-id", "forged-stamp"),
+        ],
+        "{}",
+    )
+    .await
+    .unwrap();
+    assert_eq!(stamped.status, StatusCode::CONFLICT, "{}", stamped.json());
+    // The holder itself stamps fine, and the gateway's token never reaches the upstream.
+    let own = send(
+        s.gateway.proxy,
+        Method::POST,
+        "/billing/acct-1/entries",
+        &[
+            ("authorization", &billing),
+            ("fencing-lease", "billing-writer"),
+            ("fencing-owner", "w1"),
+            ("x-request-id", "own-stamp"),
+        ],
+        "{}",
+    )
+    .await
+    .unwrap();
+    assert_eq!((own.status, own.header("fencing-token")), (StatusCode::OK, Some(term.to_string().as_str())));
+    let log = s.upstream.collect(Duration::from_millis(200)).await.to_vec();
+    assert!(!s.upstream.received("forged-stamp"), "the forged stamp reached the upstream");
+    let forwarded = log.iter().find(|l| l["x_request_id"] == "own-stamp").expect("the holder's write arrived");
+    assert!(forwarded["authorization"].is_null(), "the bearer token was forwarded: {forwarded}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_need_a_token_and_a_lease_the_client_may_use_unfenced_reads_do_not() {
+    let mut s = secured().await;
+    let client = s.db.connect().await;
+    let before = fencing_state(&client).await;
+    let (billing, reader) = (bearer(BILLING), bearer(READER));
+    for (auth, expected) in [(None, 401), (Some("Bearer nope"), 401), (Some(reader.as_str()), 403)] {
+        let mut headers = vec![("fencing-token", "1"), ("x-request-id", "refused")];
+        if let Some(auth) = auth {
+            headers.push(("authorization", auth));
+        }
+        for path in ["/billing/acct-1/entries", "/free/thing-1"] {
+            let reply = send(s.gateway.proxy, Method::POST, path, &headers, "{}").await.unwrap();
+            let expected = if path.starts_with("/free") && expected == 403 { 200 } else { expected };
+            assert_eq!(reply.status.as_u16(), expected, "{path} with {auth:?}: {}", reply.json());
+        }
+    }
+    // The reader's unbound write was the only one admitted; nothing of the refused ones.
+    s.upstream.collect(Duration::from_millis(200)).await;
+    assert_eq!(s.upstream.log.len(), 1, "{:?}", s.upstream.log);
+    assert_eq!(s.upstream.log[0]["path"], "/free/thing-1");
+    let after = fencing_state(&client).await;
+    assert_ne!(after, before);
+    // An unfenced GET passes without a token, as before.
+    let read = send(s.gateway.proxy, Method::GET, "/billing/acct-1", &[], "").await.unwrap();
+    assert_eq!(read.status, StatusCode::OK);
+    // Billing's own bound write with its own term goes through.
+    let lease = send(
+        s.gateway.control,
+        Method::POST,
+        "/v1/leases/billing-writer/acquire",
+        &[JSON, ("authorization", &billing)],
+        r#"{"owner":"w1","ttl_ms":30000}"#,
+    )
+    .await
+    .unwrap();
+    let term = lease.json()["term"].as_i64().unwrap().to_string();
+    let write = send(
+        s.gateway.proxy,
+        Method::POST,
+        "/billing/acct-1/entries",
+        &[("authorization", &billing), ("fencing-token", &term)],
+        "{}",
+    )
+    .await
+    .unwrap();
+    assert_eq!(write.status, StatusCode::OK, "{}", write.json());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_pages_cannot_call_the_control_api_and_foreign_hosts_are_refused() {
+    let s = secured().await;
+    let client = s.db.connect().await;
+    let before = fencing_state(&client).await;
+    let billing = bearer(BILLING);
+    // A cross-site "simple request" can only be text/plain, a form or multipart.
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""] {
+        let mut headers = vec![("authorization", billing.as_str())];
+        if !content_type.is_empty() {
+            headers.push(("content-type", content_type));
+        }
+        let reply = send(
+            s.gateway.control,
+            Method::POST,
+            "/v1/leases/billing-writer/acquire",
+            &headers,
+            r#"{"owner":"w1","ttl_ms":30000}"#,
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{content_type:?}");
+    }
+    // DNS rebinding: the page's own name in Host.
+    let control = s.gateway.control;
+    let answer = raw(
+        control,
+        format!(
+            "POST /v1/leases/billing-writer/acquire HTTP/1.1\r\nHost: evil.example\r\nAuthorization: {billing}\r\n\
+             Content-Type: application/json\r\nContent-Length: 30\r\nConnection: close\r\n\r\n{{\"owner\":\"w1\",\"ttl_ms\":30000}}"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+    // RFC 9112: no Host, two Hosts, a malformed Host: 400, on both listeners.
+    for head in [
+        "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: evil\\\r\nConnection: close\r\n\r\n",
+    ] {
+        for addr in [s.gateway.control, s.gateway.proxy] {
+            let answer = raw(addr, head.as_bytes()).await.unwrap();
+            assert!(answer.starts_with("HTTP/1.1 400"), "{head:?} to {addr}: {answer}");
+        }
+    }
+    // No CORS: a preflight is not answered with permission.
+    let preflight = send(
+        s.gateway.control,
+        Method::OPTIONS,
+        "/v1/leases/billing-writer/acquire",
+        &[("origin", "https://evil.example"), ("access-control-request-method", "POST")],
+        "",
+    )
+    .await
+    .unwrap();
+    assert!(preflight.header("access-control-allow-origin").is_none());
+    assert_eq!(fencing_state(&client).await, before, "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_clients_a_listener_beyond_loopback_is_refused_at_start_up() {
+    let dir = std::env::temp_dir().join(format!("fencing-security-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("open.toml");
+    std::fs::write(&config, "[proxy]\nlisten = \"0.0.0.0:0\"\n[control]\nlisten = \"[::]:0\"\n").unwrap();
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("FENCING_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+            .output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    for key in ["proxy.listen", "control.listen", "[[clients]]"] {
+        assert!(stderr.contains(key), "{key} missing from: {stderr}");
+    }
+}
