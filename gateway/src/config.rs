@@ -84,6 +84,9 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// When not empty, the only names `Host` may carry (without the port).
     pub hosts: Vec<String>,
+    /// Peers whose `Forwarded`, `X-Forwarded-*` and `X-Real-IP` are passed on; from anyone
+    /// else they are removed.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 /// See [`Config::control`].
@@ -238,6 +241,7 @@ struct RawProxy {
     body_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
     hosts: Option<Vec<String>>,
+    trusted_proxies: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -518,6 +522,19 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         names.into_iter().map(|name| name.to_ascii_lowercase()).collect()
     };
     let proxy_hosts = hosts("proxy.hosts", raw.proxy.hosts, &mut problems);
+    let trusted_proxies = raw
+        .proxy
+        .trusted_proxies
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|text| match text.parse::<std::net::IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                problems.push(format!("proxy.trusted_proxies: {text:?} is not an IP address"));
+                None
+            }
+        })
+        .collect();
     let control_hosts = hosts("control.hosts", raw.control.hosts, &mut problems);
 
     if !problems.is_empty() {
@@ -532,6 +549,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             body_read_timeout,
             max_connections,
             hosts: proxy_hosts,
+            trusted_proxies,
         },
         control: ControlConfig { listen: control_listen, min_ttl, max_ttl, hosts: control_hosts },
         database: DatabaseConfig {

@@ -38,6 +38,16 @@ pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
+/// The headers in which a client could claim another address; removed unless the peer is one
+/// of `proxy.trusted_proxies`.
+const CLIENT_ADDRESS_HEADERS: [HeaderName; 5] = [
+    FORWARDED,
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-real-ip"),
+];
+
 /// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
 const HOP_BY_HOP: [&str; 9] = [
     "connection",
@@ -315,6 +325,12 @@ impl Proxy {
         term: Option<i64>,
     ) -> Result<Response<Body>, Rejection> {
         parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
+        if !self.config.proxy.trusted_proxies.contains(&remote.ip()) {
+            // Who the client is comes from the gateway, not from what the client says.
+            for name in CLIENT_ADDRESS_HEADERS {
+                parts.headers.remove(name);
+            }
+        }
         let original_host = parts.headers.remove(HOST);
         add_forwarded(&mut parts.headers, remote, original_host.as_ref());
         if let Ok(value) = HeaderValue::from_str(request_id) {
@@ -334,7 +350,15 @@ impl Proxy {
             }
         };
         let (mut parts, body) = response.into_parts();
+        if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            // The gateway never forwards Upgrade, so an upstream's 101 was not asked for.
+            metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => "request")
+                .increment(1);
+            return Err(Rejection::UpstreamUnreachable);
+        }
         strip_hop_by_hop(&mut parts.headers);
+        // Only the gateway says which term a refused writer lost to.
+        parts.headers.remove(crate::problem::FENCING_CURRENT_TERM);
         if let Some(term) = term {
             parts.headers.insert(FENCING_TOKEN, HeaderValue::from(term));
         }
@@ -591,7 +615,12 @@ fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result
 
 fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>) {
     let mut element = format!("for=\"{remote}\";proto=http");
-    if let Some(host) = host.and_then(|value| value.to_str().ok()).filter(|h| !h.contains('"')) {
+    // Only a Host that is a valid authority goes in (check_host refused the others already);
+    // it then has no character that could break the quoted-string.
+    if let Some(host) = host
+        .and_then(|value| value.to_str().ok())
+        .filter(|text| text.parse::<http::uri::Authority>().is_ok() && !text.contains(['"', '\\']))
+    {
         element.push_str(&format!(";host=\"{host}\""));
     }
     if let Ok(value) = HeaderValue::from_str(&element) {

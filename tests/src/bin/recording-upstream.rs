@@ -44,7 +44,7 @@ async fn answer(
         None
     } else {
         Some(format!(
-            r#"{{"seq":{n},"method":{},"path":{},"fencing_token":{},"fencing_resource":{},"fencing_owner":{},"fencing_lease":{},"forwarded":{},"host":{},"connection":{},"x_hop":{},"x_request_id":{},"authorization":{}"#,
+            r#"{{"seq":{n},"method":{},"path":{},"fencing_token":{},"fencing_resource":{},"fencing_owner":{},"fencing_lease":{},"forwarded":{},"host":{},"connection":{},"x_hop":{},"x_request_id":{},"authorization":{},"x_forwarded_for":{},"x_real_ip":{}"#,
             serde_json::to_string(request.method().as_str()).unwrap_or_default(),
             serde_json::to_string(&request.uri().to_string()).unwrap_or_default(),
             header(&request, "fencing-token"),
@@ -57,6 +57,8 @@ async fn answer(
             header(&request, "x-hop"),
             header(&request, "x-request-id"),
             header(&request, "authorization"),
+            header(&request, "x-forwarded-for"),
+            header(&request, "x-real-ip"),
         ))
     };
     // A request whose body did not arrive whole was aborted by its sender: an upstream does not
@@ -78,6 +80,9 @@ async fn answer(
     let mut response = Response::new(Full::new(Bytes::from(format!("{{\"seq\":{n}}}"))));
     response.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
     response.headers_mut().insert("x-upstream-seq", http::HeaderValue::from(n));
+    // An upstream that speaks the gateway's headers itself (or is confused): the gateway must
+    // not relay them as if they were its own.
+    response.headers_mut().insert("fencing-current-term", http::HeaderValue::from_static("999"));
     Ok(response)
 }
 

@@ -351,3 +351,70 @@ async fn without_clients_a_listener_beyond_loopback_is_refused_at_start_up() {
         assert!(stderr.contains(key), "{key} missing from: {stderr}");
     }
 }
+
+/// Client-sent address headers are removed unless the peer is a trusted proxy; the gateway's own
+/// `Forwarded` element stays well formed; an upstream's `Fencing-Current-Term` is not relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn address_headers_from_untrusted_peers_are_removed_and_upstream_fencing_headers_not_relayed() {
+    let db = TestDb::new().await;
+    let mut upstream = Upstream::start().await.unwrap();
+    let routes =
+        format!("[[routes]]\nprefix = \"/free\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n", upstream.url());
+    let untrusted = Gateway::start(&db.url(), &routes).await.unwrap();
+    let trusted =
+        Gateway::start(&db.url(), &format!("[proxy]\ntrusted_proxies = [\"127.0.0.1\"]\n{routes}")).await.unwrap();
+    let spoofed = [
+        ("forwarded", "for=\"6.6.6.6\""),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "6.6.6.6"),
+        ("fencing-token", "1"),
+    ];
+    for (gateway, id) in [(&untrusted, "untrusted"), (&trusted, "trusted")] {
+        let mut headers = spoofed.to_vec();
+        headers.push(("x-request-id", id));
+        let reply = send(gateway.proxy, Method::POST, "/free/r1", &headers, "{}").await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+        assert!(reply.header("fencing-current-term").is_none(), "the upstream's Fencing-Current-Term was relayed");
+        // A GET passes unfenced, and its response is cleaned the same way.
+        let read = send(gateway.proxy, Method::GET, "/free/r1", &headers, "").await.unwrap();
+        assert!(read.header("fencing-current-term").is_none());
+    }
+    let log = upstream.collect(Duration::from_millis(200)).await.to_vec();
+    let line = |id: &str| log.iter().find(|l| l["x_request_id"] == id && l["method"] == "POST").cloned().unwrap();
+    let untrusted_line = line("untrusted");
+    assert!(untrusted_line["x_forwarded_for"].is_null() && untrusted_line["x_real_ip"].is_null(), "{untrusted_line}");
+    let forwarded = untrusted_line["forwarded"].as_str().unwrap();
+    assert!(!forwarded.contains("6.6.6.6") && forwarded.starts_with("for=\"127.0.0.1:"), "{forwarded}");
+    let trusted_line = line("trusted");
+    assert_eq!(trusted_line["x_forwarded_for"], "6.6.6.6", "a trusted proxy's headers pass: {trusted_line}");
+    assert!(trusted_line["forwarded"].as_str().unwrap().contains("6.6.6.6"));
+}
+
+/// An upstream's 101 that nobody asked for (the gateway never forwards Upgrade) is a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrequested_101_from_an_upstream_is_not_relayed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0_u8; 4096];
+                let _ = stream.read(&mut buffer).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: evil\r\n\r\n")
+                    .await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            });
+        }
+    });
+    let db = TestDb::new().await;
+    let routes =
+        format!("[[routes]]\nprefix = \"/free\"\nupstream = \"http://{addr}\"\nresource = {{ segment = 2 }}\n");
+    let gateway = Gateway::start(&db.url(), &routes).await.unwrap();
+    for (method, headers) in [(Method::POST, vec![("fencing-token", "1")]), (Method::GET, vec![])] {
+        let answer = send(gateway.proxy, method.clone(), "/free/r1", &headers, "").await.unwrap();
+        assert_eq!(answer.status, StatusCode::BAD_GATEWAY, "{method}: {:?}", answer.headers);
+        assert!(answer.header("upgrade").is_none());
+    }
+}
