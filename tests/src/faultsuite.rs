@@ -420,27 +420,32 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     for (gateway, config_path) in config_paths.iter().enumerate() {
         let proxy = FaultProxy::start(pg_addr).await?;
         let database_url = format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr());
-        let (proxy_port, control_port) = (free_port()?, free_port()?);
-        let command = vec![
-            "env".to_owned(),
-            format!("FENCING_DATABASE_URL={database_url}"),
-            format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),
-            format!("FENCING_CONTROL_LISTEN=127.0.0.1:{control_port}"),
-            workspace_bin("fencing-gateway")?.display().to_string(),
-            "serve".to_owned(),
-            "--config".to_owned(),
-            config_path.display().to_string(),
-        ];
-        let mut managed = Managed { name: format!("gateway-{gateway}"), command, child: None, paused: false };
-        managed.spawn()?;
+        // A port found free may be taken before the gateway binds it: then new ports.
+        let mut started = None;
+        for _ in 0..3 {
+            let (proxy_port, control_port) = (free_port()?, free_port()?);
+            let command = vec![
+                "env".to_owned(),
+                format!("FENCING_DATABASE_URL={database_url}"),
+                format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),
+                format!("FENCING_CONTROL_LISTEN=127.0.0.1:{control_port}"),
+                workspace_bin("fencing-gateway")?.display().to_string(),
+                "serve".to_owned(),
+                "--config".to_owned(),
+                config_path.display().to_string(),
+            ];
+            let mut managed = Managed { name: format!("gateway-{gateway}"), command, child: None, paused: false };
+            managed.spawn()?;
+            if wait_listening(proxy_port, Duration::from_secs(20)).await {
+                started = Some((managed, proxy_port));
+                break;
+            }
+            managed.kill_now().await;
+        }
+        let (managed, proxy_port) = started.ok_or_else(|| anyhow!("gateway-{gateway} did not listen in 3 tries"))?;
         gateway_pg.push(proxy);
         gateway_ports.push(proxy_port);
         gateways.push(managed);
-    }
-    for port in &gateway_ports {
-        if !wait_listening(*port, Duration::from_secs(20)).await {
-            bail!("a gateway did not listen on {port}");
-        }
     }
 
     // Leaders, each reaching Postgres through a proxy of its own.
