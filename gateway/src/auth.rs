@@ -114,6 +114,11 @@ impl Clients {
         Clients { clients: clients.into_iter().map(Arc::new).collect() }
     }
 
+    /// Every client's lease-key globs.
+    pub fn lease_patterns(&self) -> impl Iterator<Item = &str> {
+        self.clients.iter().flat_map(|client| client.leases.iter().map(String::as_str))
+    }
+
     /// Whether clients are configured (else: development mode).
     pub fn enabled(&self) -> bool {
         !self.clients.is_empty()

@@ -38,6 +38,8 @@ pub struct ControlState {
     pub metrics: PrometheusHandle,
     /// The last term this gateway granted per key, to count leadership transitions.
     pub granted_terms: Arc<Mutex<HashMap<String, i64>>>,
+    /// The lease keys counted under their own name in `fencing_lease_transitions_total`.
+    pub named_keys: Arc<std::collections::BTreeSet<String>>,
 }
 
 /// The control API's routes.
@@ -217,7 +219,8 @@ impl ControlState {
         }
         let previous = granted.insert(key.to_owned(), term);
         if previous.is_none_or(|previous| previous < term) {
-            metrics::counter!(names::LEASE_TRANSITIONS, "key" => key.to_owned()).increment(1);
+            let label = if self.named_keys.contains(key) { key.to_owned() } else { names::OTHER_KEY.to_owned() };
+            metrics::counter!(names::LEASE_TRANSITIONS, "key" => label).increment(1);
         }
     }
 }

@@ -97,8 +97,14 @@ pub async fn run(
         refusal_log,
     ));
     let proxy_handler: Handler = Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
-    let control =
-        control::router(ControlState { config: Arc::clone(&config), fences, metrics, granted_terms: Arc::default() });
+    metrics::register_known(&config);
+    let control = control::router(ControlState {
+        config: Arc::clone(&config),
+        fences,
+        metrics,
+        granted_terms: Arc::default(),
+        named_keys: Arc::new(metrics::named_keys(&config)),
+    });
     let control_handler: Handler = Arc::new(move |request, _remote| {
         let control = control.clone();
         Box::pin(async move {

@@ -69,3 +69,57 @@ fn describe() {
     );
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
 }
+
+/// Every `outcome` label of [`WRITES`].
+pub const WRITE_OUTCOMES: [&str; 9] = [
+    "admitted",
+    "stale",
+    "not_leader",
+    "future_term",
+    "missing_token",
+    "malformed",
+    "unavailable",
+    "upstream_error",
+    "unauthorized",
+];
+
+/// The `key` label of [`LEASE_TRANSITIONS`] for keys the configuration does not name: clients
+/// choose lease keys, so counting each would let them grow the series without bound.
+pub const OTHER_KEY: &str = "other";
+
+/// The lease keys the configuration names (routes' leases and clients' globs without `*`),
+/// each its own `key` label; every other key is counted as [`OTHER_KEY`].
+pub fn named_keys(config: &crate::config::Config) -> std::collections::BTreeSet<String> {
+    let routes = config.routes.iter().filter_map(|route| route.lease.clone());
+    let clients = config.clients.lease_patterns().filter(|pattern| !pattern.contains('*')).map(str::to_owned);
+    routes.chain(clients).collect()
+}
+
+/// Exports every series whose labels are known in advance at 0 from start-up, so a dashboard
+/// shows 0, not "No data", until something happens.
+pub fn register_known(config: &crate::config::Config) {
+    for route in &config.routes {
+        for outcome in WRITE_OUTCOMES {
+            metrics::counter!(WRITES, "route" => route.prefix.clone(), "outcome" => outcome).absolute(0);
+        }
+        for kind in ["connect", "request", "timeout"] {
+            metrics::counter!(UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind).absolute(0);
+        }
+        metrics::counter!(PASSTHROUGH, "route" => route.prefix.clone()).absolute(0);
+    }
+    for kind in ["timeout", "error"] {
+        metrics::counter!(STORE_ERRORS, "kind" => kind).absolute(0);
+    }
+    for op in ["acquire", "renew", "release"] {
+        for result in ["ok", "conflict", "invalid", "forbidden", "error"] {
+            metrics::counter!(LEASE_OPERATIONS, "op" => op, "result" => result).absolute(0);
+        }
+    }
+    for key in named_keys(config).into_iter().chain([OTHER_KEY.to_owned()]) {
+        metrics::counter!(LEASE_TRANSITIONS, "key" => key).absolute(0);
+    }
+    for name in [CACHED_REFUSALS, REFUSALS_DROPPED, SQL_REFUSALS] {
+        metrics::counter!(name).absolute(0);
+    }
+    metrics::gauge!(INFLIGHT_WRITES).set(0.0);
+}

@@ -56,7 +56,8 @@ async fn lease_api_acquires_renews_releases_and_reports_conflicts() {
     let metrics = call(Method::GET, "/metrics", "").await;
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(text.contains("fencing_lease_operations_total"), "{text}");
-    assert!(text.contains("fencing_lease_transitions_total{key=\"jobs\"} 2"), "{text}");
+    // `jobs` is no configured lease key: counted as `other`.
+    assert!(text.contains("fencing_lease_transitions_total{key=\"other\"} 2"), "{text}");
     assert_eq!(call(Method::GET, "/healthz", "").await.status, StatusCode::OK);
     assert_eq!(call(Method::GET, "/readyz", "").await.status, StatusCode::OK);
 }
@@ -97,4 +98,45 @@ async fn bad_lease_requests_get_400_or_422_and_write_nothing() {
     let unknown = send(control, Method::GET, "/v2/anything", &[], "").await.unwrap();
     assert_eq!((unknown.status, unknown.json()["status"].clone()), (StatusCode::NOT_FOUND, Value::from(404)));
     assert_eq!(fencing_state(&client).await, before, "nothing was written");
+}
+
+/// Series whose labels are known in advance are exported at 0 from start-up; lease keys the
+/// configuration does not name are counted as `other`, so clients cannot grow the series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_series_start_at_zero_and_unnamed_lease_keys_count_as_other() {
+    let setup = Setup::new().await;
+    let control = setup.gateway.control;
+    let metrics = || async move {
+        String::from_utf8_lossy(&send(control, Method::GET, "/metrics", &[], "").await.unwrap().body).into_owned()
+    };
+    let has = |text: &str, name: &str, labels: &[&str], value: &str| {
+        text.lines().any(|line| {
+            line.starts_with(&format!("{name}{{"))
+                && labels.iter().all(|label| line.contains(label))
+                && line.ends_with(&format!(" {value}"))
+        })
+    };
+    let text = metrics().await;
+    for (name, labels) in [
+        ("fencing_writes_total", vec![r#"route="/ledger""#, r#"outcome="unavailable""#]),
+        ("fencing_writes_total", vec![r#"route="/jobs""#, r#"outcome="stale""#]),
+        ("fencing_upstream_errors_total", vec![r#"route="/dead""#, r#"kind="connect""#]),
+        ("fencing_store_errors_total", vec![r#"kind="timeout""#]),
+        ("fencing_lease_operations_total", vec![r#"op="renew""#, r#"result="error""#]),
+        ("fencing_lease_transitions_total", vec![r#"key="ledger-writer""#]),
+        ("fencing_lease_transitions_total", vec![r#"key="other""#]),
+    ] {
+        assert!(has(&text, name, &labels, "0"), "{name} {labels:?} is not exported at 0:\n{text}");
+    }
+
+    // A thousand keys nobody configured: one series, `other`.
+    for i in 0..1000 {
+        let key = format!("/v1/leases/random-{}-{i}/acquire", rand::random::<u32>());
+        let reply = send(control, Method::POST, &key, &[JSON], r#"{"owner":"o","ttl_ms":1000}"#).await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let text = metrics().await;
+    let series: Vec<&str> = text.lines().filter(|line| line.starts_with("fencing_lease_transitions_total{")).collect();
+    assert_eq!(series.len(), 2, "{series:?}");
+    assert!(has(&text, "fencing_lease_transitions_total", &[r#"key="other""#], "1000"), "{series:?}");
 }
