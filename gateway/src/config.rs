@@ -21,6 +21,14 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client may pause between pieces of its request body.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may go without anything to read before it is closed.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a write to a client may stay blocked before the connection is closed.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections to Postgres kept for the control API, so proxy load cannot starve renewals.
+pub const DEFAULT_CONTROL_POOL_SIZE: usize = 2;
+/// The largest control API request body.
+pub const CONTROL_BODY_LIMIT_BYTES: usize = 64 * 1024;
 /// How many client connections each listener holds at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Connections to Postgres.
@@ -80,8 +88,12 @@ pub struct ProxyConfig {
     pub header_read_timeout: Duration,
     /// A client that pauses longer than this inside its body has its request aborted.
     pub body_read_timeout: Duration,
-    /// Connections held at once; more wait in the accept queue.
+    /// Connections held at once, per listener; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// A connection with nothing to read for this long is closed (both listeners).
+    pub idle_timeout: Duration,
+    /// A write to a client blocked this long closes its connection (both listeners).
+    pub write_timeout: Duration,
     /// When not empty, the only names `Host` may carry (without the port).
     pub hosts: Vec<String>,
     /// Peers whose `Forwarded`, `X-Forwarded-*` and `X-Real-IP` are passed on; from anyone
@@ -109,6 +121,8 @@ pub struct DatabaseConfig {
     pub url: Option<String>,
     /// Connections to Postgres.
     pub pool_size: usize,
+    /// Connections to Postgres of the control API's own, beside `pool_size`.
+    pub control_pool_size: usize,
     /// A fence decision not made within this is refused with 503 (S6).
     pub fence_check_timeout: Duration,
     /// Fence-decision round trips out at once (at most `pool_size`); decisions arriving while
@@ -240,6 +254,8 @@ struct RawProxy {
     header_read_timeout_ms: Option<u64>,
     body_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    write_timeout_ms: Option<u64>,
     hosts: Option<Vec<String>>,
     trusted_proxies: Option<Vec<String>>,
 }
@@ -258,6 +274,7 @@ struct RawControl {
 struct RawDatabase {
     url: Option<String>,
     pool_size: Option<u64>,
+    control_pool_size: Option<u64>,
     max_batches_in_flight: Option<u64>,
     fence_check_timeout_ms: Option<u64>,
     data_dir: Option<String>,
@@ -401,6 +418,8 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         positive_ms("proxy.header_read_timeout_ms", raw.proxy.header_read_timeout_ms, DEFAULT_HEADER_READ_TIMEOUT);
     let body_read_timeout =
         positive_ms("proxy.body_read_timeout_ms", raw.proxy.body_read_timeout_ms, DEFAULT_BODY_READ_TIMEOUT);
+    let idle_timeout = positive_ms("proxy.idle_timeout_ms", raw.proxy.idle_timeout_ms, DEFAULT_IDLE_TIMEOUT);
+    let write_timeout = positive_ms("proxy.write_timeout_ms", raw.proxy.write_timeout_ms, DEFAULT_WRITE_TIMEOUT);
     let min_ttl = positive_ms("control.min_ttl_ms", raw.control.min_ttl_ms, DEFAULT_MIN_TTL);
     let max_ttl = positive_ms("control.max_ttl_ms", raw.control.max_ttl_ms, DEFAULT_MAX_TTL);
     let fence_check_timeout = positive_ms(
@@ -431,6 +450,13 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     }
     if max_ttl > fencing_schema::MAX_TTL {
         problems.push(format!("control.max_ttl_ms: at most {} ms", fencing_schema::MAX_TTL.as_millis()));
+    }
+    if idle_timeout <= forward_timeout.max(body_read_timeout) {
+        problems.push(format!(
+            "proxy.idle_timeout_ms: must be above upstream.forward_timeout_ms and proxy.body_read_timeout_ms \
+             ({} ms), or waiting writes would be cut",
+            forward_timeout.max(body_read_timeout).as_millis()
+        ));
     }
     if forward_timeout > Duration::from_secs(3600) {
         problems.push("upstream.forward_timeout_ms: at most 3600000".to_owned());
@@ -467,6 +493,14 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         Some(_) => {
             problems.push("database.pool_size: must be between 1 and 1000".to_owned());
             DEFAULT_POOL_SIZE
+        }
+    };
+    let control_pool_size = match raw.database.control_pool_size.map(usize::try_from) {
+        None => DEFAULT_CONTROL_POOL_SIZE,
+        Some(Ok(n)) if (1..=100).contains(&n) => n,
+        Some(_) => {
+            problems.push("database.control_pool_size: must be between 1 and 100".to_owned());
+            DEFAULT_CONTROL_POOL_SIZE
         }
     };
     let max_batches_in_flight = match raw.database.max_batches_in_flight.map(usize::try_from) {
@@ -548,6 +582,8 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             header_read_timeout,
             body_read_timeout,
             max_connections,
+            idle_timeout,
+            write_timeout,
             hosts: proxy_hosts,
             trusted_proxies,
         },
@@ -555,6 +591,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         database: DatabaseConfig {
             url,
             pool_size,
+            control_pool_size,
             fence_check_timeout,
             max_batches_in_flight,
             data_dir: PathBuf::from(raw.database.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),

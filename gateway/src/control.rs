@@ -22,7 +22,7 @@ use tokio::time::{Instant, timeout_at};
 use tracing::warn;
 
 use crate::auth::{Caller, check_host};
-use crate::config::Config;
+use crate::config::{CONTROL_BODY_LIMIT_BYTES, Config};
 use crate::fence::{FenceStore, discard};
 use crate::metrics as names;
 use crate::problem::{Problem, forbidden, unauthenticated};
@@ -32,8 +32,10 @@ use crate::problem::{Problem, forbidden, unauthenticated};
 pub struct ControlState {
     /// The configuration (ttl bounds, timeouts).
     pub config: Arc<Config>,
-    /// The fence store and its pool.
+    /// The fence store.
     pub fences: Arc<FenceStore>,
+    /// The control API's own connections (`database.control_pool_size`).
+    pub pool: deadpool_postgres::Pool,
     /// Renders `/metrics`.
     pub metrics: PrometheusHandle,
     /// The last term this gateway granted per key, to count leadership transitions.
@@ -134,6 +136,35 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Reads a control request's whole body: at most [`CONTROL_BODY_LIMIT_BYTES`] (413), with no
+/// pause longer than `pause` (408).
+pub async fn read_body(body: hyper::body::Incoming, pause: Duration) -> Result<Bytes, Problem> {
+    use http_body_util::BodyExt;
+    let limited =
+        http_body_util::Limited::new(tower_http::timeout::TimeoutBody::new(pause, body), CONTROL_BODY_LIMIT_BYTES);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            &format!("a control request body is at most {CONTROL_BODY_LIMIT_BYTES} bytes"),
+        )),
+        Err(error) if error.is::<tower_http::timeout::TimeoutError>() => Err(Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "Request body timed out",
+            "the client paused too long inside its request body",
+        )),
+        Err(_) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "body-incomplete",
+            "Request body incomplete",
+            "the request body could not be read whole",
+        )),
+    }
+}
+
 /// Parses a JSON body: 400 when it is not JSON, 422 when it is the wrong shape.
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Problem> {
     serde_json::from_slice(body).map_err(|error| match error.classify() {
@@ -172,7 +203,7 @@ impl ControlState {
         Fut: Future<Output = (Object, Result<T, fencing_schema::Error>)>,
     {
         let deadline = Instant::now() + self.config.database.fence_check_timeout;
-        let client = match timeout_at(deadline, self.fences.pool().get()).await {
+        let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => {
                 warn!(%error, "control API: no database connection");

@@ -98,18 +98,31 @@ pub async fn run(
     ));
     let proxy_handler: Handler = Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
     metrics::register_known(&config);
+    // The control API has connections of its own: a flood of proxy writes cannot make lease
+    // renewals wait for a pooled connection.
+    let control_pool = fence::pool(database_url, config.database.control_pool_size).map_err(Error::Setup)?;
     let control = control::router(ControlState {
         config: Arc::clone(&config),
         fences,
+        pool: control_pool,
         metrics,
         granted_terms: Arc::default(),
         named_keys: Arc::new(metrics::named_keys(&config)),
     });
+    let body_read_timeout = config.proxy.body_read_timeout;
     let control_handler: Handler = Arc::new(move |request, _remote| {
         let control = control.clone();
         Box::pin(async move {
             use tower::ServiceExt;
-            match control.oneshot(request.map(axum::body::Body::new)).await {
+            // The whole body first, bounded in size and in time: a client that sends half a
+            // body does not hold anything for long.
+            let (parts, body) = request.into_parts();
+            let body = match control::read_body(body, body_read_timeout).await {
+                Ok(body) => body,
+                Err(problem) => return problem.into_response(),
+            };
+            let request = http::Request::from_parts(parts, axum::body::Body::from(body));
+            match control.oneshot(request).await {
                 Ok(response) => response,
                 Err(infallible) => match infallible {},
             }
@@ -119,6 +132,8 @@ pub async fn run(
         header_read_timeout: config.proxy.header_read_timeout,
         max_header_bytes: config.proxy.max_header_bytes,
         max_connections: config.proxy.max_connections,
+        idle_timeout: config.proxy.idle_timeout,
+        write_timeout: config.proxy.write_timeout,
     };
     let grace = config.shutdown_grace;
     let proxy_server =

@@ -34,6 +34,9 @@ pub const BATCH_SIZE: &str = "fencing_check_batch_size";
 /// store at each scrape; their transactions rolled back, so no other record has them.
 pub const SQL_REFUSALS: &str = "fencing_sql_refusals_total";
 
+/// Counter `{listener}`: connections answered 503 and closed because the listener was at its cap.
+pub const CONNECTIONS_REFUSED: &str = "fencing_connections_refused_total";
+
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 const LATENCY_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -68,6 +71,7 @@ fn describe() {
         "Writes refused inside Postgres (fencing.admit, the SQL guard) since the schema was installed, all clients"
     );
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
+    metrics::describe_counter!(CONNECTIONS_REFUSED, "Connections answered 503 because the listener was at its cap");
 }
 
 /// Every `outcome` label of [`WRITES`].
@@ -122,4 +126,7 @@ pub fn register_known(config: &crate::config::Config) {
         metrics::counter!(name).absolute(0);
     }
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);
+    for listener in ["proxy", "control"] {
+        metrics::counter!(CONNECTIONS_REFUSED, "listener" => listener).absolute(0);
+    }
 }

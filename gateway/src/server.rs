@@ -1,5 +1,6 @@
 //! The accept loop both listeners share: HTTP/1.1 with a header-read timeout, a head size
-//! limit and a connection cap, and a graceful drain on shutdown.
+//! limit, a connection cap answered with 503, idle and write timeouts on every connection (a
+//! slow reader or a silent client cannot hold a slot for ever), and a graceful drain on shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,8 +16,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -31,8 +34,14 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// The largest request head; larger ones get 431.
     pub max_header_bytes: usize,
-    /// Connections held at once.
+    /// Connections held at once; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// A connection on which nothing can be read for this long is closed (idle keep-alive
+    /// connections, and clients that stop sending).
+    pub idle_timeout: Duration,
+    /// A write to the client that cannot proceed for this long closes the connection (slow
+    /// readers).
+    pub write_timeout: Duration,
 }
 
 /// Serves `listener` until `shutdown` is cancelled, then stops accepting and lets open
@@ -48,13 +57,6 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     loop {
-        let permit = tokio::select! {
-            () = shutdown.cancelled() => break,
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
         let (stream, remote) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -68,6 +70,15 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+            metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "listener" => name).increment(1);
+            tokio::spawn(answer_busy(stream));
+            continue;
+        };
+        let mut timed = TimeoutStream::new(stream);
+        timed.set_read_timeout(Some(limits.idle_timeout));
+        timed.set_write_timeout(Some(limits.write_timeout));
+        let stream = Box::pin(timed);
         let handler = Arc::clone(&handler);
         let service = service_fn(move |request| {
             let handler = Arc::clone(&handler);
@@ -87,6 +98,7 @@ pub async fn serve(
     }
     drop(listener);
     info!(listener = name, ?grace, "stopped accepting; draining open connections");
+    // Connections still open hold their permits; a closed semaphore ends nothing early.
     match tokio::time::timeout(grace, graceful.shutdown()).await {
         Ok(()) => {
             info!(listener = name, "drained");
@@ -97,4 +109,19 @@ pub async fn serve(
             false
         }
     }
+}
+
+/// The answer to a connection over the cap: 503 with Retry-After, then close, bounded in time.
+async fn answer_busy(mut stream: TcpStream) {
+    const BODY: &str = r#"{"type":"urn:fencing-gateway:problem:too-many-connections","title":"Too many connections","status":503,"detail":"the listener holds its maximum of connections; retry later"}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod bounded;
 mod contract;
 mod control_api;
 mod demo;
