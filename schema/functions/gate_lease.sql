@@ -13,6 +13,13 @@ BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_name('lease key', p_lease_key);
     PERFORM fencing.check_name('owner', p_owner);
+    -- A route bound to one lease is written under that lease only: another lease's term, even
+    -- an equal number, says nothing about who leads this one.
+    IF bind_lease IS NOT NULL AND bind_lease <> p_lease_key THEN
+        RETURN (false, 'wrong_lease', NULL,
+                (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
+                bind_lease, NULL, 0)::fencing.gate_result;
+    END IF;
     SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = p_lease_key;
     IF NOT FOUND OR lease_.owner <> p_owner OR lease_.expires_at <= clock_timestamp() THEN
         RETURN (false, 'not_leader', NULL,

@@ -84,6 +84,40 @@ async fn gate_lease_stamps_the_holders_term_and_refuses_anyone_else() {
     assert_eq!(fencing_state(&client).await, before);
 }
 
+/// S4: stamp mode on a route bound to one lease, naming another lease whose term happens to be
+/// the same number, is refused: a holder of `scratch` is not the leader of `writer`.
+#[tokio::test]
+async fn gate_lease_under_another_lease_than_the_bound_one_is_refused_even_with_an_equal_term() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let writer = store::acquire(&client, "writer", "leader", Duration::from_secs(60)).await.unwrap();
+    let scratch = store::acquire(&client, "scratch", "zombie", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(writer.term, scratch.term, "both leases are at their first term");
+    let admitted = store::gate_lease(&client, "ledger", "writer", "leader", FORWARD, Some("writer")).await.unwrap();
+    assert_eq!(admitted.outcome, Outcome::Admitted);
+
+    let before = fencing_state(&client).await;
+    let other = store::gate_lease(&client, "ledger", "scratch", "zombie", FORWARD, Some("writer")).await.unwrap();
+    assert_eq!(other.outcome, Outcome::WrongLease, "{other:?}");
+    // The same through gate_many, as the gateway calls it.
+    let rows = client
+        .query(
+            store::GATE_MANY_SQL,
+            &[
+                &vec!["ledger"],
+                &vec![None::<i64>],
+                &vec![Some("scratch")],
+                &vec![Some("zombie")],
+                &vec![Some("writer")],
+                &4000_i64,
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows[0].get::<_, String>("outcome"), "wrong_lease");
+    assert_eq!(fencing_state(&client).await, before, "refusals change nothing");
+}
+
 #[tokio::test]
 async fn gate_many_decides_each_item_in_input_order_in_one_statement() {
     let db = TestDb::new().await;
