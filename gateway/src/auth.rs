@@ -31,6 +31,8 @@ pub struct Client {
     pub leases: Vec<String>,
     /// Whether it may read leases, fences and `/metrics`.
     pub read: bool,
+    /// The prefixes of unbound routes it may write through (a bound route needs its lease).
+    pub routes: Vec<String>,
 }
 
 impl Client {
@@ -43,6 +45,11 @@ impl Client {
     pub fn store_owner(&self, owner: &str) -> String {
         format!("{}/{owner}", self.name)
     }
+
+    /// Whether this client may write through the unbound route `prefix`.
+    pub fn may_write_unbound(&self, prefix: &str) -> bool {
+        self.routes.iter().any(|route| route.trim_end_matches('/') == prefix.trim_end_matches('/'))
+    }
 }
 
 /// Who made a request.
@@ -50,6 +57,8 @@ impl Client {
 pub enum Caller {
     /// Development mode: no clients are configured, everyone may do everything.
     Anyone,
+    /// Not authenticated, and needs not be (the health probes): may do nothing else.
+    Nobody,
     /// An authenticated client.
     Client(Arc<Client>),
 }
@@ -59,7 +68,17 @@ impl Caller {
     pub fn may_use(&self, key: &str) -> bool {
         match self {
             Caller::Anyone => true,
+            Caller::Nobody => false,
             Caller::Client(client) => client.may_use(key),
+        }
+    }
+
+    /// Whether the caller may write through the unbound route `prefix`.
+    pub fn may_write_unbound(&self, prefix: &str) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Nobody => false,
+            Caller::Client(client) => client.may_write_unbound(prefix),
         }
     }
 
@@ -67,6 +86,7 @@ impl Caller {
     pub fn may_read(&self) -> bool {
         match self {
             Caller::Anyone => true,
+            Caller::Nobody => false,
             Caller::Client(client) => client.read,
         }
     }
@@ -74,7 +94,7 @@ impl Caller {
     /// The owner string the store keeps for the caller's `owner`.
     pub fn store_owner(&self, owner: &str) -> String {
         match self {
-            Caller::Anyone => owner.to_owned(),
+            Caller::Anyone | Caller::Nobody => owner.to_owned(),
             Caller::Client(client) => client.store_owner(owner),
         }
     }
@@ -82,7 +102,7 @@ impl Caller {
     /// The client's name, for logs.
     pub fn name(&self) -> &str {
         match self {
-            Caller::Anyone => "-",
+            Caller::Anyone | Caller::Nobody => "-",
             Caller::Client(client) => &client.name,
         }
     }
@@ -255,12 +275,14 @@ mod tests {
                 token_sha256: parse_sha256_hex(&token_sha256_hex("s3cret")).unwrap_or_default(),
                 leases: vec!["billing-*".to_owned()],
                 read: true,
+                routes: Vec::new(),
             },
             Client {
                 name: "other".to_owned(),
                 token_sha256: parse_sha256_hex(&token_sha256_hex("other-token")).unwrap_or_default(),
                 leases: vec!["exact".to_owned()],
                 read: false,
+                routes: Vec::new(),
             },
         ])
     }

@@ -243,6 +243,8 @@ struct RawClient {
     leases: Vec<String>,
     #[serde(default)]
     read: bool,
+    #[serde(default)]
+    routes: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -535,6 +537,31 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     routes.sort_by_key(|route| std::cmp::Reverse(route.prefix.trim_end_matches('/').len()));
     let warnings = check_bindings(&routes, &mut problems);
     let clients = validate_clients(raw.clients, &mut problems);
+    let mut warnings = warnings;
+    for (index, client) in clients.iter().enumerate() {
+        for route in &client.routes {
+            match routes.iter().find(|r| r.prefix.trim_end_matches('/') == route.trim_end_matches('/')) {
+                None => problems.push(format!("clients[{index}].routes: {route:?} is no configured route prefix")),
+                Some(r) if r.lease.is_some() => problems.push(format!(
+                    "clients[{index}].routes: {route:?} is bound to a lease: allow the lease in `leases` instead"
+                )),
+                Some(_) => {}
+            }
+        }
+        for other in &clients[index + 1..] {
+            let shared = client
+                .leases
+                .iter()
+                .find(|a| other.leases.iter().any(|b| crate::auth::glob_match(a, b) || crate::auth::glob_match(b, a)));
+            if let Some(pattern) = shared {
+                warnings.push(format!(
+                    "clients {:?} and {:?} may both use lease keys matching {pattern:?}: either can write under \
+                     such a lease with its current term (only renew, release and stamp mode are the acquirer's own)",
+                    client.name, other.name
+                ));
+            }
+        }
+    }
     if clients.is_empty() {
         // Development mode: nobody authenticates, so nobody off this host may connect.
         for (key, addr) in [("proxy.listen", proxy_listen), ("control.listen", control_listen)] {
@@ -549,13 +576,31 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     let hosts = |key: &str, names: Option<Vec<String>>, problems: &mut Vec<String>| -> Vec<String> {
         let names = names.unwrap_or_default();
         for name in &names {
-            if name.is_empty() || name.contains([':', '/', ' ']) {
+            let bracketed_v6 = name.starts_with('[') && name.ends_with(']');
+            if name.is_empty() || name.contains(['/', ' ', '@']) || (name.contains(':') && !bracketed_v6) {
                 problems.push(format!("{key}: {name:?} must be a host name without port"));
             }
         }
         names.into_iter().map(|name| name.to_ascii_lowercase()).collect()
     };
-    let proxy_hosts = hosts("proxy.hosts", raw.proxy.hosts, &mut problems);
+    let mut proxy_hosts = hosts("proxy.hosts", raw.proxy.hosts, &mut problems);
+    let mut control_hosts = hosts("control.hosts", raw.control.hosts, &mut problems);
+    if clients.is_empty() {
+        // Development mode: nobody authenticates, so a web page that rebinds its own name to
+        // 127.0.0.1 must not reach the listeners: only loopback names are served.
+        for (names, listen) in [(&mut proxy_hosts, proxy_listen), (&mut control_hosts, control_listen)] {
+            if names.is_empty() {
+                names.extend(["localhost", "127.0.0.1", "[::1]"].map(str::to_owned));
+                let ip = match listen.ip() {
+                    std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                    std::net::IpAddr::V4(v4) => v4.to_string(),
+                };
+                if !names.contains(&ip) {
+                    names.push(ip);
+                }
+            }
+        }
+    }
     let trusted_proxies = raw
         .proxy
         .trusted_proxies
@@ -569,7 +614,6 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             }
         })
         .collect();
-    let control_hosts = hosts("control.hosts", raw.control.hosts, &mut problems);
 
     if !problems.is_empty() {
         return Err(ConfigError { problems });
@@ -641,6 +685,7 @@ fn validate_clients(raw: Vec<RawClient>, problems: &mut Vec<String>) -> Vec<crat
                 token_sha256: hash,
                 leases: client.leases,
                 read: client.read,
+                routes: client.routes,
             });
         }
     }

@@ -42,6 +42,49 @@ pub struct ControlState {
     pub granted_terms: Arc<Mutex<HashMap<String, i64>>>,
     /// The lease keys counted under their own name in `fencing_lease_transitions_total`.
     pub named_keys: Arc<std::collections::BTreeSet<String>>,
+    /// `/readyz`'s answer: one query at a time, shared by the callers that wait for it.
+    pub readiness: Arc<Cached<Result<i32, Problem>>>,
+    /// The count of refusals inside Postgres for `/metrics`, likewise.
+    pub sql_refusals: Arc<Cached<Option<i64>>>,
+}
+
+/// A value computed by one caller at a time: callers that arrive while a computation is under
+/// way wait for it and share its result, so a flood of probes or scrapes (no token or only a
+/// read permission needed) holds at most one of the connections that renewals need.
+#[derive(Debug)]
+pub struct Cached<T> {
+    value: tokio::sync::Mutex<Option<T>>,
+    finished: std::sync::atomic::AtomicU64,
+}
+
+impl<T> Default for Cached<T> {
+    fn default() -> Self {
+        Cached { value: tokio::sync::Mutex::new(None), finished: std::sync::atomic::AtomicU64::new(0) }
+    }
+}
+
+impl<T: Clone> Cached<T> {
+    async fn get<F: Future<Output = T>>(&self, compute: impl FnOnce() -> F) -> T {
+        use std::sync::atomic::Ordering;
+        let finished_before = self.finished.load(Ordering::SeqCst);
+        let mut slot = match self.value.try_lock() {
+            Ok(slot) => slot,
+            Err(_) => {
+                let slot = self.value.lock().await;
+                // The computation that was under way when this caller came has finished.
+                if self.finished.load(Ordering::SeqCst) > finished_before
+                    && let Some(value) = slot.as_ref()
+                {
+                    return value.clone();
+                }
+                slot
+            }
+        };
+        let value = compute().await;
+        *slot = Some(value.clone());
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        value
+    }
 }
 
 /// The control API's routes.
@@ -69,7 +112,7 @@ async fn guard(State(state): State<ControlState>, mut request: Request, next: Ne
     }
     let path = request.uri().path();
     let caller = if path == "/healthz" || path == "/readyz" {
-        Caller::Anyone
+        Caller::Nobody
     } else {
         match state.config.clients.authenticate(request.headers()) {
             Ok(caller) => caller,
@@ -80,8 +123,17 @@ async fn guard(State(state): State<ControlState>, mut request: Request, next: Ne
     next.run(request).await
 }
 
-/// 403 unless the caller may use lease `key`.
+/// 403 unless the caller may use lease `key` (a key longer than any the store accepts is 422,
+/// before any pattern is matched against it).
 fn may_use(caller: &Caller, key: &str) -> Result<(), Problem> {
+    if key.chars().count() > 256 {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-argument",
+            "Invalid argument",
+            "a lease key must be 1 to 256 characters",
+        ));
+    }
     if caller.may_use(key) {
         return Ok(());
     }
@@ -484,12 +536,18 @@ async fn render_metrics(State(state): State<ControlState>, Extension(caller): Ex
     // Refusals inside Postgres roll back with their transactions: the store counts them in a
     // sequence, read here (bounded) so the dashboard sees them whichever client was refused.
     let count = state
-        .with_client(|client| async move {
-            let result = store::sql_refusal_count(&**client).await;
-            (client, result)
+        .sql_refusals
+        .get(|| async {
+            state
+                .with_client(|client| async move {
+                    let result = store::sql_refusal_count(&**client).await;
+                    (client, result)
+                })
+                .await
+                .ok()
         })
         .await;
-    if let Ok(count) = count {
+    if let Some(count) = count {
         metrics::counter!(names::SQL_REFUSALS).absolute(u64::try_from(count).unwrap_or(0));
     }
     let mut response = state.metrics.render().into_response();
@@ -505,9 +563,14 @@ async fn healthz() -> Response {
 
 async fn readyz(State(state): State<ControlState>) -> Response {
     let version = state
-        .with_client(|client| async move {
-            let result = fencing_schema::check_schema_version(&**client).await;
-            (client, result)
+        .readiness
+        .get(|| async {
+            state
+                .with_client(|client| async move {
+                    let result = fencing_schema::check_schema_version(&**client).await;
+                    (client, result)
+                })
+                .await
         })
         .await;
     match version {

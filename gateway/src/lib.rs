@@ -107,15 +107,31 @@ pub async fn run(
         pool: control_pool,
         metrics,
         granted_terms: Arc::default(),
+        readiness: Arc::default(),
+        sql_refusals: Arc::default(),
         named_keys: Arc::new(metrics::named_keys(&config)),
     });
     let body_read_timeout = config.proxy.body_read_timeout;
+    let clients = config.clients.clone();
+    let control_hosts = Arc::new(config.control.hosts.clone());
     let control_handler: Handler = Arc::new(move |request, _remote| {
         let control = control.clone();
+        let clients = clients.clone();
+        let control_hosts = Arc::clone(&control_hosts);
         Box::pin(async move {
             use tower::ServiceExt;
-            // The whole body first, bounded in size and in time: a client that sends half a
-            // body does not hold anything for long.
+            // Who it is first (a client without a valid token sends no body to anyone), then
+            // the whole body, bounded in size and in time.
+            if let Err(problem) = auth::check_host(request.headers(), request.version(), &control_hosts) {
+                return problem.into_response();
+            }
+            let path = request.uri().path();
+            if path != "/healthz"
+                && path != "/readyz"
+                && let Err(reason) = clients.authenticate(request.headers())
+            {
+                return problem::unauthenticated(reason).into_response();
+            }
             let (parts, body) = request.into_parts();
             let body = match control::read_body(body, body_read_timeout).await {
                 Ok(body) => body,

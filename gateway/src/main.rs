@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    if let Some(message) = password_in_argv(std::env::args()) {
+    if let Some(message) = password_in_argv(std::env::args_os()).or_else(both_database_urls) {
         eprintln!("fencing-gateway: {message}");
         return ExitCode::from(EXIT_USAGE);
     }
@@ -171,12 +171,13 @@ async fn migrate(database_url: &str) -> ExitCode {
 
 /// A password on the command line is readable by every local user (`/proc/PID/cmdline`, `ps`):
 /// refused, with where to put it instead.
-fn password_in_argv(args: impl Iterator<Item = String>) -> Option<String> {
+fn password_in_argv(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
     let mut flag_before = false;
     for arg in args {
+        let arg = arg.to_string_lossy().into_owned();
         let value = if flag_before { Some(arg.as_str()) } else { arg.strip_prefix("--database-url=") };
         flag_before = arg == "--database-url";
-        if value.is_some_and(|url| url.parse::<tokio_postgres::Config>().is_ok_and(|c| c.get_password().is_some())) {
+        if value.is_some_and(carries_password) {
             return Some(
                 "--database-url carries a password, which every local user can read in /proc/PID/cmdline; \
                  set DATABASE_URL, or DATABASE_URL_FILE naming a file only you can read, instead"
@@ -185,6 +186,25 @@ fn password_in_argv(args: impl Iterator<Item = String>) -> Option<String> {
         }
     }
     None
+}
+
+/// Whether a libpq URL or key=value string names a password, however else it is spelled:
+/// `user:password@` in a URL, or a `password` parameter in either form.
+fn carries_password(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    let url_userinfo = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| lower.strip_prefix(scheme))
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'));
+    url_userinfo || lower.contains("password=")
+}
+
+/// `DATABASE_URL` and `DATABASE_URL_FILE` both set: which one is meant is unclear.
+fn both_database_urls() -> Option<String> {
+    (std::env::var_os("DATABASE_URL").is_some() && std::env::var_os("DATABASE_URL_FILE").is_some())
+        .then(|| "set DATABASE_URL or DATABASE_URL_FILE, not both".to_owned())
 }
 
 /// The database URL from the file `DATABASE_URL_FILE` names, if set.

@@ -221,6 +221,10 @@ impl Proxy {
         request_id: &str,
     ) -> Response<Body> {
         remove_fencing_headers(request.headers_mut());
+        if self.config.clients.enabled() {
+            // A client's credential for this gateway is never an upstream's to see.
+            request.headers_mut().remove(http::header::AUTHORIZATION);
+        }
         let deadline = Instant::now() + self.config.upstream.forward_timeout;
         let (parts, body) = request.into_parts();
         let limited = Limited::new(
@@ -245,10 +249,16 @@ impl Proxy {
         let caller = self.config.clients.authenticate(request.headers()).map_err(Rejection::Unauthenticated)?;
         let forbidden =
             |key: &str| Rejection::Forbidden(format!("client {:?} may not write under lease {key:?}", caller.name()));
-        if let Some(key) = &route.lease
-            && !caller.may_use(key)
-        {
-            return Err(forbidden(key));
+        match &route.lease {
+            Some(key) if !caller.may_use(key) => return Err(forbidden(key)),
+            None if !caller.may_write_unbound(&route.prefix) => {
+                return Err(Rejection::Forbidden(format!(
+                    "client {:?} may not write through the unbound route {:?} (add it to the client's routes)",
+                    caller.name(),
+                    route.prefix
+                )));
+            }
+            _ => {}
         }
         let limit = self.config.proxy.body_limit_bytes;
         if let Some(length) = content_length(request.headers())?
@@ -262,6 +272,12 @@ impl Proxy {
                 return Err(forbidden(key));
             }
             *owner = caller.store_owner(owner);
+            if owner.chars().count() > 256 {
+                return Err(Rejection::Malformed(format!(
+                    "Fencing-Owner is too long: with the client's name it must be at most 256 characters, got {}",
+                    owner.chars().count()
+                )));
+            }
         }
         let resource = resource(route, &request)?;
         let fence = route.fence_name(&resource);

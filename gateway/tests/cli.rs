@@ -167,5 +167,24 @@ fn the_database_url_can_come_from_a_file() {
     let _ = std::fs::remove_file(&path);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "{stderr}");
-    assert!(stderr.contains("DATABASE_URL_FILE: set DATABASE_URL or DATABASE_URL_FILE, not both"), "{stderr}");
+    assert!(stderr.contains("set DATABASE_URL or DATABASE_URL_FILE, not both"), "{stderr}");
+}
+
+#[test]
+fn token_prints_a_token_and_the_sha256_the_configuration_keeps() {
+    let output =
+        gateway().args(["token", "--name", "billing", "--lease", "billing-*", "--read"]).output().expect("run");
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let token = stdout.lines().nth(1).and_then(|line| line.strip_prefix("# ")).expect("the token line");
+    let hash = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("token_sha256 = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("the hash line");
+    assert_eq!(hash, fencing_gateway::auth::token_sha256_hex(token));
+    assert!(token.len() >= 64, "a token of 32 random bytes: {token}");
+    assert!(stdout.contains("leases = [\"billing-*\"]") && stdout.contains("read = true"), "{stdout}");
+    let bad = gateway().args(["token", "--name", "a/b"]).output().expect("run");
+    assert_eq!(bad.status.code(), Some(64));
 }

@@ -285,3 +285,38 @@ async fn renewals_do_not_wait_for_connections_that_proxy_decisions_hold() {
         let _ = write.await;
     }
 }
+
+/// `/readyz` needs no token; a flood of it, each stuck on a locked table, must not take the
+/// control API's connections from renewals: probes share one query at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_stuck_readiness_probes_does_not_starve_renewals() {
+    let db = TestDb::new().await;
+    let upstream = big_upstream(10).await;
+    let gateway =
+        Gateway::start(&db.url(), &format!("[database]\nfence_check_timeout_ms = 4000\n{}", config(upstream, "")))
+            .await
+            .unwrap();
+    let renew_body = r#"{"owner":"leader","ttl_ms":30000}"#;
+    assert_eq!(
+        send(gateway.control, Method::POST, "/v1/leases/k/acquire", &[JSON], renew_body).await.unwrap().status,
+        StatusCode::OK
+    );
+    let mut locker = db.connect().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE fencing.schema_migrations IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    let mut probes = Vec::new();
+    for _ in 0..20 {
+        let control = gateway.control;
+        probes.push(tokio::spawn(async move { send(control, Method::GET, "/readyz", &[], "").await }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let renewed = send(gateway.control, Method::POST, "/v1/leases/k/renew", &[JSON], renew_body).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.json());
+    assert!(took < Duration::from_secs(1), "the renewal waited {took:?} behind stuck probes");
+    lock.rollback().await.unwrap();
+    for probe in probes {
+        let _ = probe.await;
+    }
+}

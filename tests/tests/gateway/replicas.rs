@@ -200,7 +200,7 @@ async fn s5_no_byte_of_a_trickling_lower_term_body_reaches_the_upstream_after_a_
     let proxy = first.proxy;
     let lower = tokio::spawn(async move {
         let mut stream = tokio::net::TcpStream::connect(proxy).await.unwrap();
-        let head = "PUT /r/s5/item HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nX-Request-Id: lower\r\n\
+        let head = "PUT /r/s5/item HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nX-Request-Id: lower\r\n\
                     Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
         stream.write_all(head.as_bytes()).await.unwrap();
         for _ in 0..8 {

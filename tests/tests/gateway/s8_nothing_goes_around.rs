@@ -19,7 +19,7 @@ async fn status_of(setup: &Setup, request: String) -> String {
 
 fn request(method: &str, path: &str, id: &str, headers: &str, body: &str) -> String {
     format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nX-Request-Id: {id}\r\n{headers}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: {id}\r\n{headers}Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
 }
@@ -87,7 +87,7 @@ async fn s8_a_malformed_chunked_body_is_refused_before_any_fence_changes() {
     let bodies = ["4\nabcd\r\n0\r\n\r\n", "0x4\r\nabcd\r\n0\r\n\r\n", "ffffffffffffffffffff\r\nabcd\r\n0\r\n\r\n"];
     for (n, body) in bodies.iter().enumerate() {
         let request = format!(
-            "POST /jobs HTTP/1.1\r\nHost: x\r\nFencing-Token: 9\r\nFencing-Resource: chunky\r\nX-Request-Id: chunk-{n}\r\n\
+            "POST /jobs HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 9\r\nFencing-Resource: chunky\r\nX-Request-Id: chunk-{n}\r\n\
              Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n{body}"
         );
         let answer = raw(setup.gateway.proxy, request.as_bytes()).await.unwrap();
