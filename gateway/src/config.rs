@@ -99,6 +99,8 @@ pub struct ProxyConfig {
     /// Peers whose `Forwarded`, `X-Forwarded-*` and `X-Real-IP` are passed on; from anyone
     /// else they are removed.
     pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// TLS on this listener.
+    pub tls: Option<crate::tls::ListenerTls>,
 }
 
 /// See [`Config::control`].
@@ -112,6 +114,8 @@ pub struct ControlConfig {
     pub max_ttl: Duration,
     /// When not empty, the only names `Host` may carry (without the port).
     pub hosts: Vec<String>,
+    /// TLS on this listener.
+    pub tls: Option<crate::tls::ListenerTls>,
 }
 
 /// See [`Config::database`].
@@ -142,6 +146,8 @@ pub struct UpstreamConfig {
     /// Added to a new term's settle wait: bytes of a lower-term write that its gateway sent
     /// just before its deadline may still be on their way to the upstream (S5).
     pub settle_margin: Duration,
+    /// The CAs `https://` upstreams are verified against; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// How a route names the resource a write changes.
@@ -260,6 +266,15 @@ struct RawProxy {
     write_timeout_ms: Option<u64>,
     hosts: Option<Vec<String>>,
     trusted_proxies: Option<Vec<String>>,
+    tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: String,
+    key: String,
+    client_ca: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -269,6 +284,7 @@ struct RawControl {
     min_ttl_ms: Option<u64>,
     max_ttl_ms: Option<u64>,
     hosts: Option<Vec<String>>,
+    tls: Option<RawTls>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -288,6 +304,7 @@ struct RawUpstream {
     connect_timeout_ms: Option<u64>,
     forward_timeout_ms: Option<u64>,
     settle_margin_ms: Option<u64>,
+    ca_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -517,10 +534,33 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     };
     let url = raw.database.url.filter(|url| !url.is_empty());
     if let Some(url) = &url
-        && let Err(error) = url.parse::<tokio_postgres::Config>()
+        && let Err(error) = crate::tls::Database::parse(url)
     {
-        problems.push(format!("database.url: {error}"));
+        problems.push(error);
     }
+    let mut listener_tls = |key: &str, raw: Option<RawTls>| -> Option<crate::tls::ListenerTls> {
+        let tls = crate::tls::ListenerTls {
+            cert: PathBuf::from(raw.as_ref()?.cert.clone()),
+            key: PathBuf::from(raw.as_ref()?.key.clone()),
+            client_ca: raw.as_ref()?.client_ca.clone().map(PathBuf::from),
+        };
+        match crate::tls::server_config(&tls) {
+            Ok(_) => Some(tls),
+            Err(error) => {
+                problems.push(format!("{key}: {error}"));
+                None
+            }
+        }
+    };
+    let proxy_tls = listener_tls("proxy.tls", raw.proxy.tls);
+    let control_tls = listener_tls("control.tls", raw.control.tls);
+    let any_https = raw.routes.iter().any(|route| route.upstream.starts_with("https://"));
+    if let Err(error) =
+        crate::tls::upstream_client_config(raw.upstream.ca_file.as_deref().map(std::path::Path::new), any_https)
+    {
+        problems.push(format!("upstream.ca_file: {error}"));
+    }
+    let ca_file = raw.upstream.ca_file.map(PathBuf::from);
 
     let mut routes = Vec::new();
     for (index, route) in raw.routes.into_iter().enumerate() {
@@ -630,8 +670,9 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             write_timeout,
             hosts: proxy_hosts,
             trusted_proxies,
+            tls: proxy_tls,
         },
-        control: ControlConfig { listen: control_listen, min_ttl, max_ttl, hosts: control_hosts },
+        control: ControlConfig { listen: control_listen, min_ttl, max_ttl, hosts: control_hosts, tls: control_tls },
         database: DatabaseConfig {
             url,
             pool_size,
@@ -640,7 +681,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             max_batches_in_flight,
             data_dir: PathBuf::from(raw.database.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),
         },
-        upstream: UpstreamConfig { connect_timeout, forward_timeout, settle_margin },
+        upstream: UpstreamConfig { connect_timeout, forward_timeout, settle_margin, ca_file },
         shutdown_grace,
         routes,
         clients: crate::auth::Clients::new(clients),
@@ -729,10 +770,16 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
         problems.push(format!("{}: {:?} must start with /", key("prefix"), raw.prefix));
     }
     let upstream = match raw.upstream.parse::<Uri>() {
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() && uri.query().is_none() => Some(uri),
+        Ok(uri)
+            if matches!(uri.scheme_str(), Some("http" | "https"))
+                && uri.authority().is_some()
+                && uri.query().is_none() =>
+        {
+            Some(uri)
+        }
         Ok(_) => {
             problems.push(format!(
-                "{}: {:?} must be an http:// URL with a host and no query (https upstreams are not supported yet)",
+                "{}: {:?} must be an http:// or https:// URL with a host and no query",
                 key("upstream"),
                 raw.upstream
             ));

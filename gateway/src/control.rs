@@ -241,7 +241,7 @@ fn store_problem(error: fencing_schema::Error) -> Problem {
             unavailable(&error.to_string())
         }
         other => {
-            warn!(error = %other, "control API store call failed");
+            warn!(error = %crate::error_chain(&other), "control API store call failed");
             unavailable("the fence store failed; nothing was decided")
         }
     }
@@ -258,7 +258,7 @@ impl ControlState {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => {
-                warn!(%error, "control API: no database connection");
+                warn!(error = %crate::error_chain(&error), "control API: no database connection");
                 return Err(unavailable("the fence store cannot be reached"));
             }
             Err(_) => return Err(unavailable("the fence store did not answer in time")),

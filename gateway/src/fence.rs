@@ -78,10 +78,13 @@ struct Pending {
     reply: oneshot::Sender<Result<Gate, Undecided>>,
 }
 
-/// Builds the connection pool for `url`.
-pub fn pool(url: &str, size: usize) -> Result<Pool, String> {
-    let config: tokio_postgres::Config = url.parse().map_err(|error| format!("database.url: {error}"))?;
-    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+/// Builds a connection pool of `size` to `database` (TLS as its `sslmode` says).
+pub fn pool(database: &crate::tls::Database, size: usize) -> Result<Pool, String> {
+    let manager = Manager::from_config(
+        database.config.clone(),
+        database.tls.clone(),
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
     Pool::builder(manager).max_size(size).build().map_err(|error| format!("database pool: {error}"))
 }
 
@@ -233,7 +236,9 @@ impl Batcher {
     async fn call(&self, batch: &[Pending], deadline: Instant) -> Result<Vec<Gate>, Undecided> {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(Undecided::Failed(format!("get a connection: {error}"))),
+            Ok(Err(error)) => {
+                return Err(Undecided::Failed(format!("get a connection: {}", crate::error_chain(&error))));
+            }
             Err(_) => return Err(Undecided::TimedOut),
         };
         let resources: Vec<&str> = batch.iter().map(|item| item.resource.as_str()).collect();

@@ -6,8 +6,7 @@ use std::io::BufRead;
 use std::time::SystemTime;
 
 use fencing_schema::store;
-use tokio_postgres::{Client, NoTls};
-use tracing::warn;
+use tokio_postgres::Client;
 
 use crate::Error;
 use crate::cli::{Admin, Inspect};
@@ -21,12 +20,8 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
 }
 
 async fn connect(database_url: &str) -> Result<Client, Error> {
-    let (client, connection) = tokio_postgres::connect(database_url, NoTls).await.map_err(Error::Connect)?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            warn!(%error, "database connection ended");
-        }
-    });
+    let database = crate::tls::Database::parse(database_url).map_err(Error::Setup)?;
+    let client = database.connect().await.map_err(Error::Connect)?;
     fencing_schema::check_schema_version(&client).await?;
     Ok(client)
 }

@@ -8,6 +8,7 @@
 //! - [`proxy`]: the proxy listener's handler: route, decide, settle, forward, stream back.
 //! - [`fence`]: the fence decision, one prepared call of `fencing.gate` per write.
 //! - [`control`]: the control listener: lease API, fences, metrics, health.
+//! - [`tls`]: rustls for the listeners, `https://` upstreams and Postgres (`sslmode`).
 //! - [`server`]: the accept loop both listeners share (timeouts, limits, graceful drain).
 //! - [`refusals`]: the background record of refused writes in `fencing.refusals`.
 //! - [`problem`]: every response the gateway makes itself, as problem+json.
@@ -33,6 +34,7 @@ pub mod problem;
 pub mod proxy;
 pub mod refusals;
 pub mod server;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,7 +82,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<bool, Error> {
     let config = Arc::new(config);
-    let pool = fence::pool(database_url, config.database.pool_size).map_err(Error::Setup)?;
+    let database = tls::Database::parse(database_url).map_err(Error::Setup)?;
+    let pool = fence::pool(&database, config.database.pool_size).map_err(Error::Setup)?;
     let fences = Arc::new(FenceStore::new(
         pool,
         config.database.fence_check_timeout,
@@ -90,17 +93,20 @@ pub async fn run(
     tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
 
     let refusal_log = refusals::RefusalLog::start(fences.pool().clone());
+    let any_https = config.routes.iter().any(|route| route.upstream.scheme_str() == Some("https"));
+    let upstream_tls =
+        tls::upstream_client_config(config.upstream.ca_file.as_deref(), any_https).map_err(Error::Setup)?;
     let proxy = Arc::new(Proxy::new(
         Arc::clone(&config),
         Arc::clone(&fences),
-        proxy::upstream_client(config.upstream.connect_timeout),
+        proxy::upstream_client(config.upstream.connect_timeout, upstream_tls),
         refusal_log,
     ));
     let proxy_handler: Handler = Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
     metrics::register_known(&config);
     // The control API has connections of its own: a flood of proxy writes cannot make lease
     // renewals wait for a pooled connection.
-    let control_pool = fence::pool(database_url, config.database.control_pool_size).map_err(Error::Setup)?;
+    let control_pool = fence::pool(&database, config.database.control_pool_size).map_err(Error::Setup)?;
     let control = control::router(ControlState {
         config: Arc::clone(&config),
         fences,
@@ -152,10 +158,29 @@ pub async fn run(
         write_timeout: config.proxy.write_timeout,
     };
     let grace = config.shutdown_grace;
-    let proxy_server =
-        tokio::spawn(server::serve("proxy", listeners.proxy, proxy_handler, limits, shutdown.clone(), grace));
-    let control_server =
-        tokio::spawn(server::serve("control", listeners.control, control_handler, limits, shutdown.clone(), grace));
+    let acceptor = |tls: Option<&tls::ListenerTls>| -> Result<Option<tokio_rustls::TlsAcceptor>, Error> {
+        tls.map(|tls| tls::server_config(tls).map(tokio_rustls::TlsAcceptor::from)).transpose().map_err(Error::Setup)
+    };
+    let proxy_tls = acceptor(config.proxy.tls.as_ref())?;
+    let control_tls = acceptor(config.control.tls.as_ref())?;
+    let proxy_server = tokio::spawn(server::serve(
+        "proxy",
+        listeners.proxy,
+        proxy_handler,
+        limits,
+        proxy_tls,
+        shutdown.clone(),
+        grace,
+    ));
+    let control_server = tokio::spawn(server::serve(
+        "control",
+        listeners.control,
+        control_handler,
+        limits,
+        control_tls,
+        shutdown.clone(),
+        grace,
+    ));
     let proxy_drained = proxy_server.await.unwrap_or(false);
     let control_drained = control_server.await.unwrap_or(false);
     Ok(proxy_drained && control_drained)
@@ -175,7 +200,7 @@ async fn migrate_until_done(database_url: String, shutdown: CancellationToken) {
                 warn!(%error, "refusing to migrate; /readyz will report 503");
                 return;
             }
-            Err(error) => warn!(error = %error, ?delay, "schema not ready yet; retrying"),
+            Err(error) => warn!(error = %error_chain(&error), ?delay, "schema not ready yet; retrying"),
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -183,4 +208,20 @@ async fn migrate_until_done(database_url: String, shutdown: CancellationToken) {
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
+}
+
+/// An error and its sources on one line (`a: b: c`), for logs and messages: a failed TLS
+/// handshake says why, not only that it failed.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }

@@ -7,7 +7,7 @@ use clap::Parser;
 use fencing_gateway::cli::{Cli, Command, EXIT_UNAVAILABLE, EXIT_USAGE};
 use fencing_gateway::config::{Config, ProcessEnvironment};
 use fencing_gateway::embedded::EmbeddedPostgres;
-use fencing_gateway::{Listeners, metrics};
+use fencing_gateway::{Listeners, error_chain, metrics};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -327,16 +327,4 @@ fn find_database(database_url: Option<String>, config_path: Option<&std::path::P
         Some(url) => Ok(url),
         None => fencing_gateway::embedded::running_url(&config.database.data_dir),
     }
-}
-
-/// The error and its sources on one line, for a human.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

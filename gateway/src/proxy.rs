@@ -63,8 +63,9 @@ const HOP_BY_HOP: [&str; 9] = [
 
 /// The connector to upstreams: plain TCP whose sockets close with RST (SO_LINGER 0), so a
 /// write aborted at its deadline leaves nothing in the kernel to be sent or retransmitted later.
-pub type UpstreamConnector =
-    tower::util::MapResponse<HttpConnector, fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>>;
+pub type UpstreamConnector = hyper_rustls::HttpsConnector<
+    tower::util::MapResponse<HttpConnector, fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>>,
+>;
 
 /// The upstream client's body type.
 pub type UpstreamClient = Client<UpstreamConnector, Body>;
@@ -74,16 +75,24 @@ fn reset_on_close(io: TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::Tcp
     io
 }
 
-/// Builds the pooled, keep-alive client every upstream is contacted with.
-pub fn upstream_client(connect_timeout: Duration) -> UpstreamClient {
+/// Builds the pooled, keep-alive client every upstream is contacted with: `http://` in clear,
+/// `https://` with rustls (`tls`: the roots, SNI from the upstream's host), never one for the
+/// other. Every upstream socket is reset, not closed, when the gateway drops it (SO_LINGER 0).
+pub fn upstream_client(connect_timeout: Duration, tls: rustls::ClientConfig) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
-    connector.enforce_http(true);
+    // hyper-rustls decides by the scheme; plain `http://` stays plain.
+    connector.enforce_http(false);
     let connector = tower::ServiceExt::map_response(
         connector,
         reset_on_close as fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>,
     );
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
 }
 

@@ -20,8 +20,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// A request handler: the request and the client's address in, the response out.
 pub type Handler =
@@ -51,6 +52,7 @@ pub async fn serve(
     listener: TcpListener,
     handler: Handler,
     limits: Limits,
+    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
     grace: Duration,
 ) -> bool {
@@ -84,17 +86,41 @@ pub async fn serve(
             let handler = Arc::clone(&handler);
             async move { Ok::<_, Infallible>(handler(request, remote).await) }
         });
-        let connection = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size(limits.max_header_bytes)
-            .keep_alive(true)
-            .serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            let _ = connection.await;
-            drop(permit);
-        });
+        let builder = {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .max_buf_size(limits.max_header_bytes)
+                .keep_alive(true);
+            builder
+        };
+        let watcher = graceful.watcher();
+        match &tls {
+            None => {
+                let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    // The handshake is bounded like a request head.
+                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
+                        }
+                        Ok(Err(error)) => {
+                            debug!(listener = name, %remote, error = %crate::error_chain(&error), "TLS handshake failed");
+                        }
+                        Err(_) => debug!(listener = name, %remote, "TLS handshake timed out"),
+                    }
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     info!(listener = name, ?grace, "stopped accepting; draining open connections");

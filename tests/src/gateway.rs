@@ -118,6 +118,14 @@ impl Gateway {
     /// listeners on free ports (through the environment overrides), and waits until it listens
     /// and its schema is ready.
     pub async fn start(database_url: &str, config: &str) -> Result<Gateway> {
+        let gateway = Gateway::spawn(database_url, config).await?;
+        gateway.wait_ready().await?;
+        Ok(gateway)
+    }
+
+    /// As [`Gateway::start`], without waiting for `/readyz` (a control listener that speaks TLS,
+    /// or a store that is not meant to be reachable).
+    pub async fn spawn(database_url: &str, config: &str) -> Result<Gateway> {
         let config_path = std::env::temp_dir().join(format!(
             "fencing-gateway-test-{}-{}.toml",
             std::process::id(),
@@ -151,9 +159,7 @@ impl Gateway {
         let (Some(proxy), Some(control)) = (proxy, control) else {
             bail!("unexpected first line {first:?}");
         };
-        let gateway = Gateway { proxy, control, child, config_path, _stdout: stdout };
-        gateway.wait_ready().await?;
-        Ok(gateway)
+        Ok(Gateway { proxy, control, child, config_path, _stdout: stdout })
     }
 
     /// Waits (bounded) until `/readyz` answers 200.

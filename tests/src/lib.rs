@@ -21,6 +21,7 @@ pub mod faultsuite;
 pub mod gateway;
 pub mod pg;
 pub mod process;
+pub mod tls;
 
 use std::path::PathBuf;
 

@@ -224,6 +224,27 @@ impl PgCluster {
         Ok(())
     }
 
+    /// Turns TLS on with this certificate and key (copied into the data directory, owned by the
+    /// cluster's user, the key 0600), then restarts the server.
+    pub fn enable_tls(&self, cert: &Path, key: &Path) -> Result<()> {
+        for (from, name, mode) in [(cert, "server.crt", 0o644), (key, "server.key", 0o600)] {
+            let to = self.data_dir.join(name);
+            fs::copy(from, &to).with_context(|| format!("copy {}", from.display()))?;
+            fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+            if let Some(user) = &self.run_as {
+                nix::unistd::chown(
+                    &to,
+                    Some(nix::unistd::Uid::from_raw(user.uid)),
+                    Some(nix::unistd::Gid::from_raw(user.gid)),
+                )?;
+            }
+        }
+        let mut file = OpenOptions::new().append(true).open(self.data_dir.join("postgresql.conf"))?;
+        file.write_all(b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n")?;
+        self.stop()?;
+        self.start_server()
+    }
+
     /// Appends the test settings to `postgresql.conf` (the last value of a setting wins).
     fn write_settings(&self, durability: Durability, extra_settings: &str) -> Result<()> {
         let durability = match durability {

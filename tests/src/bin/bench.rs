@@ -70,7 +70,10 @@ async fn main() -> Result<()> {
 async fn passthrough(upstream: Uri) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
-    let client = upstream_client(Duration::from_secs(1));
+    let client = upstream_client(
+        Duration::from_secs(1),
+        fencing_gateway::tls::upstream_client_config(None, false).map_err(|e| anyhow::anyhow!(e))?,
+    );
     let authority = upstream.authority().cloned().context("upstream authority")?;
     loop {
         let (stream, _) = listener.accept().await?;

@@ -16,6 +16,7 @@ mod replicas;
 mod s8_nothing_goes_around;
 mod security;
 mod shutdown;
+mod tls;
 mod zombie;
 
 use fencing_tests::gateway::{Gateway, Upstream};
