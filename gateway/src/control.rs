@@ -399,6 +399,10 @@ async fn lease_call(
         }
         Ok(reply) => {
             ControlState::count(op, "conflict");
+            if op == "renew" {
+                let label = if state.named_keys.contains(&key) { key.clone() } else { names::OTHER_KEY.to_owned() };
+                metrics::counter!(names::LEASE_RENEW_FAILURES, "key" => label).increment(1);
+            }
             let detail = if op == "acquire" {
                 "another owner holds this lease"
             } else {

@@ -13,6 +13,7 @@
 //! - [`refusals`]: the background record of refused writes in `fencing.refusals`.
 //! - [`problem`]: every response the gateway makes itself, as problem+json.
 //! - [`metrics`]: metric names and help.
+//! - [`lease_view`]: the gateway's own view of each configured lease, as metrics.
 //! - [`demo`]: `fencing-gateway demo`, the whole story in one command.
 //! - [`embedded`]: the private local Postgres started when no database URL is configured.
 //! - [`inspect`]: `fencing-gateway inspect` and `admin`.
@@ -28,6 +29,7 @@ pub mod embedded;
 mod error;
 pub mod fence;
 pub mod inspect;
+pub mod lease_view;
 pub mod metrics;
 pub mod migrate;
 pub mod problem;
@@ -91,6 +93,12 @@ pub async fn run(
         config.database.max_batches_in_flight,
     ));
     tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
+    tokio::spawn(lease_view::watch(
+        fences.pool().clone(),
+        metrics::named_keys(&config),
+        config.database.fence_check_timeout,
+        shutdown.clone(),
+    ));
 
     let refusal_log = refusals::RefusalLog::start(fences.pool().clone());
     let any_https = config.routes.iter().any(|route| route.upstream.scheme_str() == Some("https"));

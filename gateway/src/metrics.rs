@@ -34,6 +34,16 @@ pub const BATCH_SIZE: &str = "fencing_check_batch_size";
 /// store at each scrape; their transactions rolled back, so no other record has them.
 pub const SQL_REFUSALS: &str = "fencing_sql_refusals_total";
 
+/// Gauge `{key}`: 1 while the configured lease `key` has an unexpired holder, by the store.
+pub const LEASE_HELD: &str = "fencing_lease_held";
+/// Gauge `{key}`: the configured lease's current term, by the store.
+pub const LEASE_TERM: &str = "fencing_lease_term";
+/// Gauge `{key}`: the configured lease's time left, by the store.
+pub const LEASE_REMAINING: &str = "fencing_lease_remaining_seconds";
+/// Counter `{key}`: renewals through the control API that were refused (the owner no longer
+/// held the lease): a leader in any language that lost its lease.
+pub const LEASE_RENEW_FAILURES: &str = "fencing_lease_renew_failures_total";
+
 /// Counter `{listener}`: connections answered 503 and closed because the listener was at its cap.
 pub const CONNECTIONS_REFUSED: &str = "fencing_connections_refused_total";
 
@@ -72,6 +82,13 @@ fn describe() {
     );
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
     metrics::describe_counter!(CONNECTIONS_REFUSED, "Connections answered 503 because the listener was at its cap");
+    metrics::describe_gauge!(LEASE_HELD, "1 while the configured lease has an unexpired holder, by the store");
+    metrics::describe_gauge!(LEASE_TERM, "The configured lease's current term, by the store");
+    metrics::describe_gauge!(LEASE_REMAINING, Unit::Seconds, "The configured lease's time left, by the store");
+    metrics::describe_counter!(
+        LEASE_RENEW_FAILURES,
+        "Renewals through the control API refused because the owner no longer held the lease"
+    );
 }
 
 /// Every `outcome` label of [`WRITES`].
@@ -120,7 +137,8 @@ pub fn register_known(config: &crate::config::Config) {
         }
     }
     for key in named_keys(config).into_iter().chain([OTHER_KEY.to_owned()]) {
-        metrics::counter!(LEASE_TRANSITIONS, "key" => key).absolute(0);
+        metrics::counter!(LEASE_TRANSITIONS, "key" => key.clone()).absolute(0);
+        metrics::counter!(LEASE_RENEW_FAILURES, "key" => key).absolute(0);
     }
     for name in [CACHED_REFUSALS, REFUSALS_DROPPED, SQL_REFUSALS] {
         metrics::counter!(name).absolute(0);

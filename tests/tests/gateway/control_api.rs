@@ -140,3 +140,58 @@ async fn known_series_start_at_zero_and_unnamed_lease_keys_count_as_other() {
     assert_eq!(series.len(), 2, "{series:?}");
     assert!(has(&text, "fencing_lease_transitions_total", &[r#"key="other""#], "1000"), "{series:?}");
 }
+
+/// The gateway's own view of each configured lease, for leaders in any language: held, term,
+/// time left, and renewals it refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_exports_its_view_of_each_configured_lease() {
+    let setup = Setup::new().await;
+    let control = setup.gateway.control;
+    let metrics = || async move {
+        String::from_utf8_lossy(&send(control, Method::GET, "/metrics", &[], "").await.unwrap().body).into_owned()
+    };
+    let value = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find(|line| line.starts_with(&format!("{name}{{key=\"ledger-writer\"}} ")))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let acquired =
+        send(control, Method::POST, "/v1/leases/ledger-writer/acquire", &[JSON], r#"{"owner":"a","ttl_ms":30000}"#)
+            .await
+            .unwrap();
+    assert_eq!(acquired.status, StatusCode::OK);
+    let mut seen = None;
+    for _ in 0..50 {
+        let text = metrics().await;
+        if value(&text, "fencing_lease_held") == Some(1.0) {
+            seen = Some(text);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let text = seen.expect("fencing_lease_held{key=\"ledger-writer\"} never became 1");
+    assert_eq!(value(&text, "fencing_lease_term"), Some(1.0), "{text}");
+    assert!(value(&text, "fencing_lease_remaining_seconds").is_some_and(|s| s > 20.0 && s <= 30.0), "{text}");
+
+    let refused =
+        send(control, Method::POST, "/v1/leases/ledger-writer/renew", &[JSON], r#"{"owner":"b","ttl_ms":30000}"#)
+            .await
+            .unwrap();
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let text = metrics().await;
+    assert_eq!(value(&text, "fencing_lease_renew_failures_total"), Some(1.0), "{text}");
+
+    let released =
+        send(control, Method::POST, "/v1/leases/ledger-writer/release", &[JSON], r#"{"owner":"a"}"#).await.unwrap();
+    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    let mut released_seen = false;
+    for _ in 0..50 {
+        if value(&metrics().await, "fencing_lease_held") == Some(0.0) {
+            released_seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(released_seen, "the released lease still shows a holder");
+}
