@@ -8,6 +8,7 @@ mod audit;
 mod bad_input;
 mod binding;
 mod decide_on_one_version;
+mod drivers;
 mod durability;
 mod guard;
 mod guard_coverage;
