@@ -111,6 +111,8 @@ pub struct Gateway {
     config_path: PathBuf,
     /// Keeps the stdout reader alive, so the gateway never blocks on a full pipe.
     _stdout: mpsc::UnboundedReceiver<String>,
+    /// The log lines, when started with [`Gateway::start_capturing_logs`].
+    pub logs: mpsc::UnboundedReceiver<String>,
 }
 
 impl Gateway {
@@ -126,6 +128,18 @@ impl Gateway {
     /// As [`Gateway::start`], without waiting for `/readyz` (a control listener that speaks TLS,
     /// or a store that is not meant to be reachable).
     pub async fn spawn(database_url: &str, config: &str) -> Result<Gateway> {
+        Gateway::spawn_with(database_url, config, false).await
+    }
+
+    /// As [`Gateway::start`], with the log as JSON lines in [`Gateway::logs`] instead of on the
+    /// test's stderr.
+    pub async fn start_capturing_logs(database_url: &str, config: &str) -> Result<Gateway> {
+        let gateway = Gateway::spawn_with(database_url, config, true).await?;
+        gateway.wait_ready().await?;
+        Ok(gateway)
+    }
+
+    async fn spawn_with(database_url: &str, config: &str, capture_logs: bool) -> Result<Gateway> {
         let config_path = std::env::temp_dir().join(format!(
             "fencing-gateway-test-{}-{}.toml",
             std::process::id(),
@@ -140,11 +154,23 @@ impl Gateway {
             .env("FENCING_PROXY_LISTEN", "127.0.0.1:0")
             .env("FENCING_CONTROL_LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()))
+            .env("FENCING_LOG_FORMAT", if capture_logs { "json" } else { "text" })
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if capture_logs { Stdio::piped() } else { Stdio::inherit() })
             .kill_on_drop(true)
             .spawn()
             .context("spawn fencing-gateway")?;
+        let (log_sender, logs) = mpsc::unbounded_channel();
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if log_sender.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
         let (sender, stdout) = mpsc::unbounded_channel();
         let first = first_line_then_forward(&mut child, sender).await?;
         let mut proxy = None;
@@ -159,7 +185,7 @@ impl Gateway {
         let (Some(proxy), Some(control)) = (proxy, control) else {
             bail!("unexpected first line {first:?}");
         };
-        Ok(Gateway { proxy, control, child, config_path, _stdout: stdout })
+        Ok(Gateway { proxy, control, child, config_path, _stdout: stdout, logs })
     }
 
     /// Waits (bounded) until `/readyz` answers 200.

@@ -170,3 +170,103 @@ async fn operators_rebind_a_resource_and_reset_a_poisoned_unbound_fence_only_by_
     assert!(text.lines().any(|l| l == "fencing_sql_refusals_total 1"), "{text}");
     assert!(audit.contains("bob  reset_fence /jobs/job-1  reason: poisoned"), "{audit}");
 }
+
+/// Finding the zombie from the log: every refusal is a warn line naming the client's address,
+/// the request id, the terms and, in stamp mode, the lease and owner; at most 10 lines a second,
+/// the next one saying how many were left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_logged_at_warn_with_who_and_which_terms_rate_limited() {
+    let db = fencing_tests::pg::TestDb::new().await;
+    let upstream = fencing_tests::gateway::Upstream::start().await.unwrap();
+    let mut gateway = fencing_tests::gateway::Gateway::start_capturing_logs(&db.url(), &crate::routes(&upstream.url()))
+        .await
+        .unwrap();
+    let acquire = |owner: &'static str| {
+        let control = gateway.control;
+        async move {
+            send(
+                control,
+                Method::POST,
+                "/v1/leases/ledger-writer/acquire",
+                &[JSON],
+                &format!(r#"{{"owner":"{owner}","ttl_ms":600000}}"#),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let term = acquire("leader").await.json()["term"].as_i64().unwrap().to_string();
+    let proxy = gateway.proxy;
+    let ok = send(proxy, Method::POST, "/ledger/acct-1/x", &[("fencing-token", &term)], "").await.unwrap();
+    assert_eq!(ok.status, StatusCode::OK);
+    let stamped = send(
+        proxy,
+        Method::POST,
+        "/ledger/acct-1/x",
+        &[("fencing-lease", "ledger-writer"), ("fencing-owner", "zombie-7"), ("x-request-id", "zombie-stamp")],
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(stamped.status, StatusCode::CONFLICT);
+    for i in 0..30 {
+        let id = format!("stale-{i}");
+        let reply = send(
+            proxy,
+            Method::POST,
+            "/jobs",
+            &[("fencing-token", "1"), ("fencing-resource", "j"), ("x-request-id", &id)],
+            "",
+        )
+        .await
+        .unwrap();
+        // The first admits term 1 on `j`; raise it, then every later write with 1 is stale.
+        if i == 0 {
+            let raise = send(proxy, Method::POST, "/jobs", &[("fencing-token", "2"), ("fencing-resource", "j")], "")
+                .await
+                .unwrap();
+            assert_eq!(raise.status, StatusCode::OK);
+        } else {
+            assert_eq!(reply.status, StatusCode::CONFLICT);
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let late = send(
+        proxy,
+        Method::POST,
+        "/jobs",
+        &[("fencing-token", "1"), ("fencing-resource", "j"), ("x-request-id", "late")],
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(late.status, StatusCode::CONFLICT);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    let mut refusals = Vec::new();
+    while let Ok(line) = gateway.logs.try_recv() {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if value["level"] == "WARN"
+            && value["fields"]["message"].as_str().is_some_and(|m| m.contains("refused by the fence"))
+        {
+            refusals.push(value["fields"].clone());
+        }
+    }
+    let stamp = refusals.iter().find(|f| f["request_id"] == "zombie-stamp").expect("the stamp-mode refusal is logged");
+    assert_eq!(
+        (stamp["lease"].as_str(), stamp["owner"].as_str()),
+        (Some("ledger-writer"), Some("zombie-7")),
+        "{stamp}"
+    );
+    assert!(stamp["client"].as_str().is_some_and(|c| c.starts_with("127.0.0.1:")), "{stamp}");
+    assert_eq!(stamp["outcome"], "not_leader");
+    let stale = refusals.iter().find(|f| f["request_id"] == "stale-1").expect("a stale refusal is logged");
+    assert_eq!((stale["presented_term"].as_i64(), stale["current_term"].as_i64()), (Some(1), Some(2)), "{stale}");
+    // 31 refusals, most within a second: at most 10 lines a second, and every refusal left out
+    // is counted by the next line that is written (the last one comes after a quiet second).
+    let logged = refusals.len() as u64;
+    let left_out: u64 = refusals.iter().filter_map(|f| f["suppressed_since_last"].as_u64()).sum();
+    assert_eq!(logged + left_out, 31, "{logged} lines and {left_out} left out for 31 refusals");
+    assert!(left_out >= 9, "only {left_out} of a burst of 29 refusals were left out");
+    assert!(refusals.iter().any(|f| f["request_id"] == "late"), "the line after the quiet second");
+}
