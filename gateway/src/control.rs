@@ -258,8 +258,11 @@ impl ControlState {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => {
-                warn!(error = %crate::error_chain(&error), "control API: no database connection");
-                return Err(unavailable("the fence store cannot be reached"));
+                let cause = crate::error_chain(&error);
+                warn!(error = %cause, "control API: no database connection");
+                // The cause (a refused connection, a failed TLS handshake) is what an operator
+                // looking at /readyz needs; it names no secret.
+                return Err(unavailable(&format!("the fence store cannot be reached: {cause}")));
             }
             Err(_) => return Err(unavailable("the fence store did not answer in time")),
         };

@@ -280,8 +280,8 @@ impl Batcher {
                 if failure.is_store_failure() {
                     discard(client);
                 }
-                debug!(error = %failure, "fence decision failed");
-                Err(Undecided::Failed(failure.to_string()))
+                debug!(error = %crate::error_chain(&failure), "fence decision failed");
+                Err(Undecided::Failed(crate::error_chain(&failure)))
             }
             Err(_) => {
                 warn!(timeout = ?self.check_timeout, decisions = batch.len(), "fence decision timed out");

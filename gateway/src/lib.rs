@@ -205,7 +205,7 @@ async fn migrate_until_done(database_url: String, shutdown: CancellationToken) {
                 return;
             }
             Err(Error::Schema(error @ fencing_schema::Error::SchemaTooNew { .. })) => {
-                warn!(%error, "refusing to migrate; /readyz will report 503");
+                warn!(error = %error_chain(&error), "refusing to migrate; /readyz will report 503");
                 return;
             }
             Err(error) => warn!(error = %error_chain(&error), ?delay, "schema not ready yet; retrying"),

@@ -400,7 +400,7 @@ impl Proxy {
         }
         let kind = if error.is_connect() { "connect" } else { "request" };
         metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind).increment(1);
-        debug!(%error, kind, "upstream failed");
+        debug!(error = %crate::error_chain(error), kind, "upstream failed");
         Rejection::UpstreamUnreachable
     }
 }

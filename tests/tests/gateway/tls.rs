@@ -197,6 +197,21 @@ async fn postgres_over_tls_with_verify_full_verify_ca_and_require_and_never_in_c
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("certificate"), "the cause of the failed handshake is not shown: {stderr}");
 
+    // The gateway itself: not ready, and /readyz says why.
+    let gateway = Gateway::spawn(&wrong_ca, routes).await.unwrap();
+    let mut detail = String::new();
+    for _ in 0..100 {
+        let reply = send(gateway.control, Method::GET, "/readyz", &[], "").await.unwrap();
+        assert_ne!(reply.status, StatusCode::OK, "ready without a verified connection");
+        detail = reply.json()["detail"].as_str().unwrap_or_default().to_owned();
+        if detail.contains("certificate") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(detail.contains("certificate"), "/readyz does not say why: {detail}");
+    drop(gateway);
+
     // A certificate for another name: verify-ca accepts it, verify-full does not.
     cluster.enable_tls(&elsewhere.cert, &elsewhere.key).unwrap();
     let migrate = |url: String| async move {
