@@ -140,6 +140,18 @@ fn may_use(caller: &Caller, key: &str) -> Result<(), Problem> {
     Err(forbidden(&format!("client {:?} may not use lease {key:?}", caller.name())).with("key", json!(key)))
 }
 
+/// A lease call's checks before its body is parsed: the key (403) and the content type (415).
+fn may_call(caller: &Caller, key: &str, headers: &HeaderMap, op: &'static str) -> Result<(), Response> {
+    may_use(caller, key).map_err(|problem| {
+        ControlState::count(op, "forbidden");
+        problem.into_response()
+    })?;
+    json_body(headers).map_err(|problem| {
+        ControlState::count(op, "invalid");
+        problem.into_response()
+    })
+}
+
 /// 403 unless the caller may read.
 fn may_read(caller: &Caller) -> Result<(), Problem> {
     if caller.may_read() {
@@ -358,13 +370,8 @@ async fn lease_call(
     body: Bytes,
     op: &'static str,
 ) -> Response {
-    if let Err(problem) = may_use(caller, &key) {
-        ControlState::count(op, "forbidden");
-        return problem.into_response();
-    }
-    if let Err(problem) = json_body(headers) {
-        ControlState::count(op, "invalid");
-        return problem.into_response();
+    if let Err(response) = may_call(caller, &key, headers, op) {
+        return response;
     }
     let request: LeaseRequest = match parse(&body) {
         Ok(request) => request,
@@ -427,13 +434,8 @@ async fn release(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(problem) = may_use(&caller, &key) {
-        ControlState::count("release", "forbidden");
-        return problem.into_response();
-    }
-    if let Err(problem) = json_body(&headers) {
-        ControlState::count("release", "invalid");
-        return problem.into_response();
+    if let Err(response) = may_call(&caller, &key, &headers, "release") {
+        return response;
     }
     let request: ReleaseRequest = match parse(&body) {
         Ok(request) => request,

@@ -148,6 +148,18 @@ async fn https_upstreams_are_verified_against_the_configured_ca_by_name() {
     assert_eq!(received.load(Ordering::SeqCst), 1, "nothing reached it");
 }
 
+/// `fencing-gateway migrate` against `url`, given through the environment.
+async fn migrate(url: String) -> std::process::Output {
+    tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
+        .arg("migrate")
+        .env("DATABASE_URL", url)
+        .env_remove("DATABASE_URL_FILE")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_over_tls_with_verify_full_verify_ca_and_require_and_never_in_clear() {
     let ca = TestCa::new("postgres").unwrap();
@@ -185,14 +197,7 @@ async fn postgres_over_tls_with_verify_full_verify_ca_and_require_and_never_in_c
 
     // A server certificate from another CA: no connection, and the CLI says why.
     let wrong_ca = format!("{base}?sslmode=verify-full&sslrootcert={}", other_ca.ca_file().display());
-    let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-        .arg("migrate")
-        .env("DATABASE_URL", &wrong_ca)
-        .env_remove("DATABASE_URL_FILE")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
+    let output = migrate(wrong_ca.clone()).await;
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("certificate"), "the cause of the failed handshake is not shown: {stderr}");
@@ -214,16 +219,6 @@ async fn postgres_over_tls_with_verify_full_verify_ca_and_require_and_never_in_c
 
     // A certificate for another name: verify-ca accepts it, verify-full does not.
     cluster.enable_tls(&elsewhere.cert, &elsewhere.key).unwrap();
-    let migrate = |url: String| async move {
-        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-            .arg("migrate")
-            .env("DATABASE_URL", url)
-            .env_remove("DATABASE_URL_FILE")
-            .kill_on_drop(true)
-            .output()
-            .await
-            .unwrap()
-    };
     let verify_ca = migrate(format!("{base}?sslmode=verify-ca&sslrootcert={}", ca_file.display())).await;
     assert!(verify_ca.status.success(), "{}", String::from_utf8_lossy(&verify_ca.stderr));
     let full = migrate(verify_full.clone()).await;
