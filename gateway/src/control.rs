@@ -141,15 +141,9 @@ fn may_use(caller: &Caller, key: &str) -> Result<(), Problem> {
 }
 
 /// A lease call's checks before its body is parsed: the key (403) and the content type (415).
-fn may_call(caller: &Caller, key: &str, headers: &HeaderMap, op: &'static str) -> Result<(), Response> {
-    may_use(caller, key).map_err(|problem| {
-        ControlState::count(op, "forbidden");
-        problem.into_response()
-    })?;
-    json_body(headers).map_err(|problem| {
-        ControlState::count(op, "invalid");
-        problem.into_response()
-    })
+fn may_call(caller: &Caller, key: &str, headers: &HeaderMap, op: &'static str) -> Result<(), Problem> {
+    may_use(caller, key).inspect_err(|_| ControlState::count(op, "forbidden"))?;
+    json_body(headers).inspect_err(|_| ControlState::count(op, "invalid"))
 }
 
 /// 403 unless the caller may read.
@@ -370,8 +364,8 @@ async fn lease_call(
     body: Bytes,
     op: &'static str,
 ) -> Response {
-    if let Err(response) = may_call(caller, &key, headers, op) {
-        return response;
+    if let Err(problem) = may_call(caller, &key, headers, op) {
+        return problem.into_response();
     }
     let request: LeaseRequest = match parse(&body) {
         Ok(request) => request,
@@ -434,8 +428,8 @@ async fn release(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(response) = may_call(&caller, &key, &headers, "release") {
-        return response;
+    if let Err(problem) = may_call(&caller, &key, &headers, "release") {
+        return problem.into_response();
     }
     let request: ReleaseRequest = match parse(&body) {
         Ok(request) => request,
