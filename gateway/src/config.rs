@@ -21,8 +21,6 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client may pause between pieces of its request body.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a connection may go without anything to read before it is closed.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a write to a client may stay blocked before the connection is closed.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections to Postgres kept for the control API, so proxy load cannot starve renewals.
@@ -90,8 +88,6 @@ pub struct ProxyConfig {
     pub body_read_timeout: Duration,
     /// Connections held at once, per listener; one more is answered 503 and closed.
     pub max_connections: usize,
-    /// A connection with nothing to read for this long is closed (both listeners).
-    pub idle_timeout: Duration,
     /// A write to a client blocked this long closes its connection (both listeners).
     pub write_timeout: Duration,
     /// When not empty, the only names `Host` may carry (without the port).
@@ -262,7 +258,6 @@ struct RawProxy {
     header_read_timeout_ms: Option<u64>,
     body_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
-    idle_timeout_ms: Option<u64>,
     write_timeout_ms: Option<u64>,
     hosts: Option<Vec<String>>,
     trusted_proxies: Option<Vec<String>>,
@@ -437,7 +432,6 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         positive_ms("proxy.header_read_timeout_ms", raw.proxy.header_read_timeout_ms, DEFAULT_HEADER_READ_TIMEOUT);
     let body_read_timeout =
         positive_ms("proxy.body_read_timeout_ms", raw.proxy.body_read_timeout_ms, DEFAULT_BODY_READ_TIMEOUT);
-    let idle_timeout = positive_ms("proxy.idle_timeout_ms", raw.proxy.idle_timeout_ms, DEFAULT_IDLE_TIMEOUT);
     let write_timeout = positive_ms("proxy.write_timeout_ms", raw.proxy.write_timeout_ms, DEFAULT_WRITE_TIMEOUT);
     let min_ttl = positive_ms("control.min_ttl_ms", raw.control.min_ttl_ms, DEFAULT_MIN_TTL);
     let max_ttl = positive_ms("control.max_ttl_ms", raw.control.max_ttl_ms, DEFAULT_MAX_TTL);
@@ -469,13 +463,6 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     }
     if max_ttl > fencing_schema::MAX_TTL {
         problems.push(format!("control.max_ttl_ms: at most {} ms", fencing_schema::MAX_TTL.as_millis()));
-    }
-    if idle_timeout <= forward_timeout.max(body_read_timeout) {
-        problems.push(format!(
-            "proxy.idle_timeout_ms: must be above upstream.forward_timeout_ms and proxy.body_read_timeout_ms \
-             ({} ms), or waiting writes would be cut",
-            forward_timeout.max(body_read_timeout).as_millis()
-        ));
     }
     if forward_timeout > Duration::from_secs(3600) {
         problems.push("upstream.forward_timeout_ms: at most 3600000".to_owned());
@@ -554,12 +541,6 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     };
     let proxy_tls = listener_tls("proxy.tls", raw.proxy.tls);
     let control_tls = listener_tls("control.tls", raw.control.tls);
-    let any_https = raw.routes.iter().any(|route| route.upstream.starts_with("https://"));
-    if let Err(error) =
-        crate::tls::upstream_client_config(raw.upstream.ca_file.as_deref().map(std::path::Path::new), any_https)
-    {
-        problems.push(format!("upstream.ca_file: {error}"));
-    }
     let ca_file = raw.upstream.ca_file.map(PathBuf::from);
 
     let mut routes = Vec::new();
@@ -576,6 +557,10 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
     // Longest prefix first, so the first match is the longest.
     routes.sort_by_key(|route| std::cmp::Reverse(route.prefix.trim_end_matches('/').len()));
     let warnings = check_bindings(&routes, &mut problems);
+    let any_https = routes.iter().any(|route| route.upstream.scheme_str() == Some("https"));
+    if let Err(error) = crate::tls::upstream_client_config(ca_file.as_deref(), any_https) {
+        problems.push(format!("upstream.ca_file: {error}"));
+    }
     let clients = validate_clients(raw.clients, &mut problems);
     let mut warnings = warnings;
     for (index, client) in clients.iter().enumerate() {
@@ -666,7 +651,6 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             header_read_timeout,
             body_read_timeout,
             max_connections,
-            idle_timeout,
             write_timeout,
             hosts: proxy_hosts,
             trusted_proxies,

@@ -264,18 +264,17 @@ impl ControlState {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => {
-                let cause = crate::error_chain(&error);
-                warn!(error = %cause, "control API: no database connection");
-                // The cause (a refused connection, a failed TLS handshake) is what an operator
-                // looking at /readyz needs; it names no secret.
-                return Err(unavailable(&format!("the fence store cannot be reached: {cause}")));
+                // The cause (a refused connection, a failed TLS handshake with the names it
+                // expected) goes to the log, not to unauthenticated callers of /readyz.
+                warn!(error = %crate::error_chain(&error), "control API: no database connection");
+                return Err(unavailable("the fence store cannot be reached; the gateway's log says why"));
             }
             Err(_) => return Err(unavailable("the fence store did not answer in time")),
         };
         match timeout_at(deadline, call(client)).await {
             Ok((client, Err(error))) => {
                 if error.is_store_failure() {
-                    discard(client);
+                    discard(client, self.fences.tls());
                 }
                 Err(store_problem(error))
             }

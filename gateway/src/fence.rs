@@ -20,7 +20,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use fencing_schema::store::{GATE_MANY_SQL, Gate, Outcome};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tracing::{debug, warn};
 
 use crate::metrics as names;
@@ -59,6 +59,8 @@ pub enum Undecided {
 #[derive(Debug)]
 pub struct FenceStore {
     pool: Pool,
+    /// How the pool connects (its TLS connector cancels a query that ran past its time).
+    database: crate::tls::Database,
     check_timeout: Duration,
     /// The highest maximum seen per resource. Maxima never decrease, so a term below it is
     /// stale for sure; a term at or above it still goes to Postgres.
@@ -92,6 +94,7 @@ impl FenceStore {
     /// A fence store on `pool`, with its batcher running on the current Tokio runtime.
     pub fn new(
         pool: Pool,
+        database: crate::tls::Database,
         check_timeout: Duration,
         forward_timeout: Duration,
         max_batches_in_flight: usize,
@@ -100,6 +103,7 @@ impl FenceStore {
             let (queue, pending) = mpsc::unbounded_channel();
             let batcher = Batcher {
                 pool: pool.clone(),
+                database: database.clone(),
                 check_timeout,
                 forward_ms: i64::try_from(forward_timeout.as_millis()).unwrap_or(i64::MAX),
                 in_flight: Arc::new(Semaphore::new(in_flight.max(1))),
@@ -109,12 +113,17 @@ impl FenceStore {
         };
         let fast_lane = lane(1);
         let general_lane = lane(max_batches_in_flight);
-        FenceStore { pool, check_timeout, cache: Mutex::new(HashMap::new()), fast_lane, general_lane }
+        FenceStore { pool, database, check_timeout, cache: Mutex::new(HashMap::new()), fast_lane, general_lane }
     }
 
     /// The pool, for the control API.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The connector of the pool's connections (TLS as `sslmode` says).
+    pub fn tls(&self) -> &MakeRustlsConnect {
+        &self.database.tls
     }
 
     /// The highest maximum this gateway has seen for `resource`.
@@ -188,6 +197,7 @@ impl FenceStore {
 #[derive(Debug)]
 struct Batcher {
     pool: Pool,
+    database: crate::tls::Database,
     check_timeout: Duration,
     forward_ms: i64,
     in_flight: Arc<Semaphore>,
@@ -278,25 +288,30 @@ impl Batcher {
             Ok(Err(error)) => {
                 let failure = fencing_schema::Error::from(error);
                 if failure.is_store_failure() {
-                    discard(client);
+                    discard(client, &self.database.tls);
                 }
                 debug!(error = %crate::error_chain(&failure), "fence decision failed");
                 Err(Undecided::Failed(crate::error_chain(&failure)))
             }
             Err(_) => {
                 warn!(timeout = ?self.check_timeout, decisions = batch.len(), "fence decision timed out");
-                discard(client);
+                discard(client, &self.database.tls);
                 Err(Undecided::TimedOut)
             }
         }
     }
 }
 
-/// Cancels whatever the connection is running and removes it from the pool.
-pub fn discard(client: Object) {
+/// Cancels whatever the connection is running and removes it from the pool. The cancel request
+/// goes the way the connection did (over TLS when `sslmode` asks for it), so the server acts on
+/// it and a decision that timed out does not commit later.
+pub fn discard(client: Object, tls: &MakeRustlsConnect) {
     let cancel = client.cancel_token();
     drop(Object::take(client));
+    let tls = tls.clone();
     tokio::spawn(async move {
-        let _ = cancel.cancel_query(NoTls).await;
+        if let Err(error) = cancel.cancel_query(tls).await {
+            debug!(error = %crate::error_chain(&error), "could not cancel a query that ran past its time");
+        }
     });
 }

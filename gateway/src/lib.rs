@@ -88,6 +88,7 @@ pub async fn run(
     let pool = fence::pool(&database, config.database.pool_size).map_err(Error::Setup)?;
     let fences = Arc::new(FenceStore::new(
         pool,
+        database.clone(),
         config.database.fence_check_timeout,
         config.upstream.forward_timeout,
         config.database.max_batches_in_flight,
@@ -162,7 +163,6 @@ pub async fn run(
         header_read_timeout: config.proxy.header_read_timeout,
         max_header_bytes: config.proxy.max_header_bytes,
         max_connections: config.proxy.max_connections,
-        idle_timeout: config.proxy.idle_timeout,
         write_timeout: config.proxy.write_timeout,
     };
     let grace = config.shutdown_grace;

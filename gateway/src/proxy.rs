@@ -357,7 +357,7 @@ impl Proxy {
             }
         }
         let original_host = parts.headers.remove(HOST);
-        add_forwarded(&mut parts.headers, remote, original_host.as_ref());
+        add_forwarded(&mut parts.headers, remote, original_host.as_ref(), self.config.proxy.tls.is_some());
         if let Ok(value) = HeaderValue::from_str(request_id) {
             parts.headers.insert(REQUEST_ID, value);
         }
@@ -638,8 +638,9 @@ fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result
         .map_err(|_| Rejection::Malformed("the request target cannot be forwarded".to_owned()))
 }
 
-fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>) {
-    let mut element = format!("for=\"{remote}\";proto=http");
+fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>, tls: bool) {
+    let proto = if tls { "https" } else { "http" };
+    let mut element = format!("for=\"{remote}\";proto={proto}");
     // Only a Host that is a valid authority goes in (check_host refused the others already);
     // it then has no character that could break the quoted-string.
     if let Some(host) = host

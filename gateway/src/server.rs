@@ -1,6 +1,9 @@
-//! The accept loop both listeners share: HTTP/1.1 with a header-read timeout, a head size
-//! limit, a connection cap answered with 503, idle and write timeouts on every connection (a
-//! slow reader or a silent client cannot hold a slot for ever), and a graceful drain on shutdown.
+//! The accept loop both listeners share: HTTP/1.1 with a header-read timeout (which also ends
+//! idle keep-alive connections: hyper starts it as soon as a connection waits for a request
+//! head), a head size limit, a connection cap answered with 503, a write timeout on every
+//! connection (a slow reader cannot hold a slot for ever), and a graceful drain on shutdown.
+//! There is no read timeout while a request is in flight: hyper keeps a read pending then, and
+//! bodies have timeouts of their own.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -37,9 +40,6 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// Connections held at once; one more is answered 503 and closed.
     pub max_connections: usize,
-    /// A connection on which nothing can be read for this long is closed (idle keep-alive
-    /// connections, and clients that stop sending).
-    pub idle_timeout: Duration,
     /// A write to the client that cannot proceed for this long closes the connection (slow
     /// readers).
     pub write_timeout: Duration,
@@ -74,11 +74,13 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "listener" => name).increment(1);
-            tokio::spawn(answer_busy(stream));
+            if tls.is_none() {
+                tokio::spawn(answer_busy(stream));
+            }
+            // A TLS listener never speaks plaintext, not even to say it is busy: closed.
             continue;
         };
         let mut timed = TimeoutStream::new(stream);
-        timed.set_read_timeout(Some(limits.idle_timeout));
         timed.set_write_timeout(Some(limits.write_timeout));
         let stream = Box::pin(timed);
         let handler = Arc::clone(&handler);

@@ -132,9 +132,23 @@ impl Database {
     /// Parses a libpq URL (`postgres://...?sslmode=verify-full&sslrootcert=/ca.pem`) or key=value
     /// string. `sslmode` is `disable` when absent; `prefer` and `allow` are refused.
     pub fn parse(text: &str) -> Result<Database, String> {
+        for variable in ["PGSSLMODE", "PGSSLROOTCERT"] {
+            if std::env::var_os(variable).is_some() {
+                return Err(format!(
+                    "{variable} is set but not read by the gateway: give sslmode and sslrootcert in database.url"
+                ));
+            }
+        }
         let (rest, sslmode, sslrootcert) = take_tls_parameters(text)?;
         let mut config: tokio_postgres::Config =
             rest.parse().map_err(|error: tokio_postgres::Error| format!("database.url: {error}"))?;
+        // tokio-postgres reads the rest its own way: if it still finds an sslmode (spelled so
+        // that the split above missed it), the two readings differ: refuse rather than guess.
+        if !matches!(config.get_ssl_mode(), SslMode::Prefer) {
+            return Err("database.url: sslmode is given in a form the gateway cannot read reliably (a `?` in the \
+                        password, a percent-encoded name, a glued key=value pair); write it plainly"
+                .to_owned());
+        }
         let mode = match sslmode.as_deref() {
             None | Some("disable") => Mode::Disable,
             Some("require") => Mode::Require,
@@ -149,8 +163,16 @@ impl Database {
             Some(other) => return Err(format!("database.url: sslmode={other:?} is not a libpq mode")),
         };
         let roots = match (&sslrootcert, mode) {
+            (Some(_), Mode::Disable) => {
+                return Err("database.url: sslrootcert without sslmode=require, verify-ca or verify-full would \
+                            connect in plaintext"
+                    .to_owned());
+            }
             (Some(path), _) => Some(root_store(Path::new(path)).map_err(|error| format!("sslrootcert: {error}"))?),
-            (None, Mode::VerifyCa | Mode::VerifyFull) => {
+            // As libpq: verify-ca has no default roots (the public web's CAs would accept any
+            // name's certificate).
+            (None, Mode::VerifyCa) => return Err("database.url: sslmode=verify-ca needs sslrootcert".to_owned()),
+            (None, Mode::VerifyFull) => {
                 let found = rustls_native_certs::load_native_certs();
                 let mut roots = RootCertStore::empty();
                 roots.add_parsable_certificates(found.certs);
@@ -175,10 +197,14 @@ impl Database {
                     .map_err(|error| error.to_string())?;
                 builder.dangerous().with_custom_certificate_verifier(Arc::new(ChainOnly(inner))).with_no_client_auth()
             }
-            _ => builder
+            // Only `require` without a root encrypts without verifying; `disable` never uses it.
+            (Mode::Require | Mode::Disable, None) => builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider())))
                 .with_no_client_auth(),
+            (Mode::VerifyCa | Mode::VerifyFull, None) | (Mode::Require | Mode::Disable, Some(_)) => {
+                return Err("database.url: no roots to verify the server with".to_owned());
+            }
         };
         Ok(Database { config, tls: MakeRustlsConnect::new(client) })
     }
@@ -199,11 +225,15 @@ impl Database {
 /// knows neither `verify-*` nor `sslrootcert`); returns the rest and their values.
 fn take_tls_parameters(text: &str) -> Result<(String, Option<String>, Option<String>), String> {
     let (mut sslmode, mut sslrootcert) = (None, None);
+    let mut twice = None;
     let mut take = |key: &str, value: String| -> bool {
-        match key {
-            "sslmode" => sslmode = Some(value),
-            "sslrootcert" => sslrootcert = Some(value),
+        let slot = match key {
+            "sslmode" => &mut sslmode,
+            "sslrootcert" => &mut sslrootcert,
             _ => return false,
+        };
+        if slot.replace(value).is_some() {
+            twice = Some(key.to_owned());
         }
         true
     };
@@ -216,10 +246,13 @@ fn take_tls_parameters(text: &str) -> Result<(String, Option<String>, Option<Str
             .split('&')
             .filter(|pair| {
                 let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                !take(key, percent_decode(value))
+                !take(&percent_decode(key), percent_decode(value))
             })
             .collect();
         let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+        if let Some(key) = twice {
+            return Err(format!("database.url: {key} is given twice"));
+        }
         return Ok((rest, sslmode, sslrootcert));
     }
     let mut kept = Vec::new();
@@ -232,6 +265,9 @@ fn take_tls_parameters(text: &str) -> Result<(String, Option<String>, Option<Str
         if !take(key, value.to_owned()) {
             kept.push(token);
         }
+    }
+    if let Some(key) = twice {
+        return Err(format!("database.url: {key} is given twice"));
     }
     Ok((kept.join(" "), sslmode, sslrootcert))
 }
@@ -364,6 +400,17 @@ mod tests {
             assert!(error.contains("plaintext"), "{error}");
         }
         assert!(Database::parse("postgres://u@127.0.0.1/db?sslmode=bogus").is_err());
+        // Spellings one reader could miss and the other not: refused, never plaintext.
+        for url in [
+            "postgres://gw:pa?ss@127.0.0.1/app?sslmode=require",
+            "postgres://gw@127.0.0.1/app?%73slmode=disable&sslmode=require",
+            "postgres://gw@127.0.0.1/app?sslmode=verify-full&sslmode=disable",
+            "postgres://gw@127.0.0.1/app?sslrootcert=/nonexistent.pem",
+            "postgres://gw@127.0.0.1/app?sslmode=verify-ca",
+        ] {
+            let parsed = Database::parse(url).map(|db| db.config.get_ssl_mode());
+            assert!(parsed.is_err(), "{url} was accepted as {parsed:?}");
+        }
         let plain = Database::parse("postgres://u@127.0.0.1/db").map(|db| db.config.get_ssl_mode());
         assert!(matches!(plain, Ok(SslMode::Disable)));
         let required = Database::parse("postgres://u@127.0.0.1/db?sslmode=require").map(|db| db.config.get_ssl_mode());

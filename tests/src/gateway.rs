@@ -139,6 +139,11 @@ impl Gateway {
         Ok(gateway)
     }
 
+    /// As [`Gateway::spawn`], with the log as JSON lines in [`Gateway::logs`].
+    pub async fn spawn_capturing_logs(database_url: &str, config: &str) -> Result<Gateway> {
+        Gateway::spawn_with(database_url, config, true).await
+    }
+
     async fn spawn_with(database_url: &str, config: &str, capture_logs: bool) -> Result<Gateway> {
         let config_path = std::env::temp_dir().join(format!(
             "fencing-gateway-test-{}-{}.toml",

@@ -126,7 +126,7 @@ async fn a_stalled_control_body_is_answered_408_and_a_slow_reader_and_an_idle_co
         &db.url(),
         &config(
             upstream,
-            "body_read_timeout_ms = 300\nwrite_timeout_ms = 500\nidle_timeout_ms = 2000\n[upstream]\nforward_timeout_ms = 1000",
+            "body_read_timeout_ms = 300\nwrite_timeout_ms = 500\nheader_read_timeout_ms = 2000\n[upstream]\nforward_timeout_ms = 1000",
         ),
     )
     .await
@@ -148,7 +148,7 @@ async fn a_stalled_control_body_is_answered_408_and_a_slow_reader_and_an_idle_co
     let (received, closed) = read_until_closed(&mut reader, Duration::from_secs(10)).await;
     assert!(closed && received < 16 * 1024 * 1024, "the slow reader kept its connection: {received} bytes");
 
-    // An idle keep-alive connection is closed after the idle timeout.
+    // An idle keep-alive connection is closed after the header-read timeout.
     let mut idle = TcpStream::connect(gateway.proxy).await.unwrap();
     idle.write_all(b"POST /free/y HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n")
         .await
@@ -197,7 +197,7 @@ async fn greedy_connections_at_the_cap_are_evicted_by_their_timeouts_so_renewals
         &db.url(),
         &config(
             upstream,
-            "max_connections = 100\nbody_read_timeout_ms = 500\nwrite_timeout_ms = 500\nidle_timeout_ms = 2000\n\
+            "max_connections = 100\nbody_read_timeout_ms = 500\nwrite_timeout_ms = 500\nheader_read_timeout_ms = 2000\n\
              [upstream]\nforward_timeout_ms = 1000",
         ),
     )
@@ -318,5 +318,28 @@ async fn a_flood_of_stuck_readiness_probes_does_not_starve_renewals() {
     lock.rollback().await.unwrap();
     for probe in probes {
         let _ = probe.await;
+    }
+}
+
+/// The connection timeouts end idle and greedy connections, never a request in flight: an
+/// upstream that takes longer than the header-read and write timeouts to answer is waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_is_not_cut_by_the_connection_timeouts() {
+    let db = TestDb::new().await;
+    let upstream = fencing_tests::gateway::Upstream::start().await.unwrap();
+    let config = format!(
+        "[proxy]\nheader_read_timeout_ms = 1000\nwrite_timeout_ms = 500\n[upstream]\nforward_timeout_ms = 5000\n\
+         [[routes]]\nprefix = \"/free\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n",
+        upstream.url()
+    );
+    let gateway = Gateway::start(&db.url(), &config).await.unwrap();
+    for (method, headers) in [
+        (Method::POST, vec![("fencing-token", "1"), ("x-upstream-delay-ms", "2500")]),
+        (Method::GET, vec![("x-upstream-delay-ms", "2500")]),
+    ] {
+        let started = Instant::now();
+        let reply = send(gateway.proxy, method.clone(), "/free/slow", &headers, "").await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{method}: {}", String::from_utf8_lossy(&reply.body));
+        assert!(started.elapsed() >= Duration::from_millis(2400), "{method} did not wait for the upstream");
     }
 }
