@@ -45,7 +45,7 @@ fn serve_with_a_bad_configuration_exits_64_naming_every_bad_key() {
     std::fs::write(
         &path,
         "[proxy]\nlisten = \"not-an-address\"\n[upstream]\nforward_timeout_ms = 0\n\
-         [[routes]]\nprefix = \"/x\"\nupstream = \"https://example.invalid\"\nresource = { segment = 0 }\n",
+         [[routes]]\nprefix = \"/x\"\nupstream = \"ftp://example.invalid\"\nresource = { segment = 0 }\n",
     )
     .expect("write the config");
     let output = gateway().args(["serve", "--config"]).arg(&path).output().expect("run the gateway binary");
