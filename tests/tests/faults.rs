@@ -1,6 +1,6 @@
 //! The fault suite: randomized schedules of real faults against real processes, each history
 //! checked by the independent checker (`checker/`, which shares no code with what it checks).
-//! CI runs `FENCING_FAULT_SCHEDULES` schedules (default 25) of about 10 s, then shows that two
+//! CI runs `FENCING_FAULT_SCHEDULES` schedules (default 25) of about 10 s, then shows that three
 //! planted bugs are caught within 50 schedules each.
 //!
 //! Replay a run: `FENCING_FAULT_SEED=<seed> cargo test --workspace --test faults`. A longer soak:
@@ -85,8 +85,6 @@ async fn planted_asynchronous_commit_of_grants_and_fences_is_caught() {
 
 // The two other planted bugs are not shown here. `no-settle` needs more schedules than CI's
 // time allows (it was caught in schedule 12 of seed 400: `fault-suite --plant no-settle
-// --schedules 50`). `async-commit` and `gate-race` were not caught (in 42 and 45 schedules tried): every
-// synchronous commit of the leaders' own table writes flushes the WAL with the lost grants in
-// it, and the race's window is about 100 us once per horizon extension. The targeted tests
-// catch both: tests/schema/durability.rs, tests/election/processes.rs (a crash under
-// asynchronous commit) and tests/schema/decide_on_one_version.rs (the race).
+// --schedules 50`). `gate-race` was not caught in the 45 schedules tried: its window is about
+// 100 us once per horizon extension, and a raise must commit inside it. The targeted tests catch
+// it: tests/schema/decide_on_one_version.rs.
