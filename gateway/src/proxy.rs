@@ -176,12 +176,18 @@ impl Proxy {
         }
 
         let started = Instant::now();
-        // Stamp mode's lease and owner, for the refusal log (the request is consumed below).
+        // Who sent it, and stamp mode's lease and owner (as the store keeps it), for the refusal
+        // log (the request is consumed below).
+        let caller = self.config.clients.authenticate(request.headers()).ok();
+        let caller_name = caller.as_ref().map_or("-", |caller| caller.name()).to_owned();
         let stamped = match (
             request.headers().get(&FENCING_LEASE).and_then(|v| v.to_str().ok()),
             request.headers().get(&FENCING_OWNER).and_then(|v| v.to_str().ok()),
         ) {
-            (Some(lease), Some(owner)) => Some((lease.to_owned(), owner.to_owned())),
+            (Some(lease), Some(owner)) => Some((
+                lease.to_owned(),
+                caller.as_ref().map_or_else(|| owner.to_owned(), |caller| caller.store_owner(owner)),
+            )),
             _ => None,
         };
         metrics::gauge!(names::INFLIGHT_WRITES).increment(1.0);
@@ -205,6 +211,7 @@ impl Proxy {
                         client: remote,
                         request_id,
                         lease: stamped.as_ref().map(|(lease, owner)| (lease.as_str(), owner.as_str())),
+                        caller: &caller_name,
                     });
                 }
                 if outcome == Outcome::UpstreamError {

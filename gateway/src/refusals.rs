@@ -44,8 +44,11 @@ pub struct Refused<'a> {
     pub client: SocketAddr,
     /// Its request id.
     pub request_id: &'a str,
-    /// Stamp mode: the lease and owner it presented.
+    /// Stamp mode: the lease and the owner, as the store keeps it (with clients,
+    /// `<client>/<owner>`).
     pub lease: Option<(&'a str, &'a str)>,
+    /// The authenticated client's name (`-` without clients).
+    pub caller: &'a str,
 }
 
 /// Where the proxy reports refusals.
@@ -102,6 +105,7 @@ impl RefusalLog {
         let (lease, owner) = refused.lease.unzip();
         warn!(
             client = %refused.client,
+            caller = refused.caller,
             request_id = refused.request_id,
             route = refused.route,
             resource = refused.resource,

@@ -67,7 +67,7 @@ struct Secured {
 async fn secured() -> Secured {
     let db = TestDb::new().await;
     let upstream = Upstream::start().await.unwrap();
-    let gateway = Gateway::start(&db.url(), &config(&upstream.url())).await.unwrap();
+    let gateway = Gateway::start_capturing_logs(&db.url(), &config(&upstream.url())).await.unwrap();
     Secured { db, upstream, gateway }
 }
 
@@ -212,6 +212,18 @@ async fn a_lease_is_the_clients_that_acquired_it_even_for_one_who_knows_the_owne
     .await
     .unwrap();
     assert_eq!(stamped.status, StatusCode::CONFLICT, "{}", stamped.json());
+    // The refusal's log line names the client that sent it, and the owner as the store saw it:
+    // not billing's writer.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut logged = None;
+    while let Ok(line) = s.gateway.logs.try_recv() {
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if value["fields"]["request_id"] == "forged-stamp" {
+            logged = Some(value["fields"].clone());
+        }
+    }
+    let logged = logged.expect("the forged stamp's refusal is logged");
+    assert_eq!((logged["caller"].as_str(), logged["owner"].as_str()), (Some("other"), Some("other/w1")), "{logged}");
     // The holder itself stamps fine, and the gateway's token never reaches the upstream.
     let own = send(
         s.gateway.proxy,
