@@ -408,47 +408,36 @@ async fn without_clients_only_loopback_host_names_are_served() {
     }
 }
 
+/// `fencing-gateway serve` with `config` and `env`, which must stop at start-up: its exit code
+/// and stderr.
+async fn serve_stopping(config: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let dir = std::env::temp_dir().join(format!("fencing-security-{}-{}", std::process::id(), rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut command = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap());
+    command.args(["serve", "--config"]).arg(&path).env("FENCING_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(10), command.kill_on_drop(true).output())
+        .await
+        .expect("serve did not stop within 10 s")
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_clients_a_listener_beyond_loopback_is_refused_at_start_up() {
-    let dir = std::env::temp_dir().join(format!("fencing-security-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("open.toml");
-    std::fs::write(&config, "[proxy]\nlisten = \"0.0.0.0:0\"\n[control]\nlisten = \"[::]:0\"\n").unwrap();
-    let output = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env("FENCING_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    let (code, stderr) = serve_stopping("[proxy]\nlisten = \"0.0.0.0:0\"\n[control]\nlisten = \"[::]:0\"\n", &[]).await;
+    assert_eq!(code, Some(64), "{stderr}");
     for key in ["proxy.listen", "control.listen", "[[clients]]"] {
         assert!(stderr.contains(key), "{key} missing from: {stderr}");
     }
     // The same through the environment, and for an IPv4-mapped address.
-    std::fs::write(&config, "").unwrap();
-    let output = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env("FENCING_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
-            .env("FENCING_PROXY_LISTEN", "[::ffff:10.0.0.1]:0")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    let (code, stderr) = serve_stopping("", &[("FENCING_PROXY_LISTEN", "[::ffff:10.0.0.1]:0")]).await;
+    assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("proxy.listen"), "{stderr}");
 }
 
