@@ -475,13 +475,18 @@ pub fn recovery_bound_us(h: &History) -> i64 {
     i64::try_from(h.meta.ttl_ms).unwrap_or(i64::MAX / 4_000).saturating_mul(2_000).saturating_add(5_000_000)
 }
 
-/// Recovery: the delay from `quiet_from_us` to the first ok completion at or after it, and a
-/// violation when none came within [`recovery_bound_us`].
+/// Recovery: the delay from `quiet_from_us` to the first ok completion at or after it of a write
+/// to a bound resource, and a violation when none came within [`recovery_bound_us`]. Only bound
+/// writes count: they need a live leader with an unexpired lease, which writes to unbound
+/// resources (any term is taken there) do not.
 pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
     let quiet = h.meta.quiet_from_us;
     let bound = recovery_bound_us(h);
-    let first =
-        h.clients.iter().filter(|c| c.outcome == Outcome::Ok && c.completed_us >= quiet).min_by_key(|c| c.completed_us);
+    let first = h
+        .clients
+        .iter()
+        .filter(|c| c.outcome == Outcome::Ok && c.bound && c.completed_us >= quiet)
+        .min_by_key(|c| c.completed_us);
     let delay = first.map(|c| c.completed_us.saturating_sub(quiet));
     let mut out = Vec::new();
     match first {
@@ -499,7 +504,7 @@ pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
         None if h.meta.ended_us >= quiet.saturating_add(bound) => out.push(violation(
             h,
             Invariant::Recovery,
-            format!("no ok write within {bound} us after the last fault ended at {quiet}"),
+            format!("no ok write to a bound resource within {bound} us after the last fault ended at {quiet}"),
         )),
         None => out.push(violation(
             h,

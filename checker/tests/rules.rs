@@ -402,7 +402,29 @@ fn recovery_without_ok_write_within_the_bound_is_reported() {
     }
     h.upstream.retain(|r| r.head_at_us < 10 * S);
     h.table.retain(|r| r.term == 1);
-    assert_one(&check(&h), Invariant::Recovery, &["no ok write within 8000000 us"]);
+    assert_one(&check(&h), Invariant::Recovery, &["no ok write to a bound resource within 8000000 us"]);
+    assert_eq!(recovery(&h).0, None);
+}
+
+#[test]
+fn recovery_counts_only_writes_to_bound_resources() {
+    let mut h = base();
+    // Every write after the fault fails, but an unbound write (no leader needed) is ok.
+    for c in h.clients.iter_mut().filter(|c| c.invoked_us > 10 * S) {
+        *c = failed(c.clone(), "gateway", Some(503));
+    }
+    h.upstream.retain(|r| r.head_at_us < 10 * S);
+    h.table.retain(|r| r.term == 1);
+    let mut unbound = gateway_write("racer.1", "applying", 7, 11 * S);
+    unbound.bound = false;
+    unbound.resource = "race-0".to_owned();
+    unbound.client = "racer".to_owned();
+    unbound.key = String::new();
+    h.clients.push(unbound);
+    let mut arrived = req("applying", 90, "racer.1", Some(7), 11 * S + 10_000, Some(200));
+    arrived.resource = "race-0".to_owned();
+    h.upstream.push(arrived);
+    assert_one(&check(&h), Invariant::Recovery, &["no ok write to a bound resource within 8000000 us"]);
     assert_eq!(recovery(&h).0, None);
 }
 

@@ -4,7 +4,8 @@
 //! so only `fencing.commit_durably` makes decisions durable) and a series of schedules. Each
 //! schedule gets a fresh database and starts: two upstreams (`fault-upstream`, one checking
 //! tokens itself, one applying everything), three gateways, three leader processes
-//! (`fault-leader`, each contending for the lease keys `k1` and `k2`), and TCP fault proxies
+//! (`fault-leader`, each contending for the lease keys `k1` and `k2`), a racer (`fault-racer`,
+//! presenting adjacent terms at one instant on unbound resources of its own), and TCP fault proxies
 //! between the gateways and Postgres, the gateways and the upstreams, and the leaders and
 //! Postgres. A seeded injector then pauses, kills and restarts processes, crashes Postgres and
 //! disturbs the links for the fault phase, stops, and waits for writes to flow again. At the end
@@ -196,6 +197,7 @@ struct Schedule {
     url: String,
     gateways: Vec<Managed>,
     leaders: Vec<Managed>,
+    racer: Managed,
     upstreams: Vec<Managed>,
     gateway_pg: Vec<FaultProxy>,
     leader_pg: Vec<FaultProxy>,
@@ -478,6 +480,21 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         leaders.push(managed);
     }
 
+    // The racer: adjacent terms at one instant on unbound resources of its own.
+    let racer_command = vec![
+        workspace_bin("fault-racer")?.display().to_string(),
+        "--gateways".to_owned(),
+        gateway_list.clone(),
+        "--log".to_owned(),
+        dir.join("client-racer.jsonl").display().to_string(),
+        "--seed".to_owned(),
+        (seed ^ 0x5eed_7ace).to_string(),
+        "--forward-timeout-ms".to_owned(),
+        config.forward_timeout.as_millis().to_string(),
+    ];
+    let mut racer = Managed { name: "racer".to_owned(), command: racer_command, child: None, paused: false };
+    racer.spawn()?;
+
     let mut schedule = Schedule {
         index,
         seed,
@@ -485,6 +502,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         url,
         gateways,
         leaders,
+        racer,
         upstreams,
         gateway_pg,
         leader_pg,
@@ -511,7 +529,8 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     Ok(())
 }
 
-/// The first ok completion after `after_us` in the schedule's client logs, if any.
+/// The first ok completion of a leader's write to a bound resource after `after_us` in the
+/// schedule's client logs, if any (the checker's recovery rule: writes that need a leader).
 fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
     let mut first: Option<i64> = None;
     for letter in ["a", "b", "c"] {
@@ -519,6 +538,7 @@ fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
         for line in text.lines() {
             let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
             if value["outcome"] == "ok"
+                && value["bound"] == true
                 && let Some(done) = value["completed_us"].as_i64()
                 && done > after_us
             {
@@ -760,6 +780,7 @@ impl Schedule {
     }
 
     async fn stop(&mut self) {
+        self.racer.terminate(Duration::from_secs(1)).await;
         for leader in &mut self.leaders {
             leader.terminate(Duration::from_secs(3)).await;
         }
@@ -823,7 +844,7 @@ impl Schedule {
         // process died before the write ended).
         let mut clients: BTreeMap<String, Value> = BTreeMap::new();
         let mut order: HashMap<String, usize> = HashMap::new();
-        for letter in ["a", "b", "c"] {
+        for letter in ["a", "b", "c", "racer"] {
             let path = self.dir.join(format!("client-{letter}.jsonl"));
             let Ok(text) = std::fs::read_to_string(&path) else { continue };
             for line in text.lines() {

@@ -9,6 +9,7 @@
 //!   the cluster shared by one test binary, migrated by the production migration code.
 //! - [`faultproxy`]: a TCP proxy that delays, holds, cuts or resets a link on command.
 //! - [`faultsuite`]: the fault suite's scenario runner: real processes, seeded faults, a history.
+//! - [`faultclient`]: what the fault suite's client processes share: the log, one HTTP write.
 //! - [`gateway`]: the gateway and the recording upstream as real processes, and a client.
 //! - [`process`]: [`process::ElectorProcess`] runs the election example as a real process and
 //!   reads its JSON lines.
@@ -16,6 +17,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+pub mod faultclient;
 pub mod faultproxy;
 pub mod faultsuite;
 pub mod gateway;

@@ -14,31 +14,22 @@
 //! Every election and loss it sees is logged to the elections file.
 //! SIGTERM resigns gracefully (the electors shut down and release), then the process exits.
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use fencing_election::{Elector, ElectorHandle};
+use fencing_tests::faultclient::{BoxBody, HttpClient, Log, http_client, http_write, now_us};
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_postgres::NoTls;
-
-type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
-
-fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
 
 struct Args {
     name: String,
@@ -95,18 +86,6 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// The client log: one JSON line per record, flushed at once.
-struct Log(Mutex<std::fs::File>);
-
-impl Log {
-    fn write(&self, line: &Value) {
-        if let Ok(mut file) = self.0.lock() {
-            let _ = writeln!(file, "{line}");
-            let _ = file.flush();
-        }
-    }
-}
-
 /// What one key's writer knows: the term it believes it leads with.
 struct Key {
     key: &'static str,
@@ -119,7 +98,7 @@ struct Key {
 struct Leader {
     name: String,
     gateways: Vec<SocketAddr>,
-    http: Client<HttpConnector, BoxBody>,
+    http: HttpClient,
     database_url: String,
     log: Log,
     next_id: AtomicU64,
@@ -200,54 +179,11 @@ impl Leader {
                 } else {
                     BodyExt::boxed(Full::new(Bytes::from_static(b"{\"amount\":1}")))
                 };
-                self.http_write(&mut record, request.body(body)).await;
+                http_write(&self.http, &mut record, request.body(body)).await;
             }
         }
         record["completed_us"] = json!(now_us());
         self.log.write(&record);
-    }
-
-    async fn http_write(&self, record: &mut Value, request: Result<Request<BoxBody>, http::Error>) {
-        let Ok(request) = request else {
-            record["outcome"] = json!("failed");
-            record["error"] = json!("request could not be built");
-            return;
-        };
-        match tokio::time::timeout(Duration::from_secs(5), self.http.request(request)).await {
-            Ok(Ok(response)) => {
-                let status = response.status();
-                let problem = response
-                    .headers()
-                    .get("content-type")
-                    .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
-                let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                let made_by_gateway = problem
-                    && serde_json::from_slice::<Value>(&body)
-                        .ok()
-                        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
-                        .is_some_and(|t| t.starts_with("urn:fencing-gateway:"));
-                record["status"] = json!(status.as_u16());
-                let (outcome, refused_by) = if status.is_success() {
-                    ("ok", Value::Null)
-                } else if made_by_gateway && (status.is_client_error() || status.as_u16() == 503) {
-                    ("failed", json!("gateway"))
-                } else if status.as_u16() == 409 {
-                    ("failed", json!("upstream"))
-                } else {
-                    ("indeterminate", Value::Null)
-                };
-                record["outcome"] = json!(outcome);
-                record["refused_by"] = refused_by;
-            }
-            Ok(Err(error)) => {
-                // Connection refused before anything was sent is certain; anything else is not.
-                record["error"] = json!(error.to_string());
-                if error.is_connect() {
-                    record["outcome"] = json!("failed");
-                }
-            }
-            Err(_) => record["error"] = json!("timed out"),
-        }
     }
 
     async fn sql_write(&self, record: &mut Value, key: &str, resource: &str, term: i64) {
@@ -316,8 +252,8 @@ async fn main() {
             std::process::exit(64);
         }
     };
-    let file = match std::fs::OpenOptions::new().create(true).append(true).open(&args.log) {
-        Ok(file) => file,
+    let log = match Log::open(&args.log) {
+        Ok(log) => log,
         Err(error) => {
             eprintln!("fault-leader: open {}: {error}", args.log);
             std::process::exit(69);
@@ -347,20 +283,17 @@ async fn main() {
             }
         }
     }
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_secs(1)));
-    connector.set_nodelay(true);
     let leader = Arc::new(Leader {
         name: args.name.clone(),
         gateways: args.gateways.clone(),
-        http: Client::builder(TokioExecutor::new()).build(connector),
+        http: http_client(),
         database_url: args.database_url.clone(),
-        log: Log(Mutex::new(file)),
+        log,
         next_id: AtomicU64::new(0),
         zombie: args.zombie,
     });
-    let elections = match std::fs::OpenOptions::new().create(true).append(true).open(&args.elections) {
-        Ok(file) => Arc::new(Log(Mutex::new(file))),
+    let elections = match Log::open(&args.elections) {
+        Ok(log) => Arc::new(log),
         Err(error) => {
             eprintln!("fault-leader: open {}: {error}", args.elections);
             std::process::exit(69);

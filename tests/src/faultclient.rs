@@ -1,0 +1,98 @@
+//! What the fault suite's client processes (`fault-leader`, `fault-racer`) share: the history's
+//! clock, the client log, and one HTTP write through a gateway classified as the checker reads it
+//! (`checker/HISTORY.md`: ok, failed and by whom, or indeterminate).
+
+use std::io::Write as _;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+/// A request body of any shape (whole or trickled).
+pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+/// The HTTP client of a fault-suite process.
+pub type HttpClient = Client<HttpConnector, BoxBody>;
+
+/// Microseconds since the Unix epoch on the real-time clock: the history's clock.
+pub fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// A pooled HTTP/1.1 client that gives up connecting after a second.
+pub fn http_client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(1)));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// A client log: one JSON line per record, flushed at once.
+pub struct Log(Mutex<std::fs::File>);
+
+impl Log {
+    /// Opens `path` for appending.
+    pub fn open(path: &str) -> std::io::Result<Log> {
+        Ok(Log(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(path)?)))
+    }
+
+    /// Appends one record.
+    pub fn write(&self, line: &Value) {
+        if let Ok(mut file) = self.0.lock() {
+            let _ = writeln!(file, "{line}");
+            let _ = file.flush();
+        }
+    }
+}
+
+/// Sends one write through a gateway and records its outcome in `record`: `ok` on a 2xx;
+/// `failed` on a 4xx or 503 the gateway made (a problem of type `urn:fencing-gateway:...`), on a
+/// 409 from the checking upstream, or when nothing could be sent; `indeterminate` otherwise.
+pub async fn http_write(http: &HttpClient, record: &mut Value, request: Result<Request<BoxBody>, http::Error>) {
+    let Ok(request) = request else {
+        record["outcome"] = json!("failed");
+        record["error"] = json!("request could not be built");
+        return;
+    };
+    match tokio::time::timeout(Duration::from_secs(5), http.request(request)).await {
+        Ok(Ok(response)) => {
+            let status = response.status();
+            let problem = response
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+            let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let made_by_gateway = problem
+                && serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
+                    .is_some_and(|t| t.starts_with("urn:fencing-gateway:"));
+            record["status"] = json!(status.as_u16());
+            let (outcome, refused_by) = if status.is_success() {
+                ("ok", Value::Null)
+            } else if made_by_gateway && (status.is_client_error() || status.as_u16() == 503) {
+                ("failed", json!("gateway"))
+            } else if status.as_u16() == 409 {
+                ("failed", json!("upstream"))
+            } else {
+                ("indeterminate", Value::Null)
+            };
+            record["outcome"] = json!(outcome);
+            record["refused_by"] = refused_by;
+        }
+        Ok(Err(error)) => {
+            // Connection refused before anything was sent is certain; anything else is not.
+            record["error"] = json!(error.to_string());
+            if error.is_connect() {
+                record["outcome"] = json!("failed");
+            }
+        }
+        Err(_) => record["error"] = json!("timed out"),
+    }
+}
