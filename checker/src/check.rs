@@ -475,46 +475,68 @@ pub fn recovery_bound_us(h: &History) -> i64 {
     i64::try_from(h.meta.ttl_ms).unwrap_or(i64::MAX / 4_000).saturating_mul(2_000).saturating_add(5_000_000)
 }
 
-/// Recovery: the delay from `quiet_from_us` to the first ok completion at or after it of a write
-/// to a bound resource, and a violation when none came within [`recovery_bound_us`]. Only bound
-/// writes count: they need a live leader with an unexpired lease, which writes to unbound
-/// resources (any term is taken there) do not.
+/// Recovery: writes that need a live leader flow again on every path after the last fault.
+/// For each path (through a gateway, straight into the table) on which the schedule had any ok
+/// write to a bound resource, the first ok such write completing at or after `quiet_from_us`;
+/// the delay is the latest of those, and each path without one within [`recovery_bound_us`] is
+/// a violation. Writes to unbound resources do not count: any term is taken there, so they flow
+/// without a leader.
 pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
     let quiet = h.meta.quiet_from_us;
     let bound = recovery_bound_us(h);
-    let first = h
-        .clients
-        .iter()
-        .filter(|c| c.outcome == Outcome::Ok && c.bound && c.completed_us >= quiet)
-        .min_by_key(|c| c.completed_us);
-    let delay = first.map(|c| c.completed_us.saturating_sub(quiet));
     let mut out = Vec::new();
-    match first {
-        Some(c) if c.completed_us.saturating_sub(quiet) <= bound => {}
-        Some(c) => out.push(violation(
-            h,
-            Invariant::Recovery,
-            format!(
-                "first ok write after the last fault ({}, completed at {}) took {} us, more than the bound {bound} us",
-                c.request_id,
-                c.completed_us,
-                c.completed_us.saturating_sub(quiet)
-            ),
-        )),
-        None if h.meta.ended_us >= quiet.saturating_add(bound) => out.push(violation(
-            h,
-            Invariant::Recovery,
-            format!("no ok write to a bound resource within {bound} us after the last fault ended at {quiet}"),
-        )),
-        None => out.push(violation(
-            h,
-            Invariant::Recovery,
-            format!(
-                "schedule ended before writes recovered: ended at {}, {} us after the last fault, no ok write since",
-                h.meta.ended_us,
-                h.meta.ended_us.saturating_sub(quiet)
-            ),
-        )),
+    let mut delay: Option<i64> = None;
+    let mut missing = false;
+    let ok = |path: WritePath| h.clients.iter().filter(move |c| c.outcome == Outcome::Ok && c.bound && c.path == path);
+    let mut paths: Vec<WritePath> =
+        [WritePath::Gateway, WritePath::Sql].into_iter().filter(|&p| ok(p).next().is_some()).collect();
+    if paths.is_empty() {
+        // No ok write that needed a leader in the whole schedule: writes never flowed.
+        paths.push(WritePath::Gateway);
     }
-    (delay, out)
+    for path in paths {
+        let first = ok(path).filter(|c| c.completed_us >= quiet).min_by_key(|c| c.completed_us);
+        let name = path.as_str();
+        match first {
+            Some(c) => {
+                let took = c.completed_us.saturating_sub(quiet);
+                delay = Some(delay.map_or(took, |d| d.max(took)));
+                if took > bound {
+                    out.push(violation(
+                        h,
+                        Invariant::Recovery,
+                        format!(
+                            "first ok {name} write after the last fault ({}, completed at {}) took {took} us, more \
+                             than the bound {bound} us",
+                            c.request_id, c.completed_us
+                        ),
+                    ));
+                }
+            }
+            None if h.meta.ended_us >= quiet.saturating_add(bound) => {
+                missing = true;
+                out.push(violation(
+                    h,
+                    Invariant::Recovery,
+                    format!(
+                        "no ok {name} write to a bound resource within {bound} us after the last fault ended at {quiet}"
+                    ),
+                ))
+            }
+            None => {
+                missing = true;
+                out.push(violation(
+                    h,
+                    Invariant::Recovery,
+                    format!(
+                        "schedule ended before {name} writes recovered: ended at {}, {} us after the last fault, no ok \
+                     {name} write since",
+                        h.meta.ended_us,
+                        h.meta.ended_us.saturating_sub(quiet)
+                    ),
+                ))
+            }
+        }
+    }
+    (if missing { None } else { delay }, out)
 }

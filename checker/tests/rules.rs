@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use fencing_checker::check::{CheckOptions, check_history, recovery};
-use fencing_checker::history::{History, Mode, Outcome};
+use fencing_checker::history::{History, Mode, Outcome, WritePath};
 use fencing_checker::{Invariant, Violation};
 
 fn check(h: &History) -> Vec<Violation> {
@@ -29,7 +29,8 @@ fn assert_one(violations: &[Violation], invariant: Invariant, names: &[&str]) {
 fn base_history_is_clean() {
     let h = base();
     assert_eq!(check(&h), vec![]);
-    assert_eq!(recovery(&h).0, Some(1_045_000));
+    // The later of the two paths: the SQL write c6 completes 1.25 s after the fault.
+    assert_eq!(recovery(&h).0, Some(1_250_000));
 }
 
 // S1
@@ -328,6 +329,9 @@ fn once_failed_write_applied_is_reported() {
 fn once_failed_sql_write_in_table_is_reported() {
     let mut h = base();
     h.clients[5] = failed(h.clients[5].clone(), "store", None);
+    // Another SQL write recovers the SQL path, so only c6 is reported.
+    h.clients.push(sql_write("c7", 2, 11 * S + 300_000));
+    h.table.push(row("c7", 2, 3));
     assert_one(&check(&h), Invariant::Once, &["c6", "failed", "table"]);
 }
 
@@ -402,7 +406,24 @@ fn recovery_without_ok_write_within_the_bound_is_reported() {
     }
     h.upstream.retain(|r| r.head_at_us < 10 * S);
     h.table.retain(|r| r.term == 1);
-    assert_one(&check(&h), Invariant::Recovery, &["no ok write to a bound resource within 8000000 us"]);
+    let violations = check(&h);
+    assert_eq!(violations.len(), 2, "{violations:#?}");
+    for (v, path) in violations.iter().zip(["gateway", "sql"]) {
+        assert_eq!(v.invariant, Invariant::Recovery);
+        assert!(v.detail.contains(&format!("no ok {path} write to a bound resource within 8000000 us")), "{v}");
+    }
+    assert_eq!(recovery(&h).0, None);
+}
+
+#[test]
+fn recovery_needs_every_path_that_wrote_before() {
+    let mut h = base();
+    // Gateway writes recover; the SQL path never does.
+    for c in h.clients.iter_mut().filter(|c| c.invoked_us > 10 * S && c.path == WritePath::Sql) {
+        *c = failed(c.clone(), "store", None);
+    }
+    h.table.retain(|r| r.term == 1);
+    assert_one(&check(&h), Invariant::Recovery, &["no ok sql write to a bound resource within 8000000 us"]);
     assert_eq!(recovery(&h).0, None);
 }
 
@@ -424,7 +445,9 @@ fn recovery_counts_only_writes_to_bound_resources() {
     let mut arrived = req("applying", 90, "racer.1", Some(7), 11 * S + 10_000, Some(200));
     arrived.resource = "race-0".to_owned();
     h.upstream.push(arrived);
-    assert_one(&check(&h), Invariant::Recovery, &["no ok write to a bound resource within 8000000 us"]);
+    let violations = check(&h);
+    assert_eq!(violations.len(), 2, "{violations:#?}");
+    assert!(violations.iter().all(|v| v.invariant == Invariant::Recovery && v.detail.contains("to a bound resource")));
     assert_eq!(recovery(&h).0, None);
 }
 
@@ -434,8 +457,11 @@ fn recovery_first_ok_write_after_the_bound_is_reported() {
     for c in h.clients.iter_mut().filter(|c| c.invoked_us > 10 * S) {
         c.completed_us += 8 * S;
     }
-    assert_one(&check(&h), Invariant::Recovery, &["c4", "9045000 us"]);
-    assert_eq!(recovery(&h).0, Some(9_045_000));
+    let violations = check(&h);
+    assert_eq!(violations.len(), 2, "{violations:#?}");
+    assert!(violations[0].detail.contains("first ok gateway write") && violations[0].detail.contains("9045000 us"));
+    assert!(violations[1].detail.contains("first ok sql write") && violations[1].detail.contains("9250000 us"));
+    assert_eq!(recovery(&h).0, Some(9_250_000));
 }
 
 #[test]
@@ -445,7 +471,10 @@ fn recovery_schedule_ending_before_writes_recovered_is_reported() {
     h.clients.retain(|c| c.invoked_us < 10 * S);
     h.upstream.retain(|r| r.head_at_us < 10 * S);
     h.table.retain(|r| r.term == 1);
-    assert_one(&check(&h), Invariant::Recovery, &["schedule ended before writes recovered"]);
+    let violations = check(&h);
+    assert_eq!(violations.len(), 2, "{violations:#?}");
+    assert!(violations[0].detail.contains("schedule ended before gateway writes recovered"));
+    assert!(violations[1].detail.contains("schedule ended before sql writes recovered"));
 }
 
 #[test]

@@ -60,14 +60,19 @@ pub async fn http_write(http: &HttpClient, record: &mut Value, request: Result<R
         record["error"] = json!("request could not be built");
         return;
     };
-    match tokio::time::timeout(Duration::from_secs(5), http.request(request)).await {
-        Ok(Ok(response)) => {
-            let status = response.status();
-            let problem = response
-                .headers()
-                .get("content-type")
-                .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
-            let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    // One bound for the whole exchange, the response body included.
+    let exchange = async {
+        let response = http.request(request).await?;
+        let status = response.status();
+        let problem = response
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+        let body = response.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        Ok::<_, hyper_util::client::legacy::Error>((status, problem, body))
+    };
+    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+        Ok(Ok((status, problem, body))) => {
             let made_by_gateway = problem
                 && serde_json::from_slice::<Value>(&body)
                     .ok()
@@ -95,4 +100,24 @@ pub async fn http_write(http: &HttpClient, record: &mut Value, request: Result<R
         }
         Err(_) => record["error"] = json!("timed out"),
     }
+}
+
+/// Opens the client log at `path`, or exits with 69 (`program` names the process).
+pub fn open_log_or_exit(program: &str, path: &str) -> Log {
+    match Log::open(path) {
+        Ok(log) => log,
+        Err(error) => {
+            eprintln!("{program}: open {path}: {error}");
+            std::process::exit(69);
+        }
+    }
+}
+
+/// Returns when the process gets SIGTERM; exits with 70 when it cannot listen for it.
+pub async fn until_sigterm(program: &str) {
+    let Ok(mut terminate) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        eprintln!("{program}: cannot install a SIGTERM handler");
+        std::process::exit(70);
+    };
+    terminate.recv().await;
 }

@@ -68,6 +68,20 @@ impl Plant {
         }
     }
 
+    /// The invariants whose violation shows this bug; the planted-bug tests count no other.
+    pub fn shows_as(self) -> &'static [fencing_checker::Invariant] {
+        use fencing_checker::Invariant::{S1, S2, S3, S4, S5};
+        match self {
+            // A stale term admitted: it reaches an upstream or the table after a higher one.
+            Plant::WeakFence => &[S3, S4, S5],
+            // Lower-term writes in flight overtaken by the new term's.
+            Plant::NoSettle | Plant::GateRace => &[S3, S5],
+            // A grant or a raise lost in a crash: a term granted twice, or a fence gone back.
+            Plant::AsyncCommit => &[S1, S2, S3],
+            Plant::NoNewTerm => &[S1, S2],
+        }
+    }
+
     /// Parses a name of [`Plant::name`].
     pub fn parse(name: &str) -> Option<Plant> {
         Plant::ALL.into_iter().find(|plant| plant.name() == name)
@@ -334,6 +348,12 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             // The old try_admit, under another name, so SQL writers keep today's.
             sql = sql.replace("FUNCTION fencing.try_admit(", "FUNCTION fencing.try_admit_racy(");
             sql = sql.replace("decision := fencing.try_admit(", "decision := fencing.try_admit_racy(");
+            // Those definitions also predate the synchronous-commit override; put it in, so that
+            // the race is the only bug planted (every gate call commits durably).
+            let gate = sql.find("FUNCTION fencing.gate(").ok_or_else(|| anyhow!("migration 2 has no gate"))?;
+            let begin = sql[gate..].find("\nBEGIN\n").map(|at| gate + at + "\nBEGIN\n".len());
+            let begin = begin.ok_or_else(|| anyhow!("migration 2's gate has no BEGIN line"))?;
+            sql.insert_str(begin, "    PERFORM fencing.commit_durably();\n");
             sql
         }
     })
@@ -529,9 +549,16 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     Ok(())
 }
 
-/// The first ok completion of a leader's write to a bound resource after `after_us` in the
-/// schedule's client logs, if any (the checker's recovery rule: writes that need a leader).
+/// When writes that need a leader (to a bound resource) have flowed again after `after_us` on
+/// both paths, through a gateway and into the table: the later of the two first ok completions
+/// (the checker's recovery rule), if both came.
 fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
+    let gateway = first_ok_on(dir, after_us, "gateway")?;
+    let sql = first_ok_on(dir, after_us, "sql")?;
+    Some(gateway.max(sql))
+}
+
+fn first_ok_on(dir: &Path, after_us: i64, path: &str) -> Option<i64> {
     let mut first: Option<i64> = None;
     for letter in ["a", "b", "c"] {
         let Ok(text) = std::fs::read_to_string(dir.join(format!("client-{letter}.jsonl"))) else { continue };
@@ -539,6 +566,7 @@ fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
             let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
             if value["outcome"] == "ok"
                 && value["bound"] == true
+                && value["path"] == path
                 && let Some(done) = value["completed_us"].as_i64()
                 && done > after_us
             {
@@ -857,12 +885,16 @@ impl Schedule {
             }
             let _ = std::fs::remove_file(&path);
         }
+        // Without the racer's writes a clean run would show less than it claims.
+        if !clients.values().any(|value| value["client"] == "racer" && value["outcome"] == "ok") {
+            bail!("the racer made no ok write in this schedule (is fault-racer built and starting?)");
+        }
         let mut by_order: Vec<(usize, Value)> = clients
             .into_iter()
             .map(|(id, mut value)| {
                 // A write whose process died before it ended: indeterminate, ended by the schedule's end.
                 if value["completed_us"].is_null() {
-                    value["completed_us"] = json!(ended_us);
+                    value["completed_us"] = json!(ended_us.max(value["invoked_us"].as_i64().unwrap_or(ended_us)));
                 }
                 (order.get(&id).copied().unwrap_or(0), value)
             })

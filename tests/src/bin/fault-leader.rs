@@ -22,13 +22,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use fencing_election::{Elector, ElectorHandle};
-use fencing_tests::faultclient::{BoxBody, HttpClient, Log, http_client, http_write, now_us};
+use fencing_tests::faultclient::{
+    BoxBody, HttpClient, Log, http_client, http_write, now_us, open_log_or_exit, until_sigterm,
+};
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full, StreamBody};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio_postgres::NoTls;
 
 struct Args {
@@ -252,13 +253,7 @@ async fn main() {
             std::process::exit(64);
         }
     };
-    let log = match Log::open(&args.log) {
-        Ok(log) => log,
-        Err(error) => {
-            eprintln!("fault-leader: open {}: {error}", args.log);
-            std::process::exit(69);
-        }
-    };
+    let log = open_log_or_exit("fault-leader", &args.log);
     let mut keys = Vec::new();
     for key in ["k1", "k2"] {
         let pool = match pool(&args.database_url) {
@@ -292,13 +287,7 @@ async fn main() {
         next_id: AtomicU64::new(0),
         zombie: args.zombie,
     });
-    let elections = match Log::open(&args.elections) {
-        Ok(log) => Arc::new(log),
-        Err(error) => {
-            eprintln!("fault-leader: open {}: {error}", args.elections);
-            std::process::exit(69);
-        }
-    };
+    let elections = Arc::new(open_log_or_exit("fault-leader", &args.elections));
     // Every period this process believes it leads: the checker holds them against the store's
     // history (a grant lost in a crash shows up as a term two owners were elected with).
     for key in &keys {
@@ -354,11 +343,7 @@ async fn main() {
             }
         }));
     }
-    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
-        eprintln!("fault-leader: cannot install a SIGTERM handler");
-        std::process::exit(70);
-    };
-    terminate.recv().await;
+    until_sigterm("fault-leader").await;
     for writer in &writers {
         writer.abort();
     }

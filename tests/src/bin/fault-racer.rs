@@ -24,13 +24,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fencing_tests::faultclient::{BoxBody, HttpClient, Log, http_client, http_write, now_us};
+use fencing_tests::faultclient::{
+    BoxBody, HttpClient, Log, http_client, http_write, now_us, open_log_or_exit, until_sigterm,
+};
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use tokio::signal::unix::{SignalKind, signal};
 
 struct Args {
     name: String,
@@ -145,13 +146,7 @@ async fn main() {
             std::process::exit(64);
         }
     };
-    let log = match Log::open(&args.log) {
-        Ok(log) => log,
-        Err(error) => {
-            eprintln!("fault-racer: open {}: {error}", args.log);
-            std::process::exit(69);
-        }
-    };
+    let log = open_log_or_exit("fault-racer", &args.log);
     let racer = Arc::new(Racer {
         name: args.name.clone(),
         gateways: args.gateways.clone(),
@@ -165,11 +160,7 @@ async fn main() {
         let (racer, lane_rng) = (Arc::clone(&racer), StdRng::seed_from_u64(rng.random()));
         lanes.push(tokio::spawn(async move { racer.lane(lane, args.forward_timeout, lane_rng).await }));
     }
-    let Ok(mut terminate) = signal(SignalKind::terminate()) else {
-        eprintln!("fault-racer: cannot install a SIGTERM handler");
-        std::process::exit(70);
-    };
-    terminate.recv().await;
+    until_sigterm("fault-racer").await;
     for lane in &lanes {
         lane.abort();
     }
