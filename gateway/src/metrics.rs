@@ -116,17 +116,76 @@ pub fn named_keys(config: &crate::config::Config) -> std::collections::BTreeSet<
     routes.chain(clients).collect()
 }
 
+/// The `kind` labels of [`UPSTREAM_ERRORS`].
+pub const UPSTREAM_ERROR_KINDS: [&str; 3] = ["connect", "request", "timeout"];
+
+/// One route's metric handles, resolved once when the proxy starts: a request records through
+/// them without building label sets or looking series up in the registry. Creating them
+/// exports each series at 0.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    writes: [metrics::Counter; WRITE_OUTCOMES.len()],
+    upstream_errors: [metrics::Counter; UPSTREAM_ERROR_KINDS.len()],
+    passthrough: metrics::Counter,
+    write_duration: metrics::Histogram,
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RouteMetrics")
+    }
+}
+
+impl RouteMetrics {
+    /// The handles of the route with `prefix`.
+    pub fn new(prefix: &str) -> RouteMetrics {
+        let route = prefix.to_owned();
+        let writes =
+            WRITE_OUTCOMES.map(|outcome| metrics::counter!(WRITES, "route" => route.clone(), "outcome" => outcome));
+        let upstream_errors = UPSTREAM_ERROR_KINDS
+            .map(|kind| metrics::counter!(UPSTREAM_ERRORS, "route" => route.clone(), "kind" => kind));
+        let passthrough = metrics::counter!(PASSTHROUGH, "route" => route.clone());
+        for counter in writes.iter().chain(&upstream_errors).chain([&passthrough]) {
+            counter.absolute(0);
+        }
+        RouteMetrics {
+            writes,
+            upstream_errors,
+            passthrough,
+            write_duration: metrics::histogram!(WRITE_DURATION, "route" => route),
+        }
+    }
+
+    /// Counts one fenced write with `outcome` (a label of [`WRITE_OUTCOMES`]).
+    pub fn write(&self, outcome: &str) {
+        if let Some(index) = WRITE_OUTCOMES.iter().position(|known| *known == outcome) {
+            self.writes[index].increment(1);
+        }
+    }
+
+    /// Counts one upstream failure of `kind` (a label of [`UPSTREAM_ERROR_KINDS`]).
+    pub fn upstream_error(&self, kind: &str) {
+        if let Some(index) = UPSTREAM_ERROR_KINDS.iter().position(|known| *known == kind) {
+            self.upstream_errors[index].increment(1);
+        }
+    }
+
+    /// Counts one unfenced request passed through.
+    pub fn passthrough(&self) {
+        self.passthrough.increment(1);
+    }
+
+    /// Records one fenced write's duration.
+    pub fn write_duration(&self, seconds: f64) {
+        self.write_duration.record(seconds);
+    }
+}
+
 /// Exports every series whose labels are known in advance at 0 from start-up, so a dashboard
 /// shows 0, not "No data", until something happens.
 pub fn register_known(config: &crate::config::Config) {
     for route in &config.routes {
-        for outcome in WRITE_OUTCOMES {
-            metrics::counter!(WRITES, "route" => route.prefix.clone(), "outcome" => outcome).absolute(0);
-        }
-        for kind in ["connect", "request", "timeout"] {
-            metrics::counter!(UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind).absolute(0);
-        }
-        metrics::counter!(PASSTHROUGH, "route" => route.prefix.clone()).absolute(0);
+        RouteMetrics::new(&route.prefix);
     }
     for kind in ["timeout", "error"] {
         metrics::counter!(STORE_ERRORS, "kind" => kind).absolute(0);

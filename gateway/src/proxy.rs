@@ -23,6 +23,7 @@ use tracing::{Instrument, debug, field, info_span, warn};
 use crate::config::{Config, ResourceNaming, Route};
 use crate::fence::{FenceStore, Presented, Undecided};
 use crate::metrics as names;
+use crate::metrics::RouteMetrics;
 use crate::problem::{Outcome, Rejection};
 use crate::refusals::RefusalLog;
 
@@ -105,19 +106,30 @@ pub struct Proxy {
     next_request_id: AtomicU64,
     request_id_prefix: u32,
     refusals: RefusalLog,
+    /// Each route's metric handles, in the order of `config.routes`.
+    route_metrics: Vec<RouteMetrics>,
+    inflight_writes: metrics::Gauge,
 }
 
 impl Proxy {
     /// A proxy for `config`'s routes, deciding through `fences`.
     pub fn new(config: Arc<Config>, fences: Arc<FenceStore>, client: UpstreamClient, refusals: RefusalLog) -> Proxy {
         Proxy {
-            config,
             fences,
             client,
             next_request_id: AtomicU64::new(1),
             request_id_prefix: rand::random(),
             refusals,
+            route_metrics: config.routes.iter().map(|route| RouteMetrics::new(&route.prefix)).collect(),
+            inflight_writes: metrics::gauge!(names::INFLIGHT_WRITES),
+            config,
         }
+    }
+
+    /// The metric handles of `route`, one of `config.routes`.
+    fn metrics_of(&self, route: &Route) -> Option<&RouteMetrics> {
+        let index = self.config.routes.iter().position(|known| std::ptr::eq(known, route))?;
+        self.route_metrics.get(index)
     }
 
     /// Handles one request from `remote`.
@@ -165,13 +177,15 @@ impl Proxy {
         if let Err(rejection) = check_path(request.uri().path()) {
             return rejection.problem().into_response();
         }
-        let Some(route) = self.config.route(request.uri().path()) else {
+        let path = request.uri().path();
+        let Some(index) = self.config.routes.iter().position(|route| route.matches(path)) else {
             return Rejection::NoRoute.problem().into_response();
         };
+        let (route, route_metrics) = (&self.config.routes[index], &self.route_metrics[index]);
         tracing::Span::current().record("route", route.prefix.as_str());
         strip_hop_by_hop(request.headers_mut());
         if route.unfenced_methods.contains(request.method()) {
-            metrics::counter!(names::PASSTHROUGH, "route" => route.prefix.clone()).increment(1);
+            route_metrics.passthrough();
             return self.pass_through(route, request, remote, request_id).await;
         }
 
@@ -190,17 +204,15 @@ impl Proxy {
             )),
             _ => None,
         };
-        metrics::gauge!(names::INFLIGHT_WRITES).increment(1.0);
+        self.inflight_writes.increment(1.0);
         let response = match self.fenced(route, request, remote, request_id).await {
             Ok(response) => {
-                metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => Outcome::Admitted.as_label())
-                    .increment(1);
+                route_metrics.write(Outcome::Admitted.as_label());
                 response
             }
             Err(rejection) => {
                 let outcome = rejection.outcome();
-                metrics::counter!(names::WRITES, "route" => route.prefix.clone(), "outcome" => outcome.as_label())
-                    .increment(1);
+                route_metrics.write(outcome.as_label());
                 if let Rejection::Fenced { fence, presented_term, current_term, .. } = &rejection {
                     self.refusals.record(&crate::refusals::Refused {
                         resource: fence,
@@ -222,9 +234,8 @@ impl Proxy {
                 rejection.problem().into_response()
             }
         };
-        metrics::gauge!(names::INFLIGHT_WRITES).decrement(1.0);
-        metrics::histogram!(names::WRITE_DURATION, "route" => route.prefix.clone())
-            .record(started.elapsed().as_secs_f64());
+        self.inflight_writes.decrement(1.0);
+        route_metrics.write_duration(started.elapsed().as_secs_f64());
         response
     }
 
@@ -376,16 +387,14 @@ impl Proxy {
             Ok(Ok(response)) => response,
             Ok(Err(error)) => return Err(self.upstream_failure(route, &error)),
             Err(_) => {
-                metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => "timeout")
-                    .increment(1);
+                self.metrics_of(route).inspect(|m| m.upstream_error("timeout"));
                 return Err(Rejection::UpstreamTimeout);
             }
         };
         let (mut parts, body) = response.into_parts();
         if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // The gateway never forwards Upgrade, so an upstream's 101 was not asked for.
-            metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => "request")
-                .increment(1);
+            self.metrics_of(route).inspect(|m| m.upstream_error("request"));
             return Err(Rejection::UpstreamUnreachable);
         }
         strip_hop_by_hop(&mut parts.headers);
@@ -406,7 +415,7 @@ impl Proxy {
             source = cause.source();
         }
         let kind = if error.is_connect() { "connect" } else { "request" };
-        metrics::counter!(names::UPSTREAM_ERRORS, "route" => route.prefix.clone(), "kind" => kind).increment(1);
+        self.metrics_of(route).inspect(|m| m.upstream_error(kind));
         debug!(error = %crate::error_chain(error), kind, "upstream failed");
         Rejection::UpstreamUnreachable
     }

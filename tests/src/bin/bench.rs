@@ -8,8 +8,9 @@
 //! upstream, a plain pass-through proxy built on the same hyper client as the gateway, and the
 //! gateway, all on loopback. It drives each with the same closed-loop load (each of
 //! `concurrency` workers sends its next POST when the previous answer arrives) and prints, for
-//! direct / pass-through / gateway-verify / gateway-stamp: requests per second, p50 and p99, and
-//! their ratios to pass-through, plus Postgres transactions and WAL flushes per fenced write.
+//! direct / pass-through / gateway-verify / gateway-stamp (POST), and pass-through and gateway for
+//! unfenced GETs: requests per second, p50 and p99, and their ratios to the pass-through with the
+//! same method, plus Postgres transactions and WAL flushes per fenced write.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -123,7 +124,7 @@ struct Stats {
 
 /// Closed-loop load: `concurrency` workers, each sending its next request when the previous
 /// answer arrived, for `seconds` after one second of warm-up.
-async fn load(addr: SocketAddr, path: &str, headers: &[(&str, &str)], options: &Options) -> Stats {
+async fn load(addr: SocketAddr, method: Method, path: &str, headers: &[(&str, &str)], options: &Options) -> Stats {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let headers: Arc<Vec<(String, String)>> =
         Arc::new(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
@@ -132,7 +133,7 @@ async fn load(addr: SocketAddr, path: &str, headers: &[(&str, &str)], options: &
     let until = warm_until + Duration::from_secs(options.seconds);
     let workers: Vec<_> = (0..options.concurrency)
         .map(|_| {
-            let (client, headers, uri) = (client.clone(), Arc::clone(&headers), uri.clone());
+            let (client, headers, uri, method) = (client.clone(), Arc::clone(&headers), uri.clone(), method.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut errors = 0;
@@ -141,11 +142,12 @@ async fn load(addr: SocketAddr, path: &str, headers: &[(&str, &str)], options: &
                     if started >= until {
                         break;
                     }
-                    let mut request = Request::builder().method(Method::POST).uri(uri.clone());
+                    let mut request = Request::builder().method(method.clone()).uri(uri.clone());
                     for (name, value) in headers.iter() {
                         request = request.header(name, value);
                     }
-                    let Ok(request) = request.body(Full::new(Bytes::from_static(b"{\"amount\":1}"))) else {
+                    let body = if method == Method::GET { Bytes::new() } else { Bytes::from_static(b"{\"amount\":1}") };
+                    let Ok(request) = request.body(Full::new(body)) else {
                         break;
                     };
                     let ok = match client.request(request).await {
@@ -240,13 +242,18 @@ async fn run(options: &Options) -> Result<()> {
     let term = lease.json()["term"].as_i64().context("lease term")?.to_string();
 
     eprintln!("bench: {} workers, {} s per target after 1 s of warm-up", options.concurrency, options.seconds);
-    let direct = load(upstream_addr, "/ledger/acct-1/entries", &[], options).await;
-    let pass = load(passthrough_addr, "/ledger/acct-1/entries", &[], options).await;
+    let path = "/ledger/acct-1/entries";
+    let direct = load(upstream_addr, Method::POST, path, &[], options).await;
+    let pass = load(passthrough_addr, Method::POST, path, &[], options).await;
+    // Unfenced reads: the proxy path's own cost, without Postgres.
+    let pass_get = load(passthrough_addr, Method::GET, path, &[], options).await;
+    let gateway_get = load(gateway.proxy, Method::GET, path, &[], options).await;
     let before = store_counters(&stats_client, "bench").await?;
-    let verify = load(gateway.proxy, "/ledger/acct-1/entries", &[("fencing-token", &term)], options).await;
+    let verify = load(gateway.proxy, Method::POST, path, &[("fencing-token", &term)], options).await;
     let middle = store_counters(&stats_client, "bench").await?;
     let stamp = load(
         gateway.proxy,
+        Method::POST,
         "/stamped/acct-2/entries",
         &[("fencing-lease", "bench-writer"), ("fencing-owner", "bench")],
         options,
@@ -258,9 +265,15 @@ async fn run(options: &Options) -> Result<()> {
         "{:<16} {:>10} {:>9} {:>9} {:>8} {:>13} {:>13}",
         "target", "req/s", "p50 ms", "p99 ms", "errors", "req/s ratio", "p99 ratio"
     );
-    for (name, stats) in
-        [("direct", &direct), ("pass-through", &pass), ("gateway-verify", &verify), ("gateway-stamp", &stamp)]
-    {
+    // Each row against the pass-through with the same method.
+    for (name, stats, baseline) in [
+        ("direct", &direct, &pass),
+        ("pass-through", &pass, &pass),
+        ("gateway-verify", &verify, &pass),
+        ("gateway-stamp", &stamp, &pass),
+        ("pass-through GET", &pass_get, &pass_get),
+        ("gateway GET", &gateway_get, &pass_get),
+    ] {
         println!(
             "{:<16} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>12.2}x {:>12.2}x",
             name,
@@ -268,8 +281,8 @@ async fn run(options: &Options) -> Result<()> {
             stats.p50_ms,
             stats.p99_ms,
             stats.errors,
-            stats.rps / pass.rps,
-            stats.p99_ms / pass.p99_ms
+            stats.rps / baseline.rps,
+            stats.p99_ms / baseline.p99_ms
         );
     }
     // The warm-up requests hit Postgres too, so count them in: every fenced write of the run.
