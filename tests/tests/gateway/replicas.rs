@@ -127,6 +127,13 @@ impl TimingUpstream {
     }
 }
 
+impl Drop for TimingUpstream {
+    /// The log is the test's own: nothing is left in the temp dir.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 /// Every arrival time (head and body pieces) of a recorded request, in microseconds.
 fn arrivals(record: &serde_json::Value) -> Vec<i64> {
     let mut times = vec![record["head_at_us"].as_i64().unwrap()];
