@@ -484,9 +484,6 @@ pub fn recovery_bound_us(h: &History) -> i64 {
 pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
     let quiet = h.meta.quiet_from_us;
     let bound = recovery_bound_us(h);
-    let mut out = Vec::new();
-    let mut delay: Option<i64> = None;
-    let mut missing = false;
     let ok = |path: WritePath| h.clients.iter().filter(move |c| c.outcome == Outcome::Ok && c.bound && c.path == path);
     let mut paths: Vec<WritePath> =
         [WritePath::Gateway, WritePath::Sql].into_iter().filter(|&p| ok(p).next().is_some()).collect();
@@ -494,49 +491,42 @@ pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
         // No ok write that needed a leader in the whole schedule: writes never flowed.
         paths.push(WritePath::Gateway);
     }
+    let mut out = Vec::new();
+    // Each path's delay; the schedule's is the latest, and none when a path never recovered.
+    let mut delays = Vec::new();
     for path in paths {
-        let first = ok(path).filter(|c| c.completed_us >= quiet).min_by_key(|c| c.completed_us);
         let name = path.as_str();
-        match first {
+        let first = ok(path).filter(|c| c.completed_us >= quiet).min_by_key(|c| c.completed_us);
+        let detail = match first {
             Some(c) => {
                 let took = c.completed_us.saturating_sub(quiet);
-                delay = Some(delay.map_or(took, |d| d.max(took)));
-                if took > bound {
-                    out.push(violation(
-                        h,
-                        Invariant::Recovery,
-                        format!(
-                            "first ok {name} write after the last fault ({}, completed at {}) took {took} us, more \
-                             than the bound {bound} us",
-                            c.request_id, c.completed_us
-                        ),
-                    ));
-                }
-            }
-            None if h.meta.ended_us >= quiet.saturating_add(bound) => {
-                missing = true;
-                out.push(violation(
-                    h,
-                    Invariant::Recovery,
+                delays.push(Some(took));
+                (took > bound).then(|| {
                     format!(
-                        "no ok {name} write to a bound resource within {bound} us after the last fault ended at {quiet}"
-                    ),
-                ))
+                        "first ok {name} write after the last fault ({}, completed at {}) took {took} us, more than \
+                         the bound {bound} us",
+                        c.request_id, c.completed_us
+                    )
+                })
             }
             None => {
-                missing = true;
-                out.push(violation(
-                    h,
-                    Invariant::Recovery,
+                delays.push(None);
+                Some(if h.meta.ended_us >= quiet.saturating_add(bound) {
                     format!(
-                        "schedule ended before {name} writes recovered: ended at {}, {} us after the last fault, no ok \
-                     {name} write since",
+                        "no ok {name} write to a bound resource within {bound} us after the last fault ended at {quiet}"
+                    )
+                } else {
+                    format!(
+                        "schedule ended before {name} writes recovered: ended at {}, {} us after the last fault, no \
+                         ok {name} write since",
                         h.meta.ended_us,
                         h.meta.ended_us.saturating_sub(quiet)
-                    ),
-                ))
+                    )
+                })
             }
-        }
+        };
+        out.extend(detail.map(|detail| violation(h, Invariant::Recovery, detail)));
     }
-    (if missing { None } else { delay }, out)
+    let delay = delays.into_iter().try_fold(0, |latest: i64, delay| delay.map(|d| latest.max(d)));
+    (delay, out)
 }

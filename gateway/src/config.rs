@@ -354,7 +354,12 @@ impl Config {
 
     /// The route for `path`: the longest matching prefix.
     pub fn route(&self, path: &str) -> Option<&Route> {
-        self.routes.iter().find(|route| route.matches(path))
+        self.route_index(path).map(|index| &self.routes[index])
+    }
+
+    /// The index in `routes` of the route for `path` (see [`Config::route`]).
+    pub fn route_index(&self, path: &str) -> Option<usize> {
+        self.routes.iter().position(|route| route.matches(path))
     }
 }
 

@@ -177,8 +177,7 @@ impl Proxy {
         if let Err(rejection) = check_path(request.uri().path()) {
             return rejection.problem().into_response();
         }
-        let path = request.uri().path();
-        let Some(index) = self.config.routes.iter().position(|route| route.matches(path)) else {
+        let Some(index) = self.config.route_index(request.uri().path()) else {
             return Rejection::NoRoute.problem().into_response();
         };
         let (route, route_metrics) = (&self.config.routes[index], &self.route_metrics[index]);

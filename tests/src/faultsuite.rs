@@ -553,28 +553,20 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
 /// both paths, through a gateway and into the table: the later of the two first ok completions
 /// (the checker's recovery rule), if both came.
 fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
-    let gateway = first_ok_on(dir, after_us, "gateway")?;
-    let sql = first_ok_on(dir, after_us, "sql")?;
-    Some(gateway.max(sql))
-}
-
-fn first_ok_on(dir: &Path, after_us: i64, path: &str) -> Option<i64> {
-    let mut first: Option<i64> = None;
+    let (mut gateway, mut sql): (Option<i64>, Option<i64>) = (None, None);
     for letter in ["a", "b", "c"] {
         let Ok(text) = std::fs::read_to_string(dir.join(format!("client-{letter}.jsonl"))) else { continue };
         for line in text.lines() {
             let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
-            if value["outcome"] == "ok"
-                && value["bound"] == true
-                && value["path"] == path
-                && let Some(done) = value["completed_us"].as_i64()
-                && done > after_us
-            {
-                first = Some(first.map_or(done, |f| f.min(done)));
+            if value["outcome"] != "ok" || value["bound"] != true {
+                continue;
             }
+            let Some(done) = value["completed_us"].as_i64().filter(|&done| done > after_us) else { continue };
+            let first = if value["path"] == "sql" { &mut sql } else { &mut gateway };
+            *first = Some(first.map_or(done, |f| f.min(done)));
         }
     }
-    first
+    Some(gateway?.max(sql?))
 }
 
 impl Schedule {
