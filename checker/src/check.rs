@@ -186,10 +186,57 @@ pub fn s2_every_believed_period_is_the_stores(h: &History) -> Vec<Violation> {
 }
 
 /// S3: per resource, terms never decrease (a) in the protected table in ticket order, (b) per
-/// upstream in the arrival order of complete requests, and (c) the checking upstream never had
-/// to refuse (409) a token lower than one it had already received complete.
+/// upstream in the arrival order of complete requests, (c) the checking upstream never had
+/// to refuse (409) a token lower than one it had already received complete, and (d) in the
+/// clients' own order, across paths: no write on an unbound resource that ended ok with term t
+/// was invoked after a write of a higher term on it had ended ok (that one was admitted before
+/// it ended, this one after it began). Unbound resources are named the same way on both paths
+/// (the racer's lanes); bound ones are S4's.
 pub fn s3_terms_never_decrease(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
+
+    let mut ok_by_resource: BTreeMap<&str, Vec<(&ClientWrite, i64)>> = BTreeMap::new();
+    for c in h.clients.iter().filter(|c| c.outcome == Outcome::Ok && !c.bound) {
+        if let Some(term) = admitted_term(h, c) {
+            ok_by_resource.entry(&c.resource).or_default().push((c, term));
+        }
+    }
+    for (resource, writes) in &ok_by_resource {
+        // The earliest end of an ok write of each term, then, per write, any higher term that
+        // had ended before it was invoked.
+        let mut first_end: BTreeMap<i64, &ClientWrite> = BTreeMap::new();
+        for &(c, term) in writes {
+            let entry = first_end.entry(term).or_insert(c);
+            if c.completed_us < entry.completed_us {
+                *entry = c;
+            }
+        }
+        for &(c, term) in writes {
+            let earlier = first_end
+                .range(term.saturating_add(1)..)
+                .map(|(t, w)| (*t, *w))
+                .filter(|(_, w)| w.completed_us < c.invoked_us)
+                .min_by_key(|(_, w)| w.completed_us);
+            if let Some((higher, w)) = earlier {
+                out.push(violation(
+                    h,
+                    Invariant::S3,
+                    format!(
+                        "resource {resource}: {} ({} via {}) was admitted with term {term}, invoked at {}, after {} \
+                         ({} via {}) with term {higher} had been answered ok at {}",
+                        c.request_id,
+                        c.client,
+                        c.path.as_str(),
+                        c.invoked_us,
+                        w.request_id,
+                        w.client,
+                        w.path.as_str(),
+                        w.completed_us
+                    ),
+                ));
+            }
+        }
+    }
 
     let mut rows_by_resource: BTreeMap<&str, Vec<_>> = BTreeMap::new();
     for row in &h.table {

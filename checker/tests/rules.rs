@@ -224,6 +224,43 @@ fn s4_ignores_failed_writes() {
     assert_eq!(check(&h), vec![]);
 }
 
+/// The racer's pair on an unbound resource: an SQL raise to term 8 answered ok at 20.05 s, and
+/// a gateway write of term 7, invoked at `invoked`, answered ok.
+fn racer_pair(invoked: i64) -> History {
+    let mut h = base();
+    let mut raise = sql_write("r1", 8, 20 * S);
+    (raise.client, raise.key, raise.bound, raise.resource) = ("racer".into(), String::new(), false, "race-3".into());
+    let mut lower = gateway_write("r2", "checking", 7, invoked);
+    (lower.client, lower.key, lower.bound, lower.resource) = ("racer".into(), String::new(), false, "race-3".into());
+    h.clients.extend([raise, lower]);
+    let mut t = row("r1", 8, 3);
+    t.resource = "race-3".into();
+    h.table.push(t);
+    let mut r = req("checking", 3, "r2", Some(7), invoked + 10_000, Some(200));
+    r.resource = "race-3".into();
+    h.upstream.push(r);
+    h
+}
+
+#[test]
+fn s3_a_lower_term_admitted_after_a_higher_one_was_answered_is_reported_across_paths() {
+    // Invoked 10 ms after the raise was answered: admitted after it (a grant used too long,
+    // or a raise that did not wait for the grants on term 7).
+    assert_one(&check(&racer_pair(20 * S + 60_000)), Invariant::S3, &["race-3", "r2", "r1", "term 7", "term 8"]);
+}
+
+#[test]
+fn s3_a_lower_term_invoked_before_the_higher_one_was_answered_is_clean() {
+    // Invoked while the raise was still out: either order of admission is allowed.
+    assert_eq!(check(&racer_pair(20 * S + 40_000)), vec![]);
+    // Failed writes and bound resources are not this rule's.
+    let mut h = racer_pair(20 * S + 60_000);
+    h.clients[7].outcome = Outcome::Failed;
+    h.clients[7].refused_by = Some("gateway".into());
+    h.upstream.pop();
+    assert_eq!(check(&h), vec![]);
+}
+
 // S5
 
 #[test]

@@ -130,6 +130,10 @@ pub struct DatabaseConfig {
     pub max_batches_in_flight: usize,
     /// Where the embedded Postgres keeps its data.
     pub data_dir: PathBuf,
+    /// How long a grant is asked for (zero: none, every fenced write asks Postgres). While it
+    /// holds a grant on a resource, the gateway admits writes of its current term without a
+    /// round trip; a new term for the resource waits until every grant on the old one ended.
+    pub grant: Duration,
 }
 
 /// See [`Config::upstream`].
@@ -290,6 +294,7 @@ struct RawDatabase {
     control_pool_size: Option<u64>,
     max_batches_in_flight: Option<u64>,
     fence_check_timeout_ms: Option<u64>,
+    grant_ms: Option<u64>,
     data_dir: Option<String>,
 }
 
@@ -445,6 +450,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
         raw.database.fence_check_timeout_ms,
         DEFAULT_FENCE_CHECK_TIMEOUT,
     );
+    let grant = Duration::from_millis(raw.database.grant_ms.unwrap_or(0));
     let connect_timeout =
         positive_ms("upstream.connect_timeout_ms", raw.upstream.connect_timeout_ms, DEFAULT_UPSTREAM_CONNECT_TIMEOUT);
     let forward_timeout =
@@ -480,6 +486,27 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             DEFAULT_SETTLE_MARGIN
         }
     };
+    if !grant.is_zero() {
+        // A new term waits up to one grant inside its decision; the gateway renews a grant with
+        // half of it left, and the store renews only under three quarters: the margin and a round
+        // trip must fit in that quarter.
+        let floor = Duration::from_millis(100).max(settle_margin * 8);
+        if grant < floor {
+            problems.push(format!(
+                "database.grant_ms: 0 (no grants) or at least {} ms (8 x upstream.settle_margin_ms, and 100)",
+                floor.as_millis()
+            ));
+        }
+        if grant * 2 > fence_check_timeout {
+            problems.push(format!(
+                "database.grant_ms: at most half of database.fence_check_timeout_ms ({} ms): a new term waits up to one grant inside its fence decision",
+                fence_check_timeout.as_millis()
+            ));
+        }
+        if grant > Duration::from_secs(60) {
+            problems.push("database.grant_ms: at most 60000".to_owned());
+        }
+    }
 
     let body_limit_bytes = raw.proxy.body_limit_bytes.unwrap_or(DEFAULT_BODY_LIMIT_BYTES);
     let max_header_bytes = match raw.proxy.max_header_bytes.map(usize::try_from) {
@@ -668,6 +695,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             control_pool_size,
             fence_check_timeout,
             max_batches_in_flight,
+            grant,
             data_dir: PathBuf::from(raw.database.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),
         },
         upstream: UpstreamConfig { connect_timeout, forward_timeout, settle_margin, ca_file },

@@ -6,6 +6,14 @@
 //! Under load that is one round trip for several writes; at low load a write's decision goes
 //! out at once, alone. Either way each write costs at most one round trip.
 //!
+//! With `database.grant_ms` above zero, an admitted decision also brings a grant (see
+//! `schema/functions/grants.sql`): until the grant's local deadline, writes of the same term to
+//! the same resource (and, in stamp mode, from the same lease and owner) are admitted here
+//! without a round trip. The deadline is the instant the decision was asked for plus the
+//! remaining time the store reported, minus the settle margin, on `CLOCK_BOOTTIME` and on the
+//! monotonic clock both (S6, S7). While writes flow, one renewal per grant goes out once half of
+//! it is left; if it fails, the grant simply ends and writes go back to asking.
+//!
 //! There are two lanes. Writes presenting the resource's cached maximum, the common case that
 //! `fencing.gate` answers with one read, share the fast lane: one call out at a time, so its
 //! batches are as large as the load makes them. Every other decision (a new term, stamp mode, a
@@ -17,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use fencing_election::clock::BootInstant;
 use fencing_schema::store::{GATE_MANY_SQL, Gate, Outcome};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
@@ -69,6 +78,51 @@ pub struct FenceStore {
     fast_lane: mpsc::UnboundedSender<Pending>,
     /// Every other decision.
     general_lane: mpsc::UnboundedSender<Pending>,
+    /// How long a grant is asked for (zero: no grants, every write asks Postgres).
+    grant: Duration,
+    /// Taken off every grant's deadline (the settle margin).
+    grant_margin: Duration,
+    /// The grants this gateway holds, by fence name.
+    grants: Arc<Mutex<HashMap<String, Grant>>>,
+}
+
+/// A grant this gateway holds on one fence: writes matching it are admitted without asking.
+#[derive(Debug, Clone)]
+struct Grant {
+    /// The term it covers.
+    term: i64,
+    /// The route's bound lease the decision was made under.
+    bind_lease: Option<String>,
+    /// In stamp mode, the lease and owner it was decided for; `None` in verify mode.
+    stamp: Option<(String, String)>,
+    /// The end of the grant on the boot clock, and on the monotonic clock: both must be ahead.
+    boot_deadline: BootInstant,
+    deadline: Instant,
+    /// No write under it is forwarded before this (S5: the previous term's writes settle).
+    settle_until: Instant,
+    /// From here on, the next write sends a renewal.
+    renew_after: Instant,
+    /// A renewal is out.
+    renewing: bool,
+}
+
+impl Grant {
+    fn covers(&self, presented: &Presented, bind_lease: Option<&str>) -> bool {
+        if self.bind_lease.as_deref() != bind_lease {
+            return false;
+        }
+        match (presented, &self.stamp) {
+            (Presented::Token(term), None) => *term == self.term,
+            (Presented::Lease { key, owner }, Some((grant_key, grant_owner))) => {
+                key == grant_key && owner == grant_owner
+            }
+            _ => false,
+        }
+    }
+
+    fn lasts(&self, now: Instant, boot_now: BootInstant) -> bool {
+        now < self.deadline && boot_now < self.boot_deadline
+    }
 }
 
 /// One decision waiting to be sent.
@@ -98,6 +152,8 @@ impl FenceStore {
         check_timeout: Duration,
         forward_timeout: Duration,
         max_batches_in_flight: usize,
+        grant: Duration,
+        grant_margin: Duration,
     ) -> FenceStore {
         let lane = |in_flight: usize| {
             let (queue, pending) = mpsc::unbounded_channel();
@@ -106,6 +162,7 @@ impl FenceStore {
                 database: database.clone(),
                 check_timeout,
                 forward_ms: i64::try_from(forward_timeout.as_millis()).unwrap_or(i64::MAX),
+                grant_ms: i64::try_from(grant.as_millis()).unwrap_or(0),
                 in_flight: Arc::new(Semaphore::new(in_flight.max(1))),
             };
             tokio::spawn(batcher.run(pending));
@@ -113,7 +170,17 @@ impl FenceStore {
         };
         let fast_lane = lane(1);
         let general_lane = lane(max_batches_in_flight);
-        FenceStore { pool, database, check_timeout, cache: Mutex::new(HashMap::new()), fast_lane, general_lane }
+        FenceStore {
+            pool,
+            database,
+            check_timeout,
+            cache: Mutex::new(HashMap::new()),
+            fast_lane,
+            general_lane,
+            grant,
+            grant_margin,
+            grants: Arc::new(Mutex::new(HashMap::new())),
+        }
     }
 
     /// The pool, for the control API.
@@ -132,7 +199,13 @@ impl FenceStore {
     }
 
     fn remember(&self, resource: &str, max_term: Option<i64>) {
-        let (Some(max_term), Ok(mut cache)) = (max_term, self.cache.lock()) else { return };
+        let Some(max_term) = max_term else { return };
+        if let Ok(mut grants) = self.grants.lock()
+            && grants.get(resource).is_some_and(|grant| grant.term < max_term)
+        {
+            grants.remove(resource);
+        }
+        let Ok(mut cache) = self.cache.lock() else { return };
         if cache.len() >= CACHE_CAPACITY && !cache.contains_key(resource) {
             cache.clear();
         }
@@ -148,6 +221,12 @@ impl FenceStore {
         presented: &Presented,
         bind_lease: Option<&str>,
     ) -> Result<Gate, Undecided> {
+        if !self.grant.is_zero()
+            && let Some(gate) = self.admit_under_grant(resource, presented, bind_lease)
+        {
+            metrics::counter!(names::GRANTED_WRITES).increment(1);
+            return Ok(gate);
+        }
         let cached = self.cached_max(resource);
         if let (Presented::Token(term), Some(max)) = (presented, cached)
             && *term < max
@@ -160,9 +239,11 @@ impl FenceStore {
                 lease_key: None,
                 lease_term: None,
                 wait: Duration::ZERO,
+                grant: Duration::ZERO,
             });
         }
         let started = Instant::now();
+        let boot_started = BootInstant::now();
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             resource: resource.to_owned(),
@@ -185,11 +266,143 @@ impl FenceStore {
         };
         metrics::histogram!(names::CHECK_DURATION).record(started.elapsed().as_secs_f64());
         match &result {
-            Ok(gate) => self.remember(resource, gate.max_term),
+            Ok(gate) => {
+                self.remember(resource, gate.max_term);
+                if !self.grant.is_zero() {
+                    let key = GrantKey { resource, presented, bind_lease };
+                    install(&self.grants, &key, gate, started, boot_started, self.grant, self.grant_margin);
+                }
+            }
             Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),
             Err(Undecided::Failed(_)) => metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1),
         }
         result
+    }
+}
+
+impl FenceStore {
+    /// Admits a write under a grant this gateway holds, if one covers it and lasts; sends its
+    /// renewal once half of it is left.
+    fn admit_under_grant(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) -> Option<Gate> {
+        let now = Instant::now();
+        let boot_now = BootInstant::now();
+        let mut grants = self.grants.lock().ok()?;
+        let grant = grants.get_mut(resource)?;
+        if !grant.covers(presented, bind_lease) {
+            return None;
+        }
+        if !grant.lasts(now, boot_now) {
+            grants.remove(resource);
+            return None;
+        }
+        let gate = Gate {
+            outcome: Outcome::Admitted,
+            term: Some(grant.term),
+            max_term: Some(grant.term),
+            lease_key: grant.stamp.as_ref().map(|(key, _)| key.clone()).or_else(|| grant.bind_lease.clone()),
+            lease_term: None,
+            wait: grant.settle_until.saturating_duration_since(now),
+            grant: grant.deadline.saturating_duration_since(now),
+        };
+        if now >= grant.renew_after && !grant.renewing {
+            grant.renewing = true;
+            self.renew(resource, presented, bind_lease);
+        }
+        Some(gate)
+    }
+
+    /// Sends one decision for `resource` that no writer waits for: its answer renews the grant.
+    fn renew(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) {
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            resource: resource.to_owned(),
+            presented: presented.clone(),
+            bind_lease: bind_lease.map(str::to_owned),
+            reply,
+        };
+        let started = Instant::now();
+        let boot_started = BootInstant::now();
+        if self.fast_lane.send(pending).is_err() {
+            return;
+        }
+        let grants = Arc::clone(&self.grants);
+        let (grant, margin, check_timeout) = (self.grant, self.grant_margin, self.check_timeout);
+        let (resource, presented, bind_lease) = (resource.to_owned(), presented.clone(), bind_lease.map(str::to_owned));
+        tokio::spawn(async move {
+            let key = GrantKey { resource: &resource, presented: &presented, bind_lease: bind_lease.as_deref() };
+            let result = match timeout_at(started + check_timeout, answer).await {
+                Ok(Ok(Ok(gate))) => {
+                    let granted = gate.is_admitted() && !gate.grant.is_zero();
+                    install(&grants, &key, &gate, started, boot_started, grant, margin);
+                    if granted { "ok" } else { "refused" }
+                }
+                _ => "failed",
+            };
+            metrics::counter!(names::GRANT_RENEWALS, "result" => result).increment(1);
+            // A failed renewal leaves the grant to end at its deadline; the next write after
+            // that asks Postgres, and a write before it may send the renewal again.
+            if let Ok(mut grants) = grants.lock()
+                && let Some(held) = grants.get_mut(&resource)
+            {
+                held.renewing = false;
+            }
+        });
+    }
+}
+
+/// What a grant is held for.
+struct GrantKey<'a> {
+    resource: &'a str,
+    presented: &'a Presented,
+    bind_lease: Option<&'a str>,
+}
+
+/// Records the grant an answer carries (or drops the one held, when the answer refused the write
+/// or carried none). `started`: when the decision was asked for, on both clocks.
+fn install(
+    grants: &Mutex<HashMap<String, Grant>>,
+    key: &GrantKey<'_>,
+    gate: &Gate,
+    started: Instant,
+    boot_started: BootInstant,
+    asked: Duration,
+    margin: Duration,
+) {
+    let Ok(mut grants) = grants.lock() else { return };
+    let (true, Some(term), Some(lasts)) =
+        (gate.is_admitted(), gate.term, gate.grant.checked_sub(margin).filter(|lasts| !lasts.is_zero()))
+    else {
+        if !gate.is_admitted() {
+            grants.remove(key.resource);
+        }
+        return;
+    };
+    let received = Instant::now();
+    let stamp = match key.presented {
+        Presented::Token(_) => None,
+        Presented::Lease { key, owner } => Some((key.clone(), owner.clone())),
+    };
+    let grant = Grant {
+        term,
+        bind_lease: key.bind_lease.map(str::to_owned),
+        stamp,
+        boot_deadline: boot_started + lasts,
+        deadline: started + lasts,
+        settle_until: received + gate.wait,
+        // Renew once half of the asked-for grant is left: the store renews a grant only when
+        // less than three quarters of it remain.
+        renew_after: (started + lasts).checked_sub(asked / 2).unwrap_or(started),
+        renewing: false,
+    };
+    if grants.len() >= CACHE_CAPACITY && !grants.contains_key(key.resource) {
+        grants.clear();
+    }
+    match grants.get(key.resource) {
+        // Never replace a grant by one of a lower term (answers may arrive out of order).
+        Some(held) if held.term > term => {}
+        _ => {
+            grants.insert(key.resource.to_owned(), grant);
+        }
     }
 }
 
@@ -200,6 +413,7 @@ struct Batcher {
     database: crate::tls::Database,
     check_timeout: Duration,
     forward_ms: i64,
+    grant_ms: i64,
     in_flight: Arc<Semaphore>,
 }
 
@@ -272,7 +486,12 @@ impl Batcher {
         let bind_leases: Vec<Option<&str>> = batch.iter().map(|item| item.bind_lease.as_deref()).collect();
         let answer = timeout_at(deadline, async {
             let statement = client.prepare_cached(GATE_MANY_SQL).await?;
-            client.query(&statement, &[&resources, &terms, &lease_keys, &owners, &bind_leases, &self.forward_ms]).await
+            client
+                .query(
+                    &statement,
+                    &[&resources, &terms, &lease_keys, &owners, &bind_leases, &self.forward_ms, &self.grant_ms],
+                )
+                .await
         })
         .await;
         match answer {

@@ -92,6 +92,8 @@ pub async fn run(
         config.database.fence_check_timeout,
         config.upstream.forward_timeout,
         config.database.max_batches_in_flight,
+        config.database.grant,
+        config.upstream.settle_margin,
     ));
     tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
     tokio::spawn(lease_view::watch(

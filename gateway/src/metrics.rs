@@ -26,6 +26,10 @@ pub const UPSTREAM_ERRORS: &str = "fencing_upstream_errors_total";
 pub const PASSTHROUGH: &str = "fencing_passthrough_requests_total";
 /// Counter: refusals decided from the gateway's cache of maxima, without a round trip.
 pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
+/// Counter: writes admitted under a grant this gateway holds, without a round trip.
+pub const GRANTED_WRITES: &str = "fencing_granted_writes_total";
+/// Counter `{result}`: grant renewals sent ahead of a grant's end (ok, refused, failed).
+pub const GRANT_RENEWALS: &str = "fencing_grant_renewals_total";
 /// Counter: refused writes that could not be written to `fencing.refusals`.
 pub const REFUSALS_DROPPED: &str = "fencing_refusal_records_dropped_total";
 /// Histogram: fence decisions carried by one round trip to Postgres.
@@ -81,6 +85,8 @@ fn describe() {
         "Writes refused inside Postgres (fencing.admit, the SQL guard) since the schema was installed, all clients"
     );
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
+    metrics::describe_counter!(GRANTED_WRITES, "Writes admitted under a grant this gateway holds, without Postgres");
+    metrics::describe_counter!(GRANT_RENEWALS, "Grant renewals sent ahead of a grant's end, by result");
     metrics::describe_counter!(CONNECTIONS_REFUSED, "Connections answered 503 because the listener was at its cap");
     metrics::describe_gauge!(LEASE_HELD, "1 while the configured lease has an unexpired holder, by the store");
     metrics::describe_gauge!(LEASE_TERM, "The configured lease's current term, by the store");
@@ -199,7 +205,10 @@ pub fn register_known(config: &crate::config::Config) {
         metrics::counter!(LEASE_TRANSITIONS, "key" => key.clone()).absolute(0);
         metrics::counter!(LEASE_RENEW_FAILURES, "key" => key).absolute(0);
     }
-    for name in [CACHED_REFUSALS, REFUSALS_DROPPED, SQL_REFUSALS] {
+    for result in ["ok", "refused", "failed"] {
+        metrics::counter!(GRANT_RENEWALS, "result" => result).absolute(0);
+    }
+    for name in [CACHED_REFUSALS, GRANTED_WRITES, REFUSALS_DROPPED, SQL_REFUSALS] {
         metrics::counter!(name).absolute(0);
     }
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);

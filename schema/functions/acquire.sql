@@ -17,6 +17,7 @@ DECLARE
     p_ttl   ALIAS FOR ttl;
     row_    fencing.leases;
     now_    timestamptz;
+    grants_end_ timestamptz;
 BEGIN
     PERFORM fencing.check_name('lease key', p_key);
     PERFORM fencing.check_name('owner', p_owner);
@@ -59,15 +60,22 @@ BEGIN
                 fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
     END IF;
 
-    -- A new leadership period. The previous one ended when its lease expired, or now when its
-    -- holder asks for a new period while still valid.
+    -- A new leadership period, once every grant on the old term has ended (grants.sql):
+    -- until then gateways may still admit the old term, so the caller is told to come back.
+    grants_end_ := fencing.lease_grants_end(row_);
+    IF fencing.grant_outstanding(grants_end_) THEN
+        RETURN (false, row_.owner, row_.term, grants_end_,
+                fencing.remaining_ms(grants_end_, now_))::fencing.lease_result;
+    END IF;
+    -- The previous period ended when its lease expired, or now when its holder asks for a new
+    -- period while still valid.
     UPDATE fencing.lease_history h
        SET ended_at = least(row_.expires_at, now_),
            end_reason = CASE WHEN row_.expires_at > now_ THEN 'abandoned' ELSE 'expired' END
      WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
     UPDATE fencing.leases l
        SET owner = p_owner, term = l.term + 1,
-           acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl
+           acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl, grants_until = NULL
      WHERE l.key = p_key
     RETURNING * INTO row_;
     INSERT INTO fencing.lease_history (key, term, owner, granted_at)

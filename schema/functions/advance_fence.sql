@@ -25,9 +25,10 @@ BEGIN
             p_resource, old_.max_term, p_term
             USING ERRCODE = '22023';
     ELSE
+        PERFORM fencing.await_grant(old_.granted_until);
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_at = greatest(f.settle_at, f.horizon), horizon = NULL
+               settle_at = greatest(f.settle_at, f.horizon), horizon = NULL, granted_until = NULL
          WHERE f.resource = p_resource
         RETURNING * INTO new_;
     END IF;

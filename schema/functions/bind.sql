@@ -20,7 +20,9 @@ BEGIN
     ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
     SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
     IF fence_.lease_key IS NULL THEN
-        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp()
+        -- Unbound grants on it admit any writer of its term: they end first.
+        PERFORM fencing.await_grant(fence_.granted_until);
+        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp(), granted_until = NULL
          WHERE f.resource = p_resource;
     ELSIF fence_.lease_key <> p_lease_key THEN
         RAISE EXCEPTION 'fencing: resource "%" is bound to lease "%"; rebinding it to "%" is an audited admin action: fencing.rebind(resource, lease_key, actor, reason)',
@@ -54,9 +56,10 @@ BEGIN
         RAISE EXCEPTION 'fencing: no fence "%"; use fencing.bind for a new resource', p_resource
             USING ERRCODE = '22023';
     END IF;
+    PERFORM fencing.await_grant(old_.granted_until);
     UPDATE fencing.fences f
        SET lease_key = p_lease_key, updated_at = clock_timestamp(),
-           settle_at = greatest(f.settle_at, f.horizon), horizon = NULL
+           settle_at = greatest(f.settle_at, f.horizon), horizon = NULL, granted_until = NULL
      WHERE f.resource = p_resource
     RETURNING * INTO new_;
     INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)

@@ -16,7 +16,8 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'fencing: no lease %', p_key USING ERRCODE = '22023';
     END IF;
-    UPDATE fencing.leases l SET expires_at = least(l.expires_at, clock_timestamp())
+    UPDATE fencing.leases l SET expires_at = least(l.expires_at, clock_timestamp()),
+                                grants_until = fencing.lease_grants_end(old_)
      WHERE l.key = p_key
     RETURNING * INTO new_;
     UPDATE fencing.lease_history h SET ended_at = new_.expires_at, end_reason = 'force_released'

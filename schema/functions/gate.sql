@@ -16,8 +16,16 @@
 -- another lease, or not bound at all (a protected table's or an SQL writer's), is refused as
 -- wrong_lease: a write never rebinds (S4, S8). Names beginning with '/' are the gateway's
 -- unbound routes' own (route prefix, '/', resource) and can never be bound.
+--
+-- grant_for > 0 asks for a grant (grants.sql): an admitted write of the current term also
+-- returns grant_ms, how long from now the gateway may admit writes of this term for this
+-- resource without asking (0: no grant). A grant is renewed only when less than three quarters
+-- of grant_for remain; the horizon always covers every write admitted under it. A bound
+-- resource's grant ends no later than its lease and is granted only while the lease row is
+-- held FOR SHARE, so a release waits for it and then counts it. A higher term waits, holding
+-- the row, until every grant on the lower term has ended.
 CREATE OR REPLACE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
-                                        bind_lease text DEFAULT NULL)
+                                        bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
 RETURNS fencing.gate_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -30,11 +38,14 @@ DECLARE
     now_        timestamptz;
     start_      timestamptz;
     stretch_    interval;
+    grant_end_  timestamptz;
+    granted_ms_ bigint;
 BEGIN
     -- The common case in one indexed read.
-    SELECT f.*, l.term, l.expires_at, l.key IS NOT NULL
+    SELECT f.resource, f.max_term, f.lease_key, f.updated_at, f.horizon, f.settle_at, f.granted_until,
+           l.term, l.expires_at, l.key IS NOT NULL
       INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.updated_at, fence_.horizon,
-           fence_.settle_at, lease_term_, lease_end_, lease_seen_
+           fence_.settle_at, fence_.granted_until, lease_term_, lease_end_, lease_seen_
       FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
      WHERE f.resource = p_resource;
     now_ := clock_timestamp();
@@ -43,14 +54,19 @@ BEGIN
        AND (fence_.lease_key IS NULL OR (lease_term_ = p_term AND lease_end_ > now_))
        AND fence_.horizon >= greatest(now_, fence_.settle_at) + forward_timeout
        AND forward_timeout > interval '0' AND forward_timeout <= interval '1 hour'
+       AND (grant_for = interval '0' OR (grant_for > interval '0' AND grant_for <= interval '1 minute'
+            AND fence_.granted_until >= now_ + grant_for * 0.75))
        AND current_setting('transaction_isolation') = 'read committed' THEN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
+                coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
+                CASE WHEN grant_for > interval '0' THEN fencing.remaining_ms(fence_.granted_until, now_) ELSE 0 END
+               )::fencing.gate_result;
     END IF;
 
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_term(p_term);
     PERFORM fencing.check_forward_timeout(forward_timeout);
+    PERFORM fencing.check_grant(grant_for);
     IF bind_lease IS NOT NULL THEN
         PERFORM fencing.check_bindable(p_resource);
         PERFORM fencing.check_name('lease key', bind_lease);
@@ -66,9 +82,10 @@ BEGIN
     FOR attempt IN 1..3 LOOP
         IF attempt > 1 THEN
             -- Read again: the version read before changed under the decision.
-            SELECT f.*, l.term, l.expires_at, l.key IS NOT NULL
+            SELECT f.resource, f.max_term, f.lease_key, f.updated_at, f.horizon, f.settle_at, f.granted_until,
+                   l.term, l.expires_at, l.key IS NOT NULL
               INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.updated_at, fence_.horizon,
-                   fence_.settle_at, lease_term_, lease_end_, lease_seen_
+                   fence_.settle_at, fence_.granted_until, lease_term_, lease_end_, lease_seen_
               FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
              WHERE f.resource = p_resource;
         END IF;
@@ -80,57 +97,80 @@ BEGIN
                 SELECT l.term, l.expires_at, true INTO lease_term_, lease_end_, lease_seen_
                   FROM fencing.leases l WHERE l.key = bind_lease;
                 IF NOT FOUND OR p_term > lease_term_ THEN
-                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0)::fencing.gate_result;
+                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
                 ELSIF p_term < lease_term_ THEN
-                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0)::fencing.gate_result;
+                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
                 ELSIF lease_end_ <= now_ THEN
-                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0)::fencing.gate_result;
+                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
                 END IF;
             END IF;
+            -- No grant on the first write: the next one asks for it.
             PERFORM fencing.commit_durably();
             INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at, horizon)
             VALUES (p_resource, p_term, bind_lease, now_, now_ + stretch_)
             ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
             IF FOUND THEN
-                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0)::fencing.gate_result;
+                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
             CONTINUE; -- a concurrent writer created it
         END IF;
 
         -- Refusals: safe on any version, because a maximum never decreases.
         IF fence_.lease_key IS DISTINCT FROM bind_lease AND (bind_lease IS NOT NULL OR fence_.lease_key IS NULL) THEN
-            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
         END IF;
         IF p_term < fence_.max_term THEN
-            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
         END IF;
         IF fence_.lease_key IS NOT NULL THEN
             IF NOT lease_seen_ OR p_term > lease_term_ THEN
-                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             ELSIF p_term < lease_term_ THEN
-                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             ELSIF lease_end_ <= now_ THEN
-                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0)::fencing.gate_result;
+                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
         END IF;
 
         IF p_term = fence_.max_term THEN
             start_ := greatest(now_, fence_.settle_at);
-            IF fence_.horizon >= start_ + forward_timeout THEN
+            IF fence_.horizon >= start_ + forward_timeout
+               AND (grant_for = interval '0' OR fence_.granted_until >= now_ + grant_for * 0.75) THEN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                        coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
+                        coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
+                        CASE WHEN grant_for > interval '0' THEN fencing.remaining_ms(fence_.granted_until, now_) ELSE 0 END
+                       )::fencing.gate_result;
             END IF;
-            -- Extend the horizon on the newest version, if it is still of this term.
+            grant_end_ := NULL;
+            IF grant_for > interval '0' AND fence_.lease_key IS NOT NULL THEN
+                -- A bound resource's grant: on the lease version held FOR SHARE (a release or
+                -- a new term waits for this transaction, then counts its grant), never beyond
+                -- that lease's expiry.
+                SELECT l.term, l.expires_at INTO lease_term_, lease_end_
+                  FROM fencing.leases l WHERE l.key = fence_.lease_key FOR SHARE;
+                IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp() THEN
+                    CONTINUE; -- the lease moved on: decide again
+                END IF;
+                grant_end_ := least(clock_timestamp() + grant_for, lease_end_);
+            ELSIF grant_for > interval '0' THEN
+                grant_end_ := clock_timestamp() + grant_for;
+            END IF;
+            -- Extend the horizon (over every write the grant may admit) and the grant on the
+            -- newest version, if it is still of this term and binding.
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
-               SET horizon = greatest(f.horizon, greatest(clock_timestamp(), f.settle_at) + stretch_)
+               SET horizon = greatest(f.horizon, greatest(clock_timestamp(), f.settle_at) + stretch_,
+                                      greatest(grant_end_, f.settle_at) + stretch_),
+                   granted_until = greatest(f.granted_until, grant_end_)
              WHERE f.resource = p_resource AND f.max_term = p_term
-            RETURNING f.settle_at INTO fence_.settle_at;
+               AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
+            RETURNING f.settle_at, f.granted_until INTO fence_.settle_at, fence_.granted_until;
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
+            granted_ms_ := CASE WHEN grant_for > interval '0' THEN fencing.remaining_ms(fence_.granted_until, now_) ELSE 0 END;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                    coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
+                    coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0), granted_ms_)::fencing.gate_result;
         END IF;
 
         -- A higher term: lock the newest version, then raise it. The lower term's writes may be
@@ -140,15 +180,18 @@ BEGIN
            OR fence_.lease_key IS DISTINCT FROM coalesce(bind_lease, fence_.lease_key) THEN
             CONTINUE; -- changed since it was read: decide again on the newest version
         END IF;
+        -- Every grant on the lower term ends first; holding the row, nobody renews one.
+        PERFORM fencing.await_grant(fence_.granted_until);
         PERFORM fencing.commit_durably();
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
                settle_at = greatest(f.settle_at, f.horizon),
-               horizon = greatest(clock_timestamp(), f.settle_at, f.horizon) + stretch_
+               horizon = greatest(clock_timestamp(), f.settle_at, f.horizon) + stretch_,
+               granted_until = NULL
          WHERE f.resource = p_resource
         RETURNING f.settle_at INTO fence_.settle_at;
         RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0))::fencing.gate_result;
+                coalesce(fencing.remaining_ms(fence_.settle_at, clock_timestamp()), 0), 0)::fencing.gate_result;
     END LOOP;
     RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';
 END

@@ -1,7 +1,9 @@
 -- The gateway's stamp mode: the write's term is lease_key's current term, when owner holds that
--- lease unexpired; otherwise the write is refused as not_leader.
+-- lease unexpired; otherwise the write is refused as not_leader. A grant (grant_for > 0) covers
+-- the resource at that term: the gateway keeps it for this lease and owner only.
 CREATE OR REPLACE FUNCTION fencing.gate_lease(resource text, lease_key text, owner text,
-                                              forward_timeout interval, bind_lease text DEFAULT NULL)
+                                              forward_timeout interval, bind_lease text DEFAULT NULL,
+                                              grant_for interval DEFAULT interval '0')
 RETURNS fencing.gate_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -18,14 +20,14 @@ BEGIN
     IF bind_lease IS NOT NULL AND bind_lease <> p_lease_key THEN
         RETURN (false, 'wrong_lease', NULL,
                 (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
-                bind_lease, NULL, 0)::fencing.gate_result;
+                bind_lease, NULL, 0, 0)::fencing.gate_result;
     END IF;
     SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = p_lease_key;
     IF NOT FOUND OR lease_.owner <> p_owner OR lease_.expires_at <= clock_timestamp() THEN
         RETURN (false, 'not_leader', NULL,
                 (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
-                p_lease_key, lease_.term, 0)::fencing.gate_result;
+                p_lease_key, lease_.term, 0, 0)::fencing.gate_result;
     END IF;
-    RETURN fencing.gate(p_resource, lease_.term, forward_timeout, bind_lease);
+    RETURN fencing.gate(p_resource, lease_.term, forward_timeout, bind_lease, grant_for);
 END
 $$;

@@ -3,7 +3,8 @@
 -- else fencing.gate(resources[i], terms[i], ...). A gateway batches the decisions of concurrent
 -- writes into one round trip; it sorts items by resource, so concurrent batches lock in one order.
 CREATE OR REPLACE FUNCTION fencing.gate_many(resources text[], terms bigint[], lease_keys text[], owners text[],
-                                             bind_leases text[], forward_timeout interval)
+                                             bind_leases text[], forward_timeout interval,
+                                             grant_for interval DEFAULT interval '0')
 RETURNS SETOF fencing.gate_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -15,9 +16,9 @@ BEGIN
     END IF;
     FOR i IN 1..coalesce(array_length(resources, 1), 0) LOOP
         IF lease_keys[i] IS NOT NULL THEN
-            RETURN NEXT fencing.gate_lease(resources[i], lease_keys[i], owners[i], forward_timeout, bind_leases[i]);
+            RETURN NEXT fencing.gate_lease(resources[i], lease_keys[i], owners[i], forward_timeout, bind_leases[i], grant_for);
         ELSE
-            RETURN NEXT fencing.gate(resources[i], terms[i], forward_timeout, bind_leases[i]);
+            RETURN NEXT fencing.gate(resources[i], terms[i], forward_timeout, bind_leases[i], grant_for);
         END IF;
     END LOOP;
 END

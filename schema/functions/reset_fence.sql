@@ -28,9 +28,10 @@ BEGIN
             p_resource, old_.lease_key
             USING ERRCODE = '22023';
     END IF;
+    PERFORM fencing.await_grant(old_.granted_until);
     UPDATE fencing.fences f
        SET max_term = p_term, updated_at = clock_timestamp(),
-           settle_at = greatest(f.settle_at, f.horizon, clock_timestamp()), horizon = NULL
+           settle_at = greatest(f.settle_at, f.horizon, clock_timestamp()), horizon = NULL, granted_until = NULL
      WHERE f.resource = p_resource
     RETURNING * INTO new_;
     INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)

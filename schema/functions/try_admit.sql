@@ -88,10 +88,12 @@ BEGIN
             RETURN (false, 'stale', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
         END IF;
         IF fence_.max_term < p_term THEN
+            -- Gateways may admit the lower term until their grants end (grants.sql).
+            PERFORM fencing.await_grant(fence_.granted_until);
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
                SET max_term = p_term, updated_at = clock_timestamp(),
-                   settle_at = greatest(f.settle_at, f.horizon), horizon = NULL
+                   settle_at = greatest(f.settle_at, f.horizon), horizon = NULL, granted_until = NULL
              WHERE f.resource = p_resource;
         END IF;
         RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;

@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 2, name: "gate", sql: include_str!("../migrations/0002_gate.sql") },
     Migration { version: 3, name: "audit", sql: include_str!("../migrations/0003_audit.sql") },
     Migration { version: 4, name: "functions", sql: include_str!("../migrations/0004_functions.sql") },
+    Migration { version: 5, name: "grants", sql: include_str!("../migrations/0005_grants.sql") },
 ];
 
 macro_rules! repeatable {
@@ -58,6 +59,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "gate",
     "gate_lease",
     "gate_many",
+    "grants",
     "guard",
     "presented_term",
     "probe_newest",
@@ -72,7 +74,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 4;
+pub const LATEST_VERSION: i32 = 5;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -271,6 +271,9 @@ pub struct Gate {
     pub lease_term: Option<i64>,
     /// How long to wait before forwarding, so no lower-term write can be overtaken (S5).
     pub wait: Duration,
+    /// How long from the store's answer on writes of this term to this resource may be admitted
+    /// without asking (a grant; zero when none was asked for or given).
+    pub grant: Duration,
 }
 
 impl Gate {
@@ -297,22 +300,26 @@ impl Gate {
             lease_key: row.try_get("lease_key").map_err(Error::Store)?,
             lease_term: row.try_get("lease_term").map_err(Error::Store)?,
             wait: ms(row.try_get::<_, Option<i64>>("wait_ms").map_err(Error::Store)?.unwrap_or(0)),
+            grant: ms(row.try_get::<_, Option<i64>>("grant_ms").map_err(Error::Store)?.unwrap_or(0)),
         })
     }
 }
 
-/// `fencing.gate(resource, term, forward timeout ms, bind lease)`: prepare it once per connection.
-pub const GATE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
-    FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4)";
+/// `fencing.gate(resource, term, forward timeout ms, bind lease, grant ms)`: prepare it once per
+/// connection.
+pub const GATE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms
+    FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4, $5::bigint * interval '1 millisecond')";
 
-/// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease)`.
-pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
-    FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5)";
+/// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease, grant ms)`.
+pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms
+    FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5,
+                            $6::bigint * interval '1 millisecond')";
 
-/// `fencing.gate_many(resources, terms, lease keys, owners, bind leases, forward timeout ms)`:
-/// one row per item, in order.
-pub const GATE_MANY_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms
-    FROM fencing.gate_many($1, $2, $3, $4, $5, $6::bigint * interval '1 millisecond')";
+/// `fencing.gate_many(resources, terms, lease keys, owners, bind leases, forward timeout ms,
+/// grant ms)`: one row per item, in order.
+pub const GATE_MANY_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms
+    FROM fencing.gate_many($1, $2, $3, $4, $5, $6::bigint * interval '1 millisecond',
+                           $7::bigint * interval '1 millisecond')";
 
 /// Calls `fencing.gate`: the gateway's decision for a write presenting `term` (verify mode).
 pub async fn gate(
@@ -322,7 +329,20 @@ pub async fn gate(
     forward_timeout: Duration,
     bind_lease: Option<&str>,
 ) -> Result<Gate, Error> {
-    let row = client.query_one(GATE_SQL, &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease]).await?;
+    gate_granted(client, resource, term, forward_timeout, bind_lease, Duration::ZERO).await
+}
+
+/// Calls `fencing.gate` asking for a grant of `grant` (zero: none): see [`Gate::grant`].
+pub async fn gate_granted(
+    client: &impl GenericClient,
+    resource: &str,
+    term: i64,
+    forward_timeout: Duration,
+    bind_lease: Option<&str>,
+    grant: Duration,
+) -> Result<Gate, Error> {
+    let row =
+        client.query_one(GATE_SQL, &[&resource, &term, &ttl_ms(forward_timeout), &bind_lease, &ttl_ms(grant)]).await?;
     Gate::from_row(&row)
 }
 
@@ -337,7 +357,7 @@ pub async fn gate_lease(
     bind_lease: Option<&str>,
 ) -> Result<Gate, Error> {
     let row = client
-        .query_one(GATE_LEASE_SQL, &[&resource, &lease_key, &owner, &ttl_ms(forward_timeout), &bind_lease])
+        .query_one(GATE_LEASE_SQL, &[&resource, &lease_key, &owner, &ttl_ms(forward_timeout), &bind_lease, &0_i64])
         .await?;
     Gate::from_row(&row)
 }

@@ -50,12 +50,24 @@ pub enum Plant {
     NoNewTerm,
     /// The race of `fencing.gate` put back: two reads of the fence row in one decision.
     GateRace,
+    /// A term change that ignores grants: a higher term is admitted while gateways may still
+    /// admit the lower one without asking.
+    GrantIgnored,
+    /// A grant used past its end: the store reports four times the grant it recorded.
+    GrantOverstay,
 }
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 5] =
-        [Plant::WeakFence, Plant::NoSettle, Plant::AsyncCommit, Plant::NoNewTerm, Plant::GateRace];
+    pub const ALL: [Plant; 7] = [
+        Plant::WeakFence,
+        Plant::NoSettle,
+        Plant::AsyncCommit,
+        Plant::NoNewTerm,
+        Plant::GateRace,
+        Plant::GrantIgnored,
+        Plant::GrantOverstay,
+    ];
 
     /// The name on the command line.
     pub fn name(self) -> &'static str {
@@ -65,6 +77,8 @@ impl Plant {
             Plant::AsyncCommit => "async-commit",
             Plant::NoNewTerm => "no-new-term",
             Plant::GateRace => "gate-race",
+            Plant::GrantIgnored => "grant-ignored",
+            Plant::GrantOverstay => "grant-overstay",
         }
     }
 
@@ -76,6 +90,10 @@ impl Plant {
             Plant::WeakFence => &[S3, S4, S5],
             // Lower-term writes in flight overtaken by the new term's.
             Plant::NoSettle | Plant::GateRace => &[S3, S5],
+            // A lower term admitted by a grant after a higher term's write was answered (the
+            // racer's SQL raise), or forwarded after it (overstay).
+            Plant::GrantIgnored => &[S3],
+            Plant::GrantOverstay => &[S3, S5],
             // A grant or a raise lost in a crash: a term granted twice, or a fence gone back.
             Plant::AsyncCommit => &[S1, S2, S3],
             Plant::NoNewTerm => &[S1, S2],
@@ -215,6 +233,8 @@ struct Schedule {
     upstreams: Vec<Managed>,
     gateway_pg: Vec<FaultProxy>,
     leader_pg: Vec<FaultProxy>,
+    /// The racer's link to Postgres (kept open for the schedule; no faults of its own).
+    _racer_pg: FaultProxy,
     upstream_proxies: Vec<FaultProxy>,
     faults: Vec<Value>,
 }
@@ -276,6 +296,7 @@ async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str)
              INSERT INTO fault_tickets VALUES (1, 0);
              CREATE TABLE ledger_k1 (request_id text PRIMARY KEY, resource text NOT NULL, term bigint, ticket bigint);
              CREATE TABLE ledger_k2 (request_id text PRIMARY KEY, resource text NOT NULL, term bigint, ticket bigint);
+             CREATE TABLE race_ledger (request_id text PRIMARY KEY, resource text NOT NULL, term bigint, ticket bigint);
              SELECT fencing.protect('ledger_k1', 'ledger-k1');
              SELECT fencing.protect('ledger_k2', 'ledger-k2');
              SELECT fencing.bind('ledger-k1', 'k1');
@@ -300,25 +321,41 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             .ok_or_else(|| anyhow!("no function file {name}"))
     };
     Ok(match plant {
-        Plant::WeakFence => "ALTER FUNCTION fencing.gate(text, bigint, interval, text) RENAME TO gate_planted;
-             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL)
+        Plant::WeakFence => "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
+             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
+                                          grant_for interval DEFAULT interval '0')
              RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
              DECLARE decision fencing.gate_result;
              BEGIN
-                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease);
+                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
                  IF decision.outcome = 'stale' THEN
                      decision.admitted := true; decision.outcome := 'admitted'; decision.wait_ms := 0;
                  END IF;
                  RETURN decision;
              END $$;"
             .to_owned(),
-        Plant::NoSettle => "ALTER FUNCTION fencing.gate(text, bigint, interval, text) RENAME TO gate_planted;
-             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL)
+        Plant::NoSettle => "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
+             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
+                                          grant_for interval DEFAULT interval '0')
              RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
              DECLARE decision fencing.gate_result;
              BEGIN
-                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease);
+                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
                  decision.wait_ms := 0;
+                 RETURN decision;
+             END $$;"
+            .to_owned(),
+        Plant::GrantIgnored => "CREATE OR REPLACE FUNCTION fencing.grant_outstanding(until_ timestamptz)
+             RETURNS boolean LANGUAGE sql AS $$ SELECT false $$;"
+            .to_owned(),
+        Plant::GrantOverstay => "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
+             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
+                                          grant_for interval DEFAULT interval '0')
+             RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
+             DECLARE decision fencing.gate_result;
+             BEGIN
+                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
+                 decision.grant_ms := decision.grant_ms * 4;
                  RETURN decision;
              END $$;"
             .to_owned(),
@@ -354,15 +391,32 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             let begin = sql[gate..].find("\nBEGIN\n").map(|at| gate + at + "\nBEGIN\n".len());
             let begin = begin.ok_or_else(|| anyhow!("migration 2's gate has no BEGIN line"))?;
             sql.insert_str(begin, "    PERFORM fencing.commit_durably();\n");
-            sql
+            // They also predate grants: the decision row gained grant_ms (always 0 here), and
+            // the gateway calls gate_many with a grant argument, which the old one ignores.
+            let sql = sql.replace(")::fencing.gate_result", ", 0)::fencing.gate_result");
+            format!(
+                "DROP FUNCTION fencing.gate_many(text[], bigint[], text[], text[], text[], interval, interval);
+                 DROP FUNCTION fencing.gate_lease(text, text, text, interval, text, interval);
+                 DROP FUNCTION fencing.gate(text, bigint, interval, text, interval);
+                 {sql}
+                 CREATE FUNCTION fencing.gate_many(resources text[], terms bigint[], lease_keys text[], owners text[],
+                                                   bind_leases text[], forward_timeout interval, grant_for interval)
+                 RETURNS SETOF fencing.gate_result LANGUAGE sql AS $$
+                     SELECT * FROM fencing.gate_many(resources, terms, lease_keys, owners, bind_leases, forward_timeout)
+                 $$;"
+            )
         }
     })
 }
 
-fn gateway_config(config: &SuiteConfig, upstreams: &[SocketAddr]) -> String {
+/// Gateways 0 and 1 hold grants, gateway 2 asks Postgres for every write: a term change through
+/// any of them must wait for the others' grants.
+pub const GRANT_MS: [u64; 3] = [400, 400, 0];
+
+fn gateway_config(config: &SuiteConfig, upstreams: &[SocketAddr], grant_ms: u64) -> String {
     let mut text = format!(
         "[upstream]\nforward_timeout_ms = {}\nconnect_timeout_ms = 500\n\
-         [database]\nfence_check_timeout_ms = 1000\npool_size = 8\n\
+         [database]\nfence_check_timeout_ms = 1000\npool_size = 8\ngrant_ms = {grant_ms}\n\
          [shutdown]\ngrace_period_ms = 500\n",
         config.forward_timeout.as_millis()
     );
@@ -423,7 +477,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     }
     let mut upstream_proxies = Vec::new();
     let mut config_paths = Vec::new();
-    for gateway in 0..3 {
+    for (gateway, grant_ms) in GRANT_MS.into_iter().enumerate() {
         let mut addrs = Vec::new();
         for port in &upstream_ports {
             let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse()?).await?;
@@ -431,7 +485,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
             upstream_proxies.push(proxy);
         }
         let config_path = dir.join(format!("gateway-{gateway}.toml"));
-        std::fs::write(&config_path, gateway_config(config, &addrs))?;
+        std::fs::write(&config_path, gateway_config(config, &addrs, grant_ms))?;
         config_paths.push(config_path);
     }
 
@@ -501,8 +555,11 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     }
 
     // The racer: adjacent terms at one instant on unbound resources of its own.
+    let racer_pg = FaultProxy::start(pg_addr).await?;
     let racer_command = vec![
         workspace_bin("fault-racer")?.display().to_string(),
+        "--database-url".to_owned(),
+        format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, racer_pg.addr()),
         "--gateways".to_owned(),
         gateway_list.clone(),
         "--log".to_owned(),
@@ -526,6 +583,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         upstreams,
         gateway_pg,
         leader_pg,
+        _racer_pg: racer_pg,
         upstream_proxies,
         faults: Vec::new(),
     };
@@ -846,9 +904,9 @@ impl Schedule {
         }
         std::fs::write(self.dir.join("leases.jsonl"), leases)?;
         let mut table = String::new();
-        for key in ["k1", "k2"] {
+        for table_name in ["ledger_k1", "ledger_k2", "race_ledger"] {
             for row in client
-                .query(&format!("SELECT request_id, resource, term, ticket FROM ledger_{key} ORDER BY ticket"), &[])
+                .query(&format!("SELECT request_id, resource, term, ticket FROM {table_name} ORDER BY ticket"), &[])
                 .await?
             {
                 let line = json!({

@@ -94,3 +94,13 @@ async fn planted_removal_of_the_settle_wait_is_caught() {
 async fn planted_gate_race_of_two_reads_in_one_decision_is_caught() {
     caught(Plant::GateRace).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_term_change_that_ignores_grants_is_caught() {
+    caught(Plant::GrantIgnored).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_grant_used_past_its_end_is_caught() {
+    caught(Plant::GrantOverstay).await;
+}

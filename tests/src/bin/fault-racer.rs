@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! fault-racer --name racer --gateways ADDR,ADDR,ADDR --log FILE --seed N
-//!             [--forward-timeout-ms 1000] [--lanes 12]
+//!             [--database-url URL] [--forward-timeout-ms 1000] [--lanes 12]
 //! ```
 //! Each lane owns one unbound resource (`race-<lane>`, on the routes `/free1` and `/free2`, so
 //! through the checking and the applying upstream) and repeats a trial: one write of its current
@@ -14,6 +14,14 @@
 //! term's writes in flight (the settle wait) lets a write of t reach the upstream after one of
 //! t + 1; with the store deciding on one row version, every write of t is either sent before
 //! the raise's settle time or refused.
+//!
+//! After each trial, one more write of t goes through every gateway, as a zombie's would.
+//!
+//! With `--database-url`, a third of the raises to t + 1 go through SQL instead, as an
+//! application's own transaction: `fencing.admit` of the lane's fence, then a row in
+//! `race_ledger`. Such a raise is answered without any settle wait, so a gateway that still
+//! admits t afterwards (a grant used past its end, or a term change that did not wait for the
+//! grants on t) is seen by the client order: a write of t invoked after t + 1 was answered.
 //!
 //! Every write is logged like a leader's (`checker/HISTORY.md`), with client `racer`, key `""`
 //! (it leads nothing) and `bound: false`. SIGTERM stops it.
@@ -32,6 +40,15 @@ use http_body_util::{BodyExt, Full};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
+use tokio_postgres::NoTls;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+fn pool(url: &str) -> Result<Pool, String> {
+    let config: tokio_postgres::Config = url.parse().map_err(|e| format!("--database-url: {e}"))?;
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager).max_size(4).build().map_err(|e| e.to_string())
+}
 
 struct Args {
     name: String,
@@ -40,6 +57,7 @@ struct Args {
     seed: u64,
     forward_timeout: Duration,
     lanes: usize,
+    database_url: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -50,6 +68,7 @@ fn parse_args() -> Result<Args, String> {
         seed: 0,
         forward_timeout: Duration::from_millis(1000),
         lanes: 12,
+        database_url: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
@@ -68,6 +87,7 @@ fn parse_args() -> Result<Args, String> {
                 args.forward_timeout =
                     Duration::from_millis(value.parse().map_err(|e| format!("--forward-timeout-ms: {e}"))?)
             }
+            "--database-url" => args.database_url = Some(value),
             "--lanes" => args.lanes = value.parse().map_err(|e| format!("--lanes: {e}"))?,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -84,6 +104,7 @@ struct Racer {
     http: HttpClient,
     log: Log,
     next_id: AtomicU64,
+    pool: Option<Pool>,
 }
 
 impl Racer {
@@ -112,6 +133,60 @@ impl Racer {
         self.log.write(&record);
     }
 
+    /// One raise to `term` of the lane's fence through SQL, as an application's transaction.
+    async fn write_sql(&self, lane: usize, term: i64, pool: &Pool) {
+        let route = 1 + lane % 2;
+        let resource = format!("race-{lane}");
+        let fence = format!("/free{route}/{resource}");
+        let request_id =
+            format!("{}.{}.{}", self.name, std::process::id(), self.next_id.fetch_add(1, Ordering::Relaxed));
+        let mut record = json!({
+            "client": self.name, "request_id": request_id, "key": "", "path": "sql", "mode": "sql",
+            "gateway": Value::Null, "upstream": Value::Null, "resource": resource, "bound": false, "term": term,
+            "invoked_us": now_us(), "completed_us": Value::Null, "outcome": "indeterminate",
+            "status": Value::Null, "refused_by": Value::Null, "error": Value::Null,
+        });
+        self.log.write(&record);
+        let result = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut client = pool.get().await.map_err(|e| (false, e.to_string()))?;
+            client.batch_execute("SET statement_timeout = 3000").await.map_err(|e| (false, e.to_string()))?;
+            let transaction = client.transaction().await.map_err(|e| (false, e.to_string()))?;
+            let refused = |e: tokio_postgres::Error| {
+                let coded = e.as_db_error().map(|db| db.code().code().to_owned());
+                (coded.is_some(), format!("SQLSTATE {}: {e}", coded.unwrap_or_default()))
+            };
+            transaction.batch_execute("SET LOCAL synchronous_commit = on").await.map_err(refused)?;
+            transaction.query_one("SELECT fencing.admit($1, $2)", &[&fence, &term]).await.map_err(refused)?;
+            let ticket: i64 = transaction
+                .query_one("UPDATE fault_tickets SET n = n + 1 WHERE id = 1 RETURNING n", &[])
+                .await
+                .map_err(refused)?
+                .get(0);
+            transaction
+                .execute(
+                    "INSERT INTO race_ledger (request_id, resource, term, ticket) VALUES ($1, $2, $3, $4)",
+                    &[&request_id, &resource, &term, &ticket],
+                )
+                .await
+                .map_err(refused)?;
+            // A failure of the commit itself leaves the outcome unknown.
+            transaction.commit().await.map_err(|e| (false, e.to_string()))
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => record["outcome"] = json!("ok"),
+            Ok(Err((true, error))) => {
+                record["outcome"] = json!("failed");
+                record["refused_by"] = json!("store");
+                record["error"] = json!(error);
+            }
+            Ok(Err((false, error))) => record["error"] = json!(error),
+            Err(_) => record["error"] = json!("timed out"),
+        }
+        record["completed_us"] = json!(now_us());
+        self.log.write(&record);
+    }
+
     /// Trials on one lane, forever.
     async fn lane(&self, lane: usize, forward_timeout: Duration, mut rng: StdRng) {
         let gateways = self.gateways.len();
@@ -128,10 +203,27 @@ impl Racer {
             let lower = rng.random_range(1..=4);
             let mut race = Vec::new();
             for _ in 0..lower {
-                race.push(self.write(lane, term, rng.random_range(0..gateways)));
+                let gateway = rng.random_range(0..gateways);
+                race.push(Box::pin(self.write(lane, term, gateway))
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>);
             }
-            race.insert(rng.random_range(0..=race.len()), self.write(lane, term + 1, rng.random_range(0..gateways)));
+            let raise = rng.random_range(0..gateways);
+            let by_sql = self.pool.as_ref().filter(|_| rng.random_bool(1.0 / 3.0));
+            race.insert(
+                rng.random_range(0..=race.len()),
+                Box::pin(async move {
+                    match by_sql {
+                        Some(pool) => self.write_sql(lane, term + 1, pool).await,
+                        None => self.write(lane, term + 1, raise).await,
+                    }
+                }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>,
+            );
             futures::future::join_all(race).await;
+            // Then t once more through every gateway, as a zombie would: whether t + 1 was
+            // admitted or not, none of these may be admitted after an ok answer for t + 1 (a
+            // grant on t used past its end, or a raise that did not wait for it, would be).
+            let late: Vec<_> = (0..gateways).map(|gateway| self.write(lane, term, gateway)).collect();
+            futures::future::join_all(late).await;
             term += 1;
         }
     }
@@ -153,6 +245,10 @@ async fn main() {
         http: http_client(),
         log,
         next_id: AtomicU64::new(0),
+        pool: args.database_url.as_deref().map(pool).transpose().unwrap_or_else(|message| {
+            eprintln!("fault-racer: {message}");
+            std::process::exit(64);
+        }),
     });
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut lanes = Vec::new();

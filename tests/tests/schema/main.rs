@@ -10,6 +10,7 @@ mod binding;
 mod decide_on_one_version;
 mod drivers;
 mod durability;
+mod grants;
 mod guard;
 mod guard_coverage;
 mod harness;

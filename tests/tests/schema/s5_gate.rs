@@ -110,6 +110,7 @@ async fn gate_lease_under_another_lease_than_the_bound_one_is_refused_even_with_
                 &vec![Some("zombie")],
                 &vec![Some("writer")],
                 &4000_i64,
+                &0_i64,
             ],
         )
         .await
@@ -132,7 +133,7 @@ async fn gate_many_decides_each_item_in_input_order_in_one_statement() {
     let bind_leases: Vec<Option<&str>> = vec![None; 5];
     let forward_ms: i64 = 4000;
     let rows = client
-        .query(store::GATE_MANY_SQL, &[&resources, &terms, &lease_keys, &owners, &bind_leases, &forward_ms])
+        .query(store::GATE_MANY_SQL, &[&resources, &terms, &lease_keys, &owners, &bind_leases, &forward_ms, &0_i64])
         .await
         .unwrap();
     let outcomes: Vec<(Outcome, Option<i64>)> =
@@ -159,6 +160,7 @@ async fn gate_many_decides_each_item_in_input_order_in_one_statement() {
                 &vec![None::<&str>],
                 &vec![None::<&str>],
                 &forward_ms,
+                &0_i64,
             ],
         )
         .await

@@ -1,0 +1,193 @@
+//! Grants (schema version 5): while a gateway may admit a term without asking, nothing moves the
+//! fence past that term, and a bound lease gets no new term. Each test is the session that would
+//! break the rule if a term change ignored grants: it measures that the change waited for the
+//! grant's end, and that a grant never reaches past its lease.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use fencing_schema::store::{self, Outcome};
+use fencing_tests::pg::TestDb;
+
+const FORWARD: Duration = Duration::from_secs(1);
+const GRANT: Duration = Duration::from_millis(700);
+/// Clock reading and rounding slack between the store's answer and this process's clock.
+const SLACK: Duration = Duration::from_millis(30);
+
+/// Takes a grant on `resource` at `term` and returns how long it lasts from now (at most).
+async fn take_grant(
+    client: &tokio_postgres::Client,
+    resource: &str,
+    term: i64,
+    bind: Option<&str>,
+) -> (Instant, Duration) {
+    // The first write creates the fence without a grant; the next one is granted.
+    for _ in 0..2 {
+        let asked = Instant::now();
+        let gate = store::gate_granted(client, resource, term, FORWARD, bind, GRANT).await.unwrap();
+        assert!(gate.is_admitted(), "{gate:?}");
+        if !gate.grant.is_zero() {
+            assert!(gate.grant <= GRANT, "a grant is never longer than asked: {gate:?}");
+            return (asked, gate.grant);
+        }
+    }
+    panic!("no grant on {resource}");
+}
+
+#[tokio::test]
+async fn grant_zero_keeps_the_per_write_decision_and_records_no_grant() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    for _ in 0..3 {
+        let gate = store::gate_granted(&client, "r", 1, FORWARD, None, Duration::ZERO).await.unwrap();
+        assert!(gate.is_admitted());
+        assert_eq!(gate.grant, Duration::ZERO);
+    }
+    let granted: Option<std::time::SystemTime> =
+        client.query_one("SELECT granted_until FROM fencing.fences WHERE resource = 'r'", &[]).await.unwrap().get(0);
+    assert_eq!(granted, None);
+    // And a higher term goes through at once.
+    let started = Instant::now();
+    assert!(store::gate(&client, "r", 2, FORWARD, None).await.unwrap().is_admitted());
+    assert!(started.elapsed() < Duration::from_millis(500));
+}
+
+#[tokio::test]
+async fn a_grant_is_renewed_once_per_period_not_once_per_write() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    take_grant(&client, "r", 1, None).await;
+    let read = "SELECT granted_until, xmin::text FROM fencing.fences WHERE resource = 'r'";
+    let before = client.query_one(read, &[]).await.unwrap();
+    for _ in 0..50 {
+        let gate = store::gate_granted(&client, "r", 1, FORWARD, None, GRANT).await.unwrap();
+        assert!(gate.is_admitted() && !gate.grant.is_zero(), "{gate:?}");
+    }
+    let after = client.query_one(read, &[]).await.unwrap();
+    let (x0, x1): (String, String) = (before.get(1), after.get(1));
+    // Fifty decisions in the first quarter of the grant: the fence row was not written again.
+    assert_eq!(x0, x1, "a grant with more than three quarters left is not renewed");
+}
+
+#[tokio::test]
+async fn a_higher_term_through_a_gateway_waits_until_the_lower_terms_grant_has_ended() {
+    let db = TestDb::new().await;
+    let holder = db.connect().await;
+    let raiser = db.connect().await;
+    let (asked, lasts) = take_grant(&holder, "/free/r", 1, None).await;
+    let grant_end = asked + lasts;
+
+    let raise = store::gate(&raiser, "/free/r", 2, FORWARD, None).await.unwrap();
+    let done = Instant::now();
+    assert!(raise.is_admitted(), "{raise:?}");
+    assert!(done + SLACK >= grant_end, "term 2 was admitted {:?} before term 1's grant ended", grant_end - done);
+    // From then on term 1 is refused, and no grant is handed out for it.
+    let late = store::gate_granted(&holder, "/free/r", 1, FORWARD, None, GRANT).await.unwrap();
+    assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
+    assert_eq!(late.grant, Duration::ZERO);
+    // Term 2's writes settle behind every write term 1's grant may have admitted (S5).
+    assert!(raise.wait >= FORWARD, "{raise:?}");
+}
+
+#[tokio::test]
+async fn the_sql_guard_and_admin_actions_wait_for_grants_too() {
+    let db = TestDb::new().await;
+    let holder = db.connect().await;
+    let other = db.connect().await;
+
+    // fencing.admit (what the guard calls) with a higher term.
+    let (asked, lasts) = take_grant(&holder, "a", 1, None).await;
+    other.query_one("SELECT fencing.admit('a', 2)", &[]).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "fencing.admit raised the fence under a grant");
+
+    // advance_fence.
+    let (asked, lasts) = take_grant(&holder, "b", 1, None).await;
+    other.query_one("SELECT fencing.advance_fence('b', 5, 'ops', 'test')", &[]).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "advance_fence moved the fence under a grant");
+
+    // reset_fence (the poisoned-fence recovery).
+    let (asked, lasts) = take_grant(&holder, "c", 9, None).await;
+    other.query_one("SELECT fencing.reset_fence('c', 1, 'ops', 'test')", &[]).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "reset_fence moved the fence under a grant");
+
+    // bind: an unbound grant admits any writer of its term.
+    let (asked, lasts) = take_grant(&holder, "d", 1, None).await;
+    other.query_one("SELECT fencing.bind('d', 'l')", &[]).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "bind bound a fence under an unbound grant");
+
+    // rebind.
+    let term = store::acquire(&holder, "l1", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    let (asked, lasts) = take_grant(&holder, "e", term, Some("l1")).await;
+    other.query_one("SELECT fencing.rebind('e', 'l2', 'ops', 'test')", &[]).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "rebind moved the fence under a grant");
+}
+
+#[tokio::test]
+async fn a_released_lease_gets_no_new_term_before_its_grants_end() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let ttl = Duration::from_secs(60);
+    let term = store::acquire(&client, "k", "a", ttl).await.unwrap().term.unwrap();
+    let (asked, lasts) = take_grant(&client, "acct", term, Some("k")).await;
+    assert!(store::release(&client, "k", "a").await.unwrap());
+
+    // Another owner, and the old one asking for a new period: both told to come back.
+    let refused = store::acquire(&client, "k", "b", ttl).await.unwrap();
+    assert!(!refused.ok, "a new term while a grant on the old one may still admit writes: {refused:?}");
+    let again = store::acquire_new_period(&client, "k", "a", ttl).await.unwrap();
+    assert!(!again.ok, "{again:?}");
+
+    // After the grant, the next period starts with a new term.
+    tokio::time::sleep_until(asked + lasts + SLACK).await;
+    let taken = store::acquire(&client, "k", "b", ttl).await.unwrap();
+    assert!(taken.ok, "{taken:?}");
+    assert_eq!(taken.term, Some(term + 1));
+    let zombie = store::gate_granted(&client, "acct", term, FORWARD, Some("k"), GRANT).await.unwrap();
+    assert_eq!(zombie.outcome, Outcome::Stale, "{zombie:?}");
+}
+
+#[tokio::test]
+async fn a_force_released_lease_gets_no_new_term_before_its_grants_end() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let ttl = Duration::from_secs(60);
+    let term = store::acquire(&client, "k", "a", ttl).await.unwrap().term.unwrap();
+    let (asked, lasts) = take_grant(&client, "acct", term, Some("k")).await;
+    client.query_one("SELECT fencing.force_release('k', 'ops', 'test')", &[]).await.unwrap();
+    let refused = store::acquire(&client, "k", "b", ttl).await.unwrap();
+    assert!(!refused.ok && Instant::now() < asked + lasts, "{refused:?}");
+    tokio::time::sleep_until(asked + lasts + SLACK).await;
+    assert!(store::acquire(&client, "k", "b", ttl).await.unwrap().ok);
+}
+
+#[tokio::test]
+async fn a_grant_on_a_bound_resource_never_outlives_its_lease() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let ttl = Duration::from_millis(300);
+    let acquired = Instant::now();
+    let term = store::acquire(&client, "k", "a", ttl).await.unwrap().term.unwrap();
+    let (asked, lasts) = take_grant(&client, "acct", term, Some("k")).await;
+    assert!(asked + lasts <= acquired + ttl + SLACK, "the grant ({lasts:?}) reaches past the lease");
+    // Once the lease expired: not_leader, with grants as without.
+    tokio::time::sleep_until(acquired + ttl + SLACK).await;
+    let late = store::gate_granted(&client, "acct", term, FORWARD, Some("k"), GRANT).await.unwrap();
+    assert_eq!(late.outcome, Outcome::NotLeader, "{late:?}");
+    assert_eq!(late.grant, Duration::ZERO);
+    // A renewal lets the next grant reach further.
+    let term = store::acquire(&client, "k", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    let (_, lasts) = take_grant(&client, "acct", term, Some("k")).await;
+    assert!(lasts > GRANT / 2, "{lasts:?}");
+}
+
+#[tokio::test]
+async fn a_bad_grant_is_refused_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    for grant in [Duration::from_secs(61), Duration::from_secs(3600)] {
+        let error = store::gate_granted(&client, "r", 1, FORWARD, None, grant).await.unwrap_err();
+        assert!(error.to_string().contains("grant"), "{error}");
+    }
+    assert!(store::get_fence(&client, "r").await.unwrap().is_none());
+}
