@@ -10,6 +10,7 @@ mod control_api;
 mod demo;
 mod embedded;
 mod faults;
+mod grants;
 mod inspect;
 mod observability;
 mod replicas;

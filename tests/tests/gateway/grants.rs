@@ -1,0 +1,146 @@
+//! Grants through real gateway processes: steady writes of one term make almost no round trips
+//! to Postgres; a term change (through SQL, then another replica) waits for the grant, after which the
+//! grant holder refuses the old term; a gateway cut off from Postgres stops admitting at its
+//! grant's deadline (S6).
+
+use std::time::Duration;
+
+use fencing_tests::faultproxy::{FaultProxy, Mode};
+use fencing_tests::gateway::{Gateway, Upstream, send};
+use fencing_tests::pg::TestDb;
+use http::{Method, StatusCode};
+use tokio::time::Instant;
+
+const GRANT_MS: u64 = 400;
+
+fn config(upstream: &Upstream, grant_ms: u64) -> String {
+    format!(
+        "[database]\nfence_check_timeout_ms = 1000\ngrant_ms = {grant_ms}\n\
+         [upstream]\nforward_timeout_ms = 1000\n\
+         [[routes]]\nprefix = \"/r\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n",
+        upstream.url()
+    )
+}
+
+async fn counter(gateway: &Gateway, name: &str) -> f64 {
+    let reply = send(gateway.control, Method::GET, "/metrics", &[], "").await.unwrap();
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    text.lines()
+        .find(|line| line.starts_with(name) && !line.starts_with('#'))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+async fn write(gateway: &Gateway, term: i64, id: &str) -> StatusCode {
+    let headers = [("fencing-token", term.to_string()), ("x-request-id", id.to_owned())];
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    send(gateway.proxy, Method::POST, "/r/acct/entries", &headers, "{}").await.unwrap().status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_admit_steady_writes_without_round_trips_and_a_new_term_waits_for_them() {
+    let db = TestDb::new().await;
+    let mut upstream = Upstream::start().await.unwrap();
+    let holder = Gateway::start(&db.url(), &config(&upstream, GRANT_MS)).await.unwrap();
+    let other = Gateway::start(&db.url(), &config(&upstream, 0)).await.unwrap();
+
+    // Steady writes of term 1: after the first two, no round trip until the grant needs renewing.
+    for n in 0..200 {
+        assert_eq!(write(&holder, 1, &format!("steady-{n}")).await, StatusCode::OK);
+    }
+    let granted = counter(&holder, "fencing_granted_writes_total").await;
+    assert!(granted >= 180.0, "only {granted} of 200 writes were admitted under a grant");
+
+    // The attack: the holder keeps writing term 1, as a zombie would, while term 2 arrives
+    // through the other replica. No write of term 1 may be admitted once term 2's was answered.
+    let zombie = {
+        let proxy = holder.proxy;
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let until = Instant::now() + Duration::from_millis(1500);
+            let mut n = 0;
+            while Instant::now() < until {
+                let invoked = Instant::now();
+                let id = format!("zombie-{n}");
+                let status = send(
+                    proxy,
+                    Method::POST,
+                    "/r/acct/entries",
+                    &[("fencing-token", "1"), ("x-request-id", &id)],
+                    "{}",
+                )
+                .await
+                .unwrap()
+                .status;
+                seen.push((invoked, status));
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Through SQL, which answers without any settle wait: the moment it is answered, term 2 is
+    // admitted, so no gateway may admit term 1 any more.
+    let raised_at = Instant::now();
+    let sql = db.connect().await;
+    sql.query_one("SELECT fencing.admit('/r/acct', 2)", &[]).await.unwrap();
+    let answered = Instant::now();
+    assert!(answered - raised_at >= Duration::from_millis(50), "the raise did not wait for the grant");
+    // And through the other replica, the write itself.
+    assert_eq!(write(&other, 2, "leader-2").await, StatusCode::OK);
+    let seen = zombie.await.unwrap();
+    let late: Vec<_> =
+        seen.iter().filter(|(invoked, status)| *invoked > answered && *status == StatusCode::OK).collect();
+    assert!(late.is_empty(), "{} writes of term 1 admitted after term 2 was answered", late.len());
+    assert!(
+        seen.iter().any(|(invoked, status)| *invoked > raised_at && *status == StatusCode::OK),
+        "the holder admitted nothing of term 1 while term 2 was waiting: the test proves nothing"
+    );
+    assert!(seen.iter().any(|(_, status)| *status == StatusCode::CONFLICT), "term 1 was never refused");
+
+    // At the upstream, per resource, terms never decrease (S3, S5).
+    let log = upstream.collect(Duration::from_millis(300)).await.to_vec();
+    let mut last = 0;
+    for line in &log {
+        let term: i64 = line["fencing_token"].as_str().unwrap().parse().unwrap();
+        assert!(term >= last, "term {term} reached the upstream after term {last}");
+        last = term;
+    }
+    assert_eq!(last, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6_a_gateway_cut_off_from_postgres_stops_admitting_at_its_grants_deadline() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await.unwrap();
+    let pg_port = db.cluster().port();
+    let link = FaultProxy::start(format!("127.0.0.1:{pg_port}").parse().unwrap()).await.unwrap();
+    let url = db.url().replace(&format!("127.0.0.1:{pg_port}"), &link.addr().to_string());
+    let gateway = Gateway::start(&url, &config(&upstream, GRANT_MS)).await.unwrap();
+    for n in 0..5 {
+        assert_eq!(write(&gateway, 1, &format!("warm-{n}")).await, StatusCode::OK);
+    }
+    // Postgres unreachable from now on: nothing of the gateway's reaches it or comes back.
+    link.set(Mode::Hold);
+    let cut = Instant::now();
+    let mut last_ok = None;
+    let mut n = 0;
+    while cut.elapsed() < Duration::from_millis(2500) {
+        let status = write(&gateway, 1, &format!("cut-{n}")).await;
+        if status == StatusCode::OK {
+            last_ok = Some(Instant::now());
+        } else {
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let last_ok = last_ok.expect("the grant admitted nothing after the cut: the test proves nothing");
+    assert!(
+        last_ok.duration_since(cut) <= Duration::from_millis(GRANT_MS + 50),
+        "a write was admitted {:?} after Postgres became unreachable, beyond the grant",
+        last_ok.duration_since(cut)
+    );
+}
