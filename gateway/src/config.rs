@@ -961,4 +961,23 @@ mod tests {
         let error = Config::parse("[database]\npool_size = \"many\"", &env(&[])).expect_err("wrong type");
         assert!(error.to_string().contains("pool_size"), "{error}");
     }
+
+    #[test]
+    fn a_grant_must_fit_in_a_fence_decision_and_outlast_the_margin() {
+        let parse = |database: &str| Config::parse(&format!("[database]\n{database}"), &env(&[]));
+        assert_eq!(parse("").expect("default").database.grant.as_millis(), 0);
+        assert_eq!(parse("grant_ms = 400").expect("valid").database.grant.as_millis(), 400);
+        // Longer than half the decision timeout: a raise waiting for it would time out.
+        let error = parse("grant_ms = 600").expect_err("too long for the check timeout");
+        assert!(error.to_string().contains("half of database.fence_check_timeout_ms"), "{error}");
+        assert!(parse("grant_ms = 600\nfence_check_timeout_ms = 1200").is_ok());
+        // Too short for the renewal to come back in time with the margin taken off.
+        let error = parse("grant_ms = 50").expect_err("too short");
+        assert!(error.to_string().contains("database.grant_ms"), "{error}");
+        let error = Config::parse("[database]\ngrant_ms = 150\n[upstream]\nsettle_margin_ms = 25", &env(&[]))
+            .expect_err("< 8 x margin");
+        assert!(error.to_string().contains("8 x upstream.settle_margin_ms"), "{error}");
+        let error = parse("grant_ms = 61000\nfence_check_timeout_ms = 200000").expect_err("over a minute");
+        assert!(error.to_string().contains("at most 60000"), "{error}");
+    }
 }

@@ -39,6 +39,20 @@ const CACHE_CAPACITY: usize = 100_000;
 /// The most decisions one round trip carries.
 const MAX_BATCH: usize = 128;
 
+/// A decision, with the two instants S5 anchors on: the store decided at some instant between
+/// `asked` and `answered` and said to wait `gate.wait` from it. So the write is sent no earlier
+/// than `answered + wait` (plus the settle margin) and no later than `asked + wait + forward
+/// timeout` (the store's horizon covers no later deadline).
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// What the store (or a grant) decided.
+    pub gate: Gate,
+    /// No later than the instant of the decision.
+    pub asked: Instant,
+    /// No earlier than the instant of the decision.
+    pub answered: Instant,
+}
+
 /// What a fenced write presents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Presented {
@@ -78,6 +92,8 @@ pub struct FenceStore {
     fast_lane: mpsc::UnboundedSender<Pending>,
     /// Every other decision.
     general_lane: mpsc::UnboundedSender<Pending>,
+    /// With grants: decisions that may raise a verify-mode term, one per round trip.
+    raise_lane: Option<mpsc::UnboundedSender<Pending>>,
     /// How long a grant is asked for (zero: no grants, every write asks Postgres).
     grant: Duration,
     /// Taken off every grant's deadline (the settle margin).
@@ -98,8 +114,10 @@ struct Grant {
     /// The end of the grant on the boot clock, and on the monotonic clock: both must be ahead.
     boot_deadline: BootInstant,
     deadline: Instant,
-    /// No write under it is forwarded before this (S5: the previous term's writes settle).
-    settle_until: Instant,
+    /// The decision that granted it: asked, answered, and the settle wait it said (S5).
+    asked: Instant,
+    answered: Instant,
+    wait: Duration,
     /// From here on, the next write sends a renewal.
     renew_after: Instant,
     /// A renewal is out.
@@ -155,7 +173,7 @@ impl FenceStore {
         grant: Duration,
         grant_margin: Duration,
     ) -> FenceStore {
-        let lane = |in_flight: usize| {
+        let lane = |in_flight: usize, max_batch: usize| {
             let (queue, pending) = mpsc::unbounded_channel();
             let batcher = Batcher {
                 pool: pool.clone(),
@@ -164,12 +182,18 @@ impl FenceStore {
                 forward_ms: i64::try_from(forward_timeout.as_millis()).unwrap_or(i64::MAX),
                 grant_ms: i64::try_from(grant.as_millis()).unwrap_or(0),
                 in_flight: Arc::new(Semaphore::new(in_flight.max(1))),
+                max_batch,
             };
             tokio::spawn(batcher.run(pending));
             queue
         };
-        let fast_lane = lane(1);
-        let general_lane = lane(max_batches_in_flight);
+        let fast_lane = lane(1, MAX_BATCH);
+        let general_lane = lane(max_batches_in_flight, MAX_BATCH);
+        // With grants, a raise waits inside its decision until the grants on the lower term have
+        // ended, holding its fence row; in a batch, the rows of the items after it would go on
+        // being renewed meanwhile, and their raises would wait one grant after another. So a
+        // token above the cached maximum (or for a resource not seen yet) goes alone.
+        let raise_lane = (!grant.is_zero()).then(|| lane(max_batches_in_flight, 1));
         FenceStore {
             pool,
             database,
@@ -177,6 +201,7 @@ impl FenceStore {
             cache: Mutex::new(HashMap::new()),
             fast_lane,
             general_lane,
+            raise_lane,
             grant,
             grant_margin,
             grants: Arc::new(Mutex::new(HashMap::new())),
@@ -220,19 +245,20 @@ impl FenceStore {
         resource: &str,
         presented: &Presented,
         bind_lease: Option<&str>,
-    ) -> Result<Gate, Undecided> {
+    ) -> Result<Decision, Undecided> {
         if !self.grant.is_zero()
-            && let Some(gate) = self.admit_under_grant(resource, presented, bind_lease)
+            && let Some(decision) = self.admit_under_grant(resource, presented, bind_lease)
         {
             metrics::counter!(names::GRANTED_WRITES).increment(1);
-            return Ok(gate);
+            return Ok(decision);
         }
         let cached = self.cached_max(resource);
         if let (Presented::Token(term), Some(max)) = (presented, cached)
             && *term < max
         {
             metrics::counter!(names::CACHED_REFUSALS).increment(1);
-            return Ok(Gate {
+            let now = Instant::now();
+            let gate = Gate {
                 outcome: Outcome::Stale,
                 term: Some(*term),
                 max_term: Some(max),
@@ -240,7 +266,8 @@ impl FenceStore {
                 lease_term: None,
                 wait: Duration::ZERO,
                 grant: Duration::ZERO,
-            });
+            };
+            return Ok(Decision { gate, asked: now, answered: now });
         }
         let started = Instant::now();
         let boot_started = BootInstant::now();
@@ -251,8 +278,9 @@ impl FenceStore {
             bind_lease: bind_lease.map(str::to_owned),
             reply,
         };
-        let lane = match (presented, cached) {
-            (Presented::Token(term), Some(max)) if *term == max => &self.fast_lane,
+        let lane = match (presented, cached, &self.raise_lane) {
+            (Presented::Token(term), Some(max), _) if *term == max => &self.fast_lane,
+            (Presented::Token(_), _, Some(raise_lane)) => raise_lane,
             _ => &self.general_lane,
         };
         let result = if lane.send(pending).is_err() {
@@ -264,26 +292,29 @@ impl FenceStore {
                 Err(_) => Err(Undecided::TimedOut),
             }
         };
-        metrics::histogram!(names::CHECK_DURATION).record(started.elapsed().as_secs_f64());
+        let answered = Instant::now();
+        metrics::histogram!(names::CHECK_DURATION).record(answered.duration_since(started).as_secs_f64());
         match &result {
             Ok(gate) => {
                 self.remember(resource, gate.max_term);
-                if !self.grant.is_zero() {
+                // A grant of a term below a maximum seen since cannot be of use (and has ended).
+                let current = self.cached_max(resource).is_none_or(|max| gate.term >= Some(max));
+                if !self.grant.is_zero() && (current || !gate.is_admitted()) {
                     let key = GrantKey { resource, presented, bind_lease };
-                    install(&self.grants, &key, gate, started, boot_started, self.grant, self.grant_margin);
+                    install(&self.grants, &key, gate, (started, boot_started, answered), self.grant, self.grant_margin);
                 }
             }
             Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),
             Err(Undecided::Failed(_)) => metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1),
         }
-        result
+        result.map(|gate| Decision { gate, asked: started, answered })
     }
 }
 
 impl FenceStore {
     /// Admits a write under a grant this gateway holds, if one covers it and lasts; sends its
     /// renewal once half of it is left.
-    fn admit_under_grant(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) -> Option<Gate> {
+    fn admit_under_grant(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) -> Option<Decision> {
         let now = Instant::now();
         let boot_now = BootInstant::now();
         let mut grants = self.grants.lock().ok()?;
@@ -295,24 +326,36 @@ impl FenceStore {
             grants.remove(resource);
             return None;
         }
+        // S5 for a write admitted now under a grant: sent no earlier than the granting answer
+        // plus its wait, and no later than the later of (its asking plus its wait) and now,
+        // plus the forward timeout; the store's horizon covers both (ARCHITECTURE.md, Grants).
+        // As a decision at `answered = now`: wait what is left of the settle wait, and let
+        // `asked + wait` be that later instant.
+        let settle = grant.answered + grant.wait;
+        let wait = settle.saturating_duration_since(now);
+        let latest_start = (grant.asked + grant.wait).max(now);
         let gate = Gate {
             outcome: Outcome::Admitted,
             term: Some(grant.term),
             max_term: Some(grant.term),
             lease_key: grant.stamp.as_ref().map(|(key, _)| key.clone()).or_else(|| grant.bind_lease.clone()),
             lease_term: None,
-            wait: grant.settle_until.saturating_duration_since(now),
+            wait,
             grant: grant.deadline.saturating_duration_since(now),
         };
+        let decision = Decision { gate, asked: latest_start.checked_sub(wait).unwrap_or(now).min(now), answered: now };
         if now >= grant.renew_after && !grant.renewing {
             grant.renewing = true;
-            self.renew(resource, presented, bind_lease);
+            if !self.renew(resource, presented, bind_lease) {
+                grant.renewing = false;
+            }
         }
-        Some(gate)
+        Some(decision)
     }
 
     /// Sends one decision for `resource` that no writer waits for: its answer renews the grant.
-    fn renew(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) {
+    /// False when it could not be sent.
+    fn renew(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) -> bool {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             resource: resource.to_owned(),
@@ -323,7 +366,7 @@ impl FenceStore {
         let started = Instant::now();
         let boot_started = BootInstant::now();
         if self.fast_lane.send(pending).is_err() {
-            return;
+            return false;
         }
         let grants = Arc::clone(&self.grants);
         let (grant, margin, check_timeout) = (self.grant, self.grant_margin, self.check_timeout);
@@ -333,7 +376,7 @@ impl FenceStore {
             let result = match timeout_at(started + check_timeout, answer).await {
                 Ok(Ok(Ok(gate))) => {
                     let granted = gate.is_admitted() && !gate.grant.is_zero();
-                    install(&grants, &key, &gate, started, boot_started, grant, margin);
+                    install(&grants, &key, &gate, (started, boot_started, Instant::now()), grant, margin);
                     if granted { "ok" } else { "refused" }
                 }
                 _ => "failed",
@@ -347,6 +390,7 @@ impl FenceStore {
                 held.renewing = false;
             }
         });
+        true
     }
 }
 
@@ -357,14 +401,14 @@ struct GrantKey<'a> {
     bind_lease: Option<&'a str>,
 }
 
-/// Records the grant an answer carries (or drops the one held, when the answer refused the write
-/// or carried none). `started`: when the decision was asked for, on both clocks.
+/// Records the grant an answer carries (or drops the one held, when the answer refused the write).
+/// `(started, boot_started, answered)`: when the decision was asked for, on both clocks, and when
+/// its answer came. `asked`: the grant length asked for.
 fn install(
     grants: &Mutex<HashMap<String, Grant>>,
     key: &GrantKey<'_>,
     gate: &Gate,
-    started: Instant,
-    boot_started: BootInstant,
+    (started, boot_started, answered): (Instant, BootInstant, Instant),
     asked: Duration,
     margin: Duration,
 ) {
@@ -377,7 +421,6 @@ fn install(
         }
         return;
     };
-    let received = Instant::now();
     let stamp = match key.presented {
         Presented::Token(_) => None,
         Presented::Lease { key, owner } => Some((key.clone(), owner.clone())),
@@ -388,18 +431,21 @@ fn install(
         stamp,
         boot_deadline: boot_started + lasts,
         deadline: started + lasts,
-        settle_until: received + gate.wait,
+        asked: started,
+        answered,
+        wait: gate.wait,
         // Renew once half of the asked-for grant is left: the store renews a grant only when
-        // less than three quarters of it remain.
-        renew_after: (started + lasts).checked_sub(asked / 2).unwrap_or(started),
+        // less than three quarters of it remain. An answer that did not extend it (another
+        // replica's renewal held the row) is tried again a sixteenth of a grant later.
+        renew_after: (started + lasts).checked_sub(asked / 2).unwrap_or(started).max(answered + asked / 16),
         renewing: false,
     };
     if grants.len() >= CACHE_CAPACITY && !grants.contains_key(key.resource) {
         grants.clear();
     }
     match grants.get(key.resource) {
-        // Never replace a grant by one of a lower term (answers may arrive out of order).
-        Some(held) if held.term > term => {}
+        // Never replace a lasting grant by one of a lower term (answers may arrive out of order).
+        Some(held) if held.term > term && held.lasts(Instant::now(), BootInstant::now()) => {}
         _ => {
             grants.insert(key.resource.to_owned(), grant);
         }
@@ -415,6 +461,7 @@ struct Batcher {
     forward_ms: i64,
     grant_ms: i64,
     in_flight: Arc<Semaphore>,
+    max_batch: usize,
 }
 
 impl Batcher {
@@ -424,7 +471,7 @@ impl Batcher {
             // While every permit is out, decisions accumulate in the queue.
             let Ok(permit) = Arc::clone(&batcher.in_flight).acquire_owned().await else { return };
             let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
+            while batch.len() < batcher.max_batch {
                 match pending.try_recv() {
                     Ok(next) => batch.push(next),
                     Err(_) => break,

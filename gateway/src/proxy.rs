@@ -315,26 +315,25 @@ impl Proxy {
         let (mut parts, body) = request.into_parts();
         let body = read_body(body, limit, self.config.proxy.body_read_timeout).await?;
 
-        let sent = Instant::now();
-        let gate = self.fences.decide(&fence, &presented, route.lease.as_deref()).await.map_err(|error| {
+        let decision = self.fences.decide(&fence, &presented, route.lease.as_deref()).await.map_err(|error| {
             warn!(%error, "fence decision could not be made; refusing the write");
             match error {
                 Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
             }
         })?;
-        let received = Instant::now();
-        let term = admitted_term(&gate, &resource, &fence, &presented)?;
+        let gate = &decision.gate;
+        let term = admitted_term(gate, &resource, &fence, &presented)?;
         tracing::Span::current().record("term", term);
 
-        // S5. The store decided at some instant between `sent` and `received`, and said: wait
-        // `gate.wait` from that instant. So start no earlier than `received + wait` plus the
+        // S5. The store decided at some instant between `asked` and `answered`, and said: wait
+        // `gate.wait` from that instant. So start no earlier than `answered + wait` plus the
         // settle margin (lower-term writes through any replica may be sent until then, and
-        // their bytes be on their way), and end no later than `sent + wait + forward_timeout`
+        // their bytes be on their way), and end no later than `asked + wait + forward_timeout`
         // (the store's horizon covers no later deadline).
-        let deadline = sent + gate.wait + self.config.upstream.forward_timeout;
+        let deadline = decision.asked + gate.wait + self.config.upstream.forward_timeout;
         if !gate.wait.is_zero() {
             debug!(wait = ?gate.wait, "settling behind the previous term");
-            sleep_until(received + gate.wait + self.config.upstream.settle_margin).await;
+            sleep_until(decision.answered + gate.wait + self.config.upstream.settle_margin).await;
         }
         let headers = &mut parts.headers;
         remove_fencing_headers(headers);

@@ -142,12 +142,26 @@ BEGIN
                        )::fencing.gate_result;
             END IF;
             grant_end_ := NULL;
+            IF fence_.horizon >= start_ + forward_timeout THEN
+                -- Only the grant needs renewing. A term change holding the row waits for the
+                -- grant to end: skip the renewal rather than wait for it (the write is admitted
+                -- on the version read, as in the common case).
+                PERFORM 1 FROM fencing.fences f
+                  WHERE f.resource = p_resource AND f.max_term = p_term
+                    AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
+                    FOR NO KEY UPDATE SKIP LOCKED;
+                IF NOT FOUND THEN
+                    RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
+                            coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
+                            coalesce(fencing.remaining_ms(fence_.granted_until, now_), 0))::fencing.gate_result;
+                END IF;
+            END IF;
             IF grant_for > interval '0' AND fence_.lease_key IS NOT NULL THEN
-                -- A bound resource's grant: on the lease version held FOR SHARE (a release or
-                -- a new term waits for this transaction, then counts its grant), never beyond
-                -- that lease's expiry.
+                -- A bound resource's grant: on the lease version held FOR KEY SHARE (a release
+                -- or a new term locks the row FOR UPDATE, so it waits for this transaction, then
+                -- counts its grant; a renewal does not wait), never beyond that lease's expiry.
                 SELECT l.term, l.expires_at INTO lease_term_, lease_end_
-                  FROM fencing.leases l WHERE l.key = fence_.lease_key FOR SHARE;
+                  FROM fencing.leases l WHERE l.key = fence_.lease_key FOR KEY SHARE;
                 IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp() THEN
                     CONTINUE; -- the lease moved on: decide again
                 END IF;

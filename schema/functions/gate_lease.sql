@@ -1,6 +1,7 @@
 -- The gateway's stamp mode: the write's term is lease_key's current term, when owner holds that
--- lease unexpired; otherwise the write is refused as not_leader. A grant (grant_for > 0) covers
--- the resource at that term: the gateway keeps it for this lease and owner only.
+-- lease unexpired; otherwise the write is refused as not_leader. On a route bound to that lease,
+-- a grant (grant_for > 0) covers the resource at that term: the gateway keeps it for this lease
+-- and owner only.
 CREATE OR REPLACE FUNCTION fencing.gate_lease(resource text, lease_key text, owner text,
                                               forward_timeout interval, bind_lease text DEFAULT NULL,
                                               grant_for interval DEFAULT interval '0')
@@ -28,6 +29,10 @@ BEGIN
                 (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
                 p_lease_key, lease_.term, 0, 0)::fencing.gate_result;
     END IF;
-    RETURN fencing.gate(p_resource, lease_.term, forward_timeout, bind_lease, grant_for);
+    -- A grant in stamp mode must end with the owner's hold of the lease: only a bound resource's
+    -- grant is capped at its lease's expiry and counted when the lease is released, so an
+    -- unbound route's stamp-mode writes get none.
+    RETURN fencing.gate(p_resource, lease_.term, forward_timeout, bind_lease,
+                        CASE WHEN bind_lease IS NULL THEN interval '0' ELSE grant_for END);
 END
 $$;

@@ -40,14 +40,17 @@ $$;
 
 -- When the last grant on the resources bound to lease_'s key, at its current term, ends.
 -- The caller holds the lease row FOR UPDATE, so every gateway transaction that granted while it
--- read the lease (FOR SHARE) has committed. At READ COMMITTED this statement's snapshot sees
--- them all. At other isolation levels the snapshot may be older: then the lease's expiry
--- bounds every grant (a grant never outlasts the expiry it read, and only a release shortens it).
+-- read the lease (FOR KEY SHARE) has committed, and at READ COMMITTED this statement's snapshot
+-- sees them all. At other isolation levels the snapshot may predate a grant, and no bound is
+-- safe without it (a renewal with a shorter ttl moves the expiry back below grants already
+-- given): a new term, a release and a forced release are refused there (SQLSTATE 0A000).
 CREATE OR REPLACE FUNCTION fencing.lease_grants_end(lease_ fencing.leases) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RETURN greatest(lease_.grants_until, lease_.expires_at);
+        RAISE EXCEPTION 'fencing: ending a leadership period or starting a new one decides at READ COMMITTED only, not at % (grants on its resources may be newer than this snapshot)',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '0A000';
     END IF;
     RETURN greatest(lease_.grants_until,
                     (SELECT max(f.granted_until) FROM fencing.fences f WHERE f.lease_key = lease_.key));

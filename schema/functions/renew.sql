@@ -16,7 +16,9 @@ BEGIN
     PERFORM fencing.check_ttl(p_ttl);
     PERFORM fencing.commit_durably();
 
-    SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
+    -- FOR NO KEY UPDATE: a renewal never waits for a gateway that grants on this lease (FOR KEY
+    -- SHARE); a release or a new term does (FOR UPDATE).
+    SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR NO KEY UPDATE;
     now_ := clock_timestamp();
     IF NOT FOUND THEN
         RETURN (false, NULL, NULL, NULL, 0)::fencing.lease_result;
@@ -29,6 +31,8 @@ BEGIN
                 fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
     END IF;
 
+    -- A shorter ttl than before moves the expiry back while grants may reach to the old one:
+    -- a release or a new term counts those grants themselves (fencing.lease_grants_end).
     UPDATE fencing.leases l
        SET renewed_at = now_, expires_at = now_ + p_ttl
      WHERE l.key = p_key

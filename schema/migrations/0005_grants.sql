@@ -7,9 +7,9 @@
 -- term change starts for a bound lease and no admin action moves the fence until every grant
 -- on the old term has ended: those wait for fences.granted_until and leases.grants_until.
 --
--- Apply with psql in one transaction:
---   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 --single-transaction -f 0005_grants.sql
--- then every file of schema/functions/ in name order (see the README).
+-- Apply with psql in one transaction together with every file of schema/functions/ in name order
+-- (see the README): this file drops the gateway's decision functions, which those files create
+-- again with their new signatures.
 
 ALTER TABLE fencing.fences ADD COLUMN IF NOT EXISTS granted_until timestamptz NULL;
 ALTER TABLE fencing.leases ADD COLUMN IF NOT EXISTS grants_until timestamptz NULL;

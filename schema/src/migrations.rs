@@ -93,17 +93,18 @@ pub struct MigrationReport {
 /// Applies every pending versioned migration in order, then every repeatable file whose text
 /// differs from the one last applied.
 ///
-/// Each versioned migration runs in its own transaction that first takes a transaction-scoped
-/// advisory lock, then re-reads the applied versions, so any number of processes may call this
-/// at once: one applies each file, the others wait and then find it applied. The repeatable
-/// files are applied together in one more transaction under the same lock. A database whose
-/// schema is newer than this binary knows is refused with [`Error::SchemaTooNew`] before
-/// anything runs.
+/// Every versioned migration that is not applied yet, then every repeatable file that is new or
+/// changed, in one transaction that first takes a transaction-scoped advisory lock and then
+/// re-reads the applied versions, so any number of processes may call this at once: one applies,
+/// the others wait and then find everything applied. One transaction also means that nobody ever
+/// sees a schema version whose functions are not there yet (a table that gained a column before
+/// the functions that read it were replaced). A database whose schema is newer than this binary
+/// knows is refused with [`Error::SchemaTooNew`] before anything runs.
 pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
     let mut applied = Vec::new();
+    let transaction = client.transaction().await.map_err(Error::Store)?;
+    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY]).await.map_err(Error::Store)?;
     for migration in MIGRATIONS {
-        let transaction = client.transaction().await.map_err(Error::Store)?;
-        transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY]).await.map_err(Error::Store)?;
         let current = schema_version(&transaction).await?;
         if let Some(found) = current.filter(|found| *found > LATEST_VERSION) {
             return Err(Error::SchemaTooNew { found, known: LATEST_VERSION });
@@ -123,22 +124,22 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, Error> {
         if recorded.is_none() {
             return Err(Error::MigrationUnrecorded { version: migration.version, name: migration.name });
         }
-        transaction.commit().await.map_err(Error::Store)?;
-        info!(version = migration.version, name = migration.name, "applied migration");
         applied.push(migration.version);
     }
-    let functions = apply_functions(client).await?;
+    let functions = apply_functions(&transaction).await?;
+    transaction.commit().await.map_err(Error::Store)?;
+    for version in &applied {
+        info!(version, "applied migration");
+    }
+    if !functions.is_empty() {
+        info!(files = ?functions, "applied function files");
+    }
     let version = check_schema_version(client).await?;
     Ok(MigrationReport { applied, functions, version })
 }
 
-/// Applies the repeatable files that are new or changed, in one transaction.
-async fn apply_functions(client: &mut Client) -> Result<Vec<&'static str>, Error> {
-    let transaction = client.transaction().await.map_err(Error::Store)?;
-    transaction.execute("SELECT pg_advisory_xact_lock($1)", &[&ADVISORY_LOCK_KEY]).await.map_err(Error::Store)?;
-    if let Some(found) = schema_version(&transaction).await?.filter(|found| *found > LATEST_VERSION) {
-        return Err(Error::SchemaTooNew { found, known: LATEST_VERSION });
-    }
+/// Applies the repeatable files that are new or changed, inside the migration's transaction.
+async fn apply_functions(transaction: &tokio_postgres::Transaction<'_>) -> Result<Vec<&'static str>, Error> {
     let mut applied = Vec::new();
     for file in FUNCTIONS {
         let current: bool = transaction
@@ -165,10 +166,6 @@ async fn apply_functions(client: &mut Client) -> Result<Vec<&'static str>, Error
             .await
             .map_err(Error::Store)?;
         applied.push(file.name);
-    }
-    transaction.commit().await.map_err(Error::Store)?;
-    if !applied.is_empty() {
-        info!(files = ?applied, "applied function files");
     }
     Ok(applied)
 }

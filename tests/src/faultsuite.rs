@@ -392,17 +392,17 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             let begin = begin.ok_or_else(|| anyhow!("migration 2's gate has no BEGIN line"))?;
             sql.insert_str(begin, "    PERFORM fencing.commit_durably();\n");
             // They also predate grants: the decision row gained grant_ms (always 0 here), and
-            // the gateway calls gate_many with a grant argument, which the old one ignores.
+            // today's gate_lease and gate_many call a gate with a grant argument: the old gate
+            // goes in under another name, behind one that takes (and ignores) the grant.
             let sql = sql.replace(")::fencing.gate_result", ", 0)::fencing.gate_result");
+            let sql = sql.replace("FUNCTION fencing.gate(", "FUNCTION fencing.gate_racy(");
             format!(
-                "DROP FUNCTION fencing.gate_many(text[], bigint[], text[], text[], text[], interval, interval);
-                 DROP FUNCTION fencing.gate_lease(text, text, text, interval, text, interval);
-                 DROP FUNCTION fencing.gate(text, bigint, interval, text, interval);
+                "DROP FUNCTION fencing.gate(text, bigint, interval, text, interval);
                  {sql}
-                 CREATE FUNCTION fencing.gate_many(resources text[], terms bigint[], lease_keys text[], owners text[],
-                                                   bind_leases text[], forward_timeout interval, grant_for interval)
-                 RETURNS SETOF fencing.gate_result LANGUAGE sql AS $$
-                     SELECT * FROM fencing.gate_many(resources, terms, lease_keys, owners, bind_leases, forward_timeout)
+                 CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
+                                              bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
+                 RETURNS fencing.gate_result LANGUAGE sql AS $$
+                     SELECT fencing.gate_racy(resource, term, forward_timeout, bind_lease)
                  $$;"
             )
         }

@@ -1,16 +1,19 @@
 //! The gateway benchmark: not a test, a measurement.
 //!
 //! ```text
-//! cargo run --release -p fencing-tests --bin bench -- [--seconds 5] [--concurrency 8]
+//! cargo run --release -p fencing-tests --bin bench -- [--seconds 5] [--concurrency 32,1] [--rounds 3]
 //! ```
 //!
 //! It starts a durable PostgreSQL (the server's default fsync and synchronous commit), a fast
-//! upstream, a plain pass-through proxy built on the same hyper client as the gateway, and the
-//! gateway, all on loopback. It drives each with the same closed-loop load (each of
-//! `concurrency` workers sends its next POST when the previous answer arrives) and prints, for
-//! direct / pass-through / gateway-verify / gateway-stamp (POST), and pass-through and gateway for
-//! unfenced GETs: requests per second, p50 and p99, and their ratios to the pass-through with the
-//! same method, plus Postgres transactions and WAL flushes per fenced write.
+//! upstream, a plain pass-through proxy built on the same hyper client as the gateway, nginx
+//! when it is installed (2 workers, keep-alive to the upstream), and two gateways, one without
+//! grants (`grant_ms = 0`) and one with (`grant_ms = 400`), all on loopback. It drives each with
+//! the same closed-loop load (each of `concurrency` connections sends its next request when the
+//! previous answer arrives), every target once per round, rounds interleaved, and prints the
+//! median round per target: requests per second, p50 and p99, their ratios to the pass-through
+//! and to nginx, Postgres transactions per fenced write and the gateway's CPU time per request.
+//! Then it measures how long the first write of a new term takes while the old term's grant is
+//! held (a grant period plus the settle wait at most).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -39,19 +42,28 @@ use tokio::time::Instant;
 
 struct Options {
     seconds: u64,
-    concurrency: usize,
+    /// Closed-loop connections, one run of every target per value.
+    concurrency: Vec<usize>,
+    /// Rounds of every target, interleaved; the median round is printed.
+    rounds: usize,
 }
 
 fn options() -> Result<Options> {
-    let mut options = Options { seconds: 5, concurrency: 8 };
+    let mut options = Options { seconds: 5, concurrency: vec![32, 1], rounds: 3 };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| anyhow!("{flag} needs a value"))?;
         match flag.as_str() {
             "--seconds" => options.seconds = value.parse()?,
-            "--concurrency" => options.concurrency = value.parse()?,
+            "--concurrency" => {
+                options.concurrency = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
+            }
+            "--rounds" => options.rounds = value.parse()?,
             other => bail!("unknown flag {other}"),
         }
+    }
+    if options.concurrency.is_empty() || options.concurrency.contains(&0) || options.rounds == 0 {
+        bail!("--concurrency needs positive numbers and --rounds at least 1");
     }
     Ok(options)
 }
@@ -114,6 +126,7 @@ fn status(code: StatusCode) -> Response<Body> {
     response
 }
 
+#[derive(Debug, Clone, Copy, Default)]
 struct Stats {
     requests: usize,
     errors: usize,
@@ -124,14 +137,20 @@ struct Stats {
 
 /// Closed-loop load: `concurrency` workers, each sending its next request when the previous
 /// answer arrived, for `seconds` after one second of warm-up.
-async fn load(addr: SocketAddr, method: Method, path: &str, headers: &[(&str, &str)], options: &Options) -> Stats {
+async fn load(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    headers: &[(String, String)],
+    concurrency: usize,
+    seconds: u64,
+) -> Stats {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let headers: Arc<Vec<(String, String)>> =
-        Arc::new(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
+    let headers: Arc<Vec<(String, String)>> = Arc::new(headers.to_vec());
     let uri: Uri = format!("http://{addr}{path}").parse().unwrap_or_default();
     let warm_until = Instant::now() + Duration::from_secs(1);
-    let until = warm_until + Duration::from_secs(options.seconds);
-    let workers: Vec<_> = (0..options.concurrency)
+    let until = warm_until + Duration::from_secs(seconds);
+    let workers: Vec<_> = (0..concurrency)
         .map(|_| {
             let (client, headers, uri, method) = (client.clone(), Arc::clone(&headers), uri.clone(), method.clone());
             tokio::spawn(async move {
@@ -186,7 +205,7 @@ async fn load(addr: SocketAddr, method: Method, path: &str, headers: &[(&str, &s
     Stats {
         requests: latencies.len(),
         errors,
-        rps: latencies.len() as f64 / options.seconds as f64,
+        rps: latencies.len() as f64 / seconds as f64,
         p50_ms: quantile(0.50),
         p99_ms: quantile(0.99),
     }
@@ -205,12 +224,92 @@ async fn store_counters(client: &tokio_postgres::Client, database: &str) -> Resu
     Ok((transactions, flushes))
 }
 
+/// CPU time (user + system) a process has used, from `/proc/PID/stat`.
+fn cpu_time(pid: Option<i32>) -> Duration {
+    let Some(pid) = pid else { return Duration::ZERO };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |index: usize| fields.get(index).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100).max(1) as u64;
+    Duration::from_micros((ticks(11) + ticks(12)) * 1_000_000 / hz)
+}
+
+/// nginx as a plain reverse proxy to `upstream`, when the binary is installed.
+async fn start_nginx(
+    upstream: SocketAddr,
+    dir: &std::path::Path,
+) -> Result<Option<(tokio::process::Child, SocketAddr)>> {
+    let Some(binary) = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|path| path.exists())
+    else {
+        return Ok(None);
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let config = dir.join("nginx.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "worker_processes 2;\ndaemon off;\nerror_log {dir}/error.log;\npid {dir}/nginx.pid;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n\
+             fastcgi_temp_path {dir}/fastcgi;\n  uwsgi_temp_path {dir}/uwsgi;\n  scgi_temp_path {dir}/scgi;\n\
+             upstream app {{ server {upstream}; keepalive 64; }}\n\
+             server {{ listen {addr}; location / {{ proxy_pass http://app; proxy_http_version 1.1; \
+             proxy_set_header Connection \"\"; }} }}\n}}\n",
+            dir = dir.display()
+        ),
+    )?;
+    let child = Command::new(binary)
+        .args(["-p", &dir.display().to_string(), "-c", &config.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(Some((child, addr)));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("nginx did not listen on {addr}")
+}
+
+/// One load target.
+struct Target {
+    name: &'static str,
+    addr: SocketAddr,
+    method: Method,
+    path: &'static str,
+    headers: Vec<(String, String)>,
+    /// The gateway process, for Postgres transactions and CPU per request.
+    gateway: Option<usize>,
+}
+
+/// What one target measured in one round.
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    stats: Stats,
+    transactions: i64,
+    cpu: Duration,
+}
+
+const GRANT_MS: u64 = 400;
+
 async fn run(options: &Options) -> Result<()> {
-    eprintln!("bench: starting a durable PostgreSQL, an upstream, a pass-through proxy and the gateway");
+    eprintln!(
+        "bench: starting a durable PostgreSQL, an upstream, a pass-through proxy, nginx if installed and two gateways"
+    );
     let cluster = PgCluster::start_with(Durability::On)?;
     connect(&cluster.url("postgres")).await.batch_execute("CREATE DATABASE bench").await?;
     let database_url = cluster.url("bench");
     let stats_client = connect(&cluster.url("postgres")).await;
+    let scratch = std::env::temp_dir().join(format!("fencing-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
 
     let mut upstream = Command::new(workspace_bin("recording-upstream")?)
         .arg("--quiet")
@@ -224,15 +323,19 @@ async fn run(options: &Options) -> Result<()> {
         .kill_on_drop(true)
         .spawn()?;
     let passthrough_addr = first_address(&mut passthrough).await?;
-    let config = format!(
-        "[database]\npool_size = 16\n\
-         [[routes]]\nprefix = \"/ledger\"\nupstream = \"http://{upstream_addr}\"\nresource = {{ segment = 2 }}\n\
-         [[routes]]\nprefix = \"/stamped\"\nupstream = \"http://{upstream_addr}\"\nresource = {{ segment = 2 }}\n\
-         lease = \"bench-writer\"\n"
-    );
-    let gateway = Gateway::start(&database_url, &config).await?;
+    let nginx = start_nginx(upstream_addr, &scratch).await?;
+    let config = |grant_ms: u64| {
+        format!(
+            "[database]\npool_size = 16\ngrant_ms = {grant_ms}\n[upstream]\nforward_timeout_ms = 1000\n\
+             [[routes]]\nprefix = \"/ledger\"\nupstream = \"http://{upstream_addr}\"\nresource = {{ segment = 2 }}\n\
+             [[routes]]\nprefix = \"/bound\"\nupstream = \"http://{upstream_addr}\"\nresource = {{ segment = 2 }}\n\
+             lease = \"bench-writer\"\n"
+        )
+    };
+    let gateways =
+        [Gateway::start(&database_url, &config(0)).await?, Gateway::start(&database_url, &config(GRANT_MS)).await?];
     let lease = send(
-        gateway.control,
+        gateways[0].control,
         Method::POST,
         "/v1/leases/bench-writer/acquire",
         &[JSON],
@@ -240,67 +343,178 @@ async fn run(options: &Options) -> Result<()> {
     )
     .await?;
     let term = lease.json()["term"].as_i64().context("lease term")?.to_string();
+    let header = |name: &str, value: &str| (name.to_owned(), value.to_owned());
+    let token = vec![header("fencing-token", &term)];
+    let stamp = vec![header("fencing-lease", "bench-writer"), header("fencing-owner", "bench")];
 
-    eprintln!("bench: {} workers, {} s per target after 1 s of warm-up", options.concurrency, options.seconds);
-    let path = "/ledger/acct-1/entries";
-    let direct = load(upstream_addr, Method::POST, path, &[], options).await;
-    let pass = load(passthrough_addr, Method::POST, path, &[], options).await;
-    // Unfenced reads: the proxy path's own cost, without Postgres.
-    let pass_get = load(passthrough_addr, Method::GET, path, &[], options).await;
-    let gateway_get = load(gateway.proxy, Method::GET, path, &[], options).await;
-    let before = store_counters(&stats_client, "bench").await?;
-    let verify = load(gateway.proxy, Method::POST, path, &[("fencing-token", &term)], options).await;
-    let middle = store_counters(&stats_client, "bench").await?;
-    let stamp = load(
-        gateway.proxy,
-        Method::POST,
-        "/stamped/acct-2/entries",
-        &[("fencing-lease", "bench-writer"), ("fencing-owner", "bench")],
-        options,
-    )
-    .await;
-    let after = store_counters(&stats_client, "bench").await?;
-
-    println!(
-        "{:<16} {:>10} {:>9} {:>9} {:>8} {:>13} {:>13}",
-        "target", "req/s", "p50 ms", "p99 ms", "errors", "req/s ratio", "p99 ratio"
-    );
-    // Each row against the pass-through with the same method.
-    for (name, stats, baseline) in [
-        ("direct", &direct, &pass),
-        ("pass-through", &pass, &pass),
-        ("gateway-verify", &verify, &pass),
-        ("gateway-stamp", &stamp, &pass),
-        ("pass-through GET", &pass_get, &pass_get),
-        ("gateway GET", &gateway_get, &pass_get),
-    ] {
-        println!(
-            "{:<16} {:>10.0} {:>9.2} {:>9.2} {:>8} {:>12.2}x {:>12.2}x",
-            name,
-            stats.rps,
-            stats.p50_ms,
-            stats.p99_ms,
-            stats.errors,
-            stats.rps / baseline.rps,
-            stats.p99_ms / baseline.p99_ms
-        );
+    let mut targets = vec![
+        Target {
+            name: "direct",
+            addr: upstream_addr,
+            method: Method::POST,
+            path: "/ledger/acct-1/entries",
+            headers: vec![],
+            gateway: None,
+        },
+        Target {
+            name: "pass-through",
+            addr: passthrough_addr,
+            method: Method::POST,
+            path: "/ledger/acct-1/entries",
+            headers: vec![],
+            gateway: None,
+        },
+    ];
+    if let Some((_, addr)) = &nginx {
+        targets.push(Target {
+            name: "nginx",
+            addr: *addr,
+            method: Method::POST,
+            path: "/ledger/acct-1/entries",
+            headers: vec![],
+            gateway: None,
+        });
+    } else {
+        println!("nginx: not installed, its rows are skipped (apt-get install nginx-light)");
     }
-    // The warm-up requests hit Postgres too, so count them in: every fenced write of the run.
-    let per_write = |delta: i64, requests: usize| delta as f64 / requests.max(1) as f64;
-    let verify_writes = verify.requests + verify.errors;
-    let stamp_writes = stamp.requests + stamp.errors;
+    for (index, suffix) in [(0, "no grants"), (1, "grants")] {
+        let addr = gateways[index].proxy;
+        let name = |mode: &str| -> &'static str { Box::leak(format!("gw {mode}, {suffix}").into_boxed_str()) };
+        targets.push(Target {
+            name: name("verify"),
+            addr,
+            method: Method::POST,
+            path: "/ledger/acct-1/entries",
+            headers: token.clone(),
+            gateway: Some(index),
+        });
+        targets.push(Target {
+            name: name("stamp"),
+            addr,
+            method: Method::POST,
+            path: "/bound/acct-2/entries",
+            headers: stamp.clone(),
+            gateway: Some(index),
+        });
+        targets.push(Target {
+            name: name("bound verify"),
+            addr,
+            method: Method::POST,
+            path: "/bound/acct-3/entries",
+            headers: token.clone(),
+            gateway: Some(index),
+        });
+    }
+    targets.push(Target {
+        name: "pass-through GET",
+        addr: passthrough_addr,
+        method: Method::GET,
+        path: "/ledger/acct-1/entries",
+        headers: vec![],
+        gateway: None,
+    });
+    targets.push(Target {
+        name: "gw GET",
+        addr: gateways[0].proxy,
+        method: Method::GET,
+        path: "/ledger/acct-1/entries",
+        headers: vec![],
+        gateway: Some(0),
+    });
+
+    for &concurrency in &options.concurrency {
+        eprintln!(
+            "bench: {concurrency} connections, {} s per target after 1 s of warm-up, {} rounds",
+            options.seconds, options.rounds
+        );
+        let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); targets.len()];
+        for _ in 0..options.rounds {
+            for (index, target) in targets.iter().enumerate() {
+                let pid = target.gateway.and_then(|g| gateways[g].pid()).map(|pid| pid.as_raw());
+                let (tx0, cpu0) = (store_counters(&stats_client, "bench").await?.0, cpu_time(pid));
+                let stats = load(
+                    target.addr,
+                    target.method.clone(),
+                    target.path,
+                    &target.headers,
+                    concurrency,
+                    options.seconds,
+                )
+                .await;
+                let (tx1, cpu1) = (store_counters(&stats_client, "bench").await?.0, cpu_time(pid));
+                rounds[index].push(Round { stats, transactions: tx1 - tx0, cpu: cpu1.saturating_sub(cpu0) });
+            }
+        }
+        // The median round by req/s, per target.
+        let median: Vec<Round> = rounds
+            .into_iter()
+            .map(|mut r| {
+                r.sort_by(|a, b| a.stats.rps.total_cmp(&b.stats.rps));
+                r[r.len() / 2]
+            })
+            .collect();
+        let find = |name: &str| targets.iter().position(|t| t.name == name).map(|i| median[i].stats);
+        let pass = find("pass-through").unwrap_or_default();
+        let pass_get = find("pass-through GET").unwrap_or_default();
+        let nginx_stats = find("nginx");
+        println!("\n{concurrency} connections (median of {} rounds of {} s):", options.rounds, options.seconds);
+        println!(
+            "{:<24} {:>9} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9}",
+            "target", "req/s", "p50 ms", "p99 ms", "errors", "vs pass", "vs nginx", "p99/nginx", "PG tx/w", "CPU us/r"
+        );
+        for (target, round) in targets.iter().zip(&median) {
+            let stats = round.stats;
+            let baseline = if target.method == Method::GET { pass_get } else { pass };
+            let requests = (stats.requests + stats.errors).max(1) as f64;
+            // Warm-up requests count in both totals: transactions and CPU over all requests sent.
+            let sent = requests * (options.seconds as f64 + 1.0) / options.seconds as f64;
+            let (vs_nginx, p99_nginx) = match (nginx_stats, target.method == Method::GET) {
+                (Some(n), false) => (format!("{:.2}x", stats.rps / n.rps), format!("{:.2}x", stats.p99_ms / n.p99_ms)),
+                _ => ("-".to_owned(), "-".to_owned()),
+            };
+            let (tx, cpu) = match target.gateway {
+                Some(_) => (
+                    format!("{:.3}", round.transactions as f64 / sent),
+                    format!("{:.1}", round.cpu.as_secs_f64() * 1e6 / sent),
+                ),
+                None => ("-".to_owned(), "-".to_owned()),
+            };
+            println!(
+                "{:<24} {:>9.0} {:>8.2} {:>8.2} {:>6} {:>8.2}x {:>9} {:>9} {:>8} {:>9}",
+                target.name,
+                stats.rps,
+                stats.p50_ms,
+                stats.p99_ms,
+                stats.errors,
+                stats.rps / baseline.rps,
+                vs_nginx,
+                p99_nginx,
+                tx,
+                cpu
+            );
+        }
+    }
+
+    // A term change while the old term's grant is held: how long the new term's first write takes.
+    let grant_gateway = &gateways[1];
+    let fresh = "/ledger/term-change/entries";
+    for _ in 0..3 {
+        send(grant_gateway.proxy, Method::POST, fresh, &[("fencing-token", "1")], "{}").await?;
+    }
+    let started = Instant::now();
+    let reply = send(gateways[0].proxy, Method::POST, fresh, &[("fencing-token", "2")], "{}").await?;
     println!(
-        "postgres transactions per fenced write (measured writes only, warm-up included in the count, so an upper bound): \
-         verify {:.2}, stamp {:.2}",
-        per_write(middle.0 - before.0, verify_writes),
-        per_write(after.0 - middle.0, stamp_writes)
+        "\nfirst write of a new term while a {GRANT_MS} ms grant on the old one is held: {} in {:.0} ms \
+         (bound: one grant, then the settle wait of 1.25 x forward_timeout 1000 ms + 25 ms margin = {} ms)",
+        reply.status,
+        started.elapsed().as_secs_f64() * 1000.0,
+        GRANT_MS + 1250 + 25
     );
-    println!(
-        "WAL flushes per fenced write: verify {:.4}, stamp {:.4}",
-        per_write(middle.1 - before.1, verify_writes),
-        per_write(after.1 - middle.1, stamp_writes)
-    );
-    drop(gateway);
+    drop(gateways);
+    if let Some((mut child, _)) = nginx {
+        child.kill().await.ok();
+    }
+    std::fs::remove_dir_all(&scratch).ok();
     upstream.kill().await.ok();
     passthrough.kill().await.ok();
     Ok(())

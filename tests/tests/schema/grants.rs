@@ -191,3 +191,54 @@ async fn a_bad_grant_is_refused_and_changes_nothing() {
     }
     assert!(store::get_fence(&client, "r").await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_renewal_with_a_shorter_ttl_does_not_let_a_new_term_in_before_the_grants_end() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let term = store::acquire(&client, "k", "a", Duration::from_secs(30)).await.unwrap().term.unwrap();
+    let (asked, lasts) = take_grant(&client, "acct", term, Some("k")).await;
+    // The holder shortens its lease below the grant, and lets it expire.
+    assert!(store::renew(&client, "k", "a", Duration::from_millis(100)).await.unwrap().ok);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let refused = store::acquire(&client, "k", "b", Duration::from_secs(30)).await.unwrap();
+    assert!(!refused.ok && Instant::now() < asked + lasts, "a new term under an outstanding grant: {refused:?}");
+    tokio::time::sleep_until(asked + lasts + SLACK).await;
+    assert!(store::acquire(&client, "k", "b", Duration::from_secs(30)).await.unwrap().ok);
+}
+
+#[tokio::test]
+async fn ending_or_starting_a_period_outside_read_committed_is_refused() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::acquire(&client, "k", "a", Duration::from_secs(30)).await.unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        client.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}")).await.unwrap();
+        let error = client.query_one("SELECT fencing.release('k', 'a')", &[]).await.unwrap_err();
+        assert_eq!(fencing_tests::sqlstate(&error), Some("0A000"), "{level}: {error}");
+        client.batch_execute("ROLLBACK").await.unwrap();
+    }
+    // At READ COMMITTED it works, and the next term starts at once (no grant was given).
+    assert!(store::release(&client, "k", "a").await.unwrap());
+    let next = store::acquire(&client, "k", "b", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(next.term, Some(2), "{next:?}");
+}
+
+#[tokio::test]
+async fn stamp_mode_on_an_unbound_route_gets_no_grant() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::acquire(&client, "s", "o", Duration::from_secs(1)).await.unwrap();
+    for _ in 0..3 {
+        let row = client
+            .query_one(
+                store::GATE_LEASE_SQL,
+                &[&"/r/x", &"s", &"o", &1000_i64, &None::<&str>, &(GRANT.as_millis() as i64)],
+            )
+            .await
+            .unwrap();
+        let gate = store::Gate::from_row(&row).unwrap();
+        assert!(gate.is_admitted(), "{gate:?}");
+        assert_eq!(gate.grant, Duration::ZERO, "a stamp-mode grant on an unbound fence would outlive the lease");
+    }
+}

@@ -16,6 +16,7 @@ mod guard_coverage;
 mod harness;
 mod isolation;
 mod migrations;
+mod plants;
 mod s1_lease_exclusion;
 mod s2_lease_model;
 mod s3_admitted_terms;
