@@ -401,9 +401,10 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
                  {sql}
                  CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
                                               bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
-                 RETURNS fencing.gate_result LANGUAGE sql AS $$
-                     SELECT fencing.gate_racy(resource, term, forward_timeout, bind_lease)
-                 $$;"
+                 RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
+                 BEGIN
+                     RETURN fencing.gate_racy(resource, term, forward_timeout, bind_lease);
+                 END $$;"
             )
         }
     })
