@@ -478,7 +478,12 @@ impl Runtime {
         // The server gives up on its own too: a call this process abandoned (timed out, or
         // the process paused) can never commit later and grant a term nobody uses.
         let limit = self.elector.query_timeout.as_millis().max(1);
-        let limits = format!("SET statement_timeout = {limit}; SET lock_timeout = {limit}");
+        // READ COMMITTED whatever the database's default: a new term or a release decides on
+        // the newest rows (fencing.lease_grants_end refuses an older snapshot).
+        let limits = format!(
+            "SET statement_timeout = {limit}; SET lock_timeout = {limit}; \
+             SET default_transaction_isolation = 'read committed'"
+        );
         match timeout_at(call_deadline, client.batch_execute(&limits)).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {

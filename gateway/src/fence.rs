@@ -152,13 +152,19 @@ struct Pending {
     reply: oneshot::Sender<Result<Gate, Undecided>>,
 }
 
-/// Builds a connection pool of `size` to `database` (TLS as its `sslmode` says).
+/// Builds a connection pool of `size` to `database` (TLS as its `sslmode` says). Its sessions
+/// run at READ COMMITTED whatever the database's default: fence decisions, new terms and
+/// releases decide on the newest rows (the functions refuse an older snapshot).
 pub fn pool(database: &crate::tls::Database, size: usize) -> Result<Pool, String> {
-    let manager = Manager::from_config(
-        database.config.clone(),
-        database.tls.clone(),
-        ManagerConfig { recycling_method: RecyclingMethod::Fast },
-    );
+    let mut config = database.config.clone();
+    let isolation = r"-c default_transaction_isolation=read\ committed";
+    let options = match config.get_options() {
+        Some(given) if !given.is_empty() => format!("{given} {isolation}"),
+        _ => isolation.to_owned(),
+    };
+    config.options(&options);
+    let manager =
+        Manager::from_config(config, database.tls.clone(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager).max_size(size).build().map_err(|error| format!("database pool: {error}"))
 }
 
@@ -192,7 +198,9 @@ impl FenceStore {
         // With grants, a raise waits inside its decision until the grants on the lower term have
         // ended, holding its fence row; in a batch, the rows of the items after it would go on
         // being renewed meanwhile, and their raises would wait one grant after another. So a
-        // token above the cached maximum (or for a resource not seen yet) goes alone.
+        // token above the cached maximum goes alone (a resource not seen yet, after a restart
+        // for one, is batched as before: a raise among those may wait longer, up to the
+        // fence-check timeout, which fails closed).
         let raise_lane = (!grant.is_zero()).then(|| lane(max_batches_in_flight, 1));
         FenceStore {
             pool,
@@ -280,7 +288,7 @@ impl FenceStore {
         };
         let lane = match (presented, cached, &self.raise_lane) {
             (Presented::Token(term), Some(max), _) if *term == max => &self.fast_lane,
-            (Presented::Token(_), _, Some(raise_lane)) => raise_lane,
+            (Presented::Token(term), Some(max), Some(raise_lane)) if *term > max => raise_lane,
             _ => &self.general_lane,
         };
         let result = if lane.send(pending).is_err() {

@@ -20,10 +20,12 @@
 -- grant_for > 0 asks for a grant (grants.sql): an admitted write of the current term also
 -- returns grant_ms, how long from now the gateway may admit writes of this term for this
 -- resource without asking (0: no grant). A grant is renewed only when less than three quarters
--- of grant_for remain; the horizon always covers every write admitted under it. A bound
--- resource's grant ends no later than its lease and is granted only while the lease row is
--- held FOR SHARE, so a release waits for it and then counts it. A higher term waits, holding
--- the row, until every grant on the lower term has ended.
+-- of grant_for remain. The grant returned never reaches past the horizon minus the caller's
+-- forward timeout, so every write admitted under it has a deadline the horizon covers, whatever
+-- forward timeout or grant another replica uses. A bound resource's grant ends no later than its
+-- lease and is granted only while the lease row is held FOR KEY SHARE, so a release or a new term
+-- (FOR UPDATE) waits for it and then counts it. A higher term waits, holding the row, until
+-- every grant on the lower term has ended.
 CREATE OR REPLACE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
                                         bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
 RETURNS fencing.gate_result
@@ -59,7 +61,9 @@ BEGIN
        AND current_setting('transaction_isolation') = 'read committed' THEN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                 coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                CASE WHEN grant_for > interval '0' THEN fencing.remaining_ms(fence_.granted_until, now_) ELSE 0 END
+                CASE WHEN grant_for > interval '0'
+                     THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                     ELSE 0 END
                )::fencing.gate_result;
     END IF;
 
@@ -138,7 +142,9 @@ BEGIN
                AND (grant_for = interval '0' OR fence_.granted_until >= now_ + grant_for * 0.75) THEN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                         coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                        CASE WHEN grant_for > interval '0' THEN fencing.remaining_ms(fence_.granted_until, now_) ELSE 0 END
+                        CASE WHEN grant_for > interval '0'
+                             THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                             ELSE 0 END
                        )::fencing.gate_result;
             END IF;
             grant_end_ := NULL;
@@ -153,7 +159,9 @@ BEGIN
                 IF NOT FOUND THEN
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                            coalesce(fencing.remaining_ms(fence_.granted_until, now_), 0))::fencing.gate_result;
+                            CASE WHEN grant_for > interval '0'
+                                 THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                                 ELSE 0 END)::fencing.gate_result;
                 END IF;
             END IF;
             IF grant_for > interval '0' AND fence_.lease_key IS NOT NULL THEN
@@ -178,11 +186,13 @@ BEGIN
                    granted_until = greatest(f.granted_until, grant_end_)
              WHERE f.resource = p_resource AND f.max_term = p_term
                AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
-            RETURNING f.settle_at, f.granted_until INTO fence_.settle_at, fence_.granted_until;
+            RETURNING f.settle_at, f.granted_until, f.horizon INTO fence_.settle_at, fence_.granted_until, fence_.horizon;
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
-            granted_ms_ := CASE WHEN grant_for > interval '0' THEN fencing.remaining_ms(fence_.granted_until, now_) ELSE 0 END;
+            granted_ms_ := CASE WHEN grant_for > interval '0'
+                                THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                                ELSE 0 END;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                     coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0), granted_ms_)::fencing.gate_result;
         END IF;

@@ -11,7 +11,8 @@
 //! the same closed-loop load (each of `concurrency` connections sends its next request when the
 //! previous answer arrives), every target once per round, rounds interleaved, and prints the
 //! median round per target: requests per second, p50 and p99, their ratios to the pass-through
-//! and to nginx, Postgres transactions per fenced write and the gateway's CPU time per request.
+//! and to nginx, the gateway's Postgres transactions (decision round trips) per request and its
+//! CPU time per request.
 //! Then it measures how long the first write of a new term takes while the old term's grant is
 //! held (a grant period plus the settle wait at most).
 
@@ -211,17 +212,19 @@ async fn load(
     }
 }
 
-/// Transactions committed or rolled back in `database`, and WAL flushes of the whole server.
-async fn store_counters(client: &tokio_postgres::Client, database: &str) -> Result<(i64, i64)> {
-    let transactions: i64 = client
-        .query_one(
-            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
-            &[&database],
-        )
-        .await?
-        .get(0);
-    let flushes: i64 = client.query_one("SELECT wal_sync::bigint FROM pg_stat_wal", &[]).await?.get(0);
-    Ok((transactions, flushes))
+/// Fence-decision round trips a gateway has made (each one Postgres transaction: one call of
+/// `fencing.gate_many`), from its own `/metrics`. Postgres's own counters would do too, but
+/// backends report them up to seconds late, into the next target's window.
+async fn decision_round_trips(gateway: &Gateway) -> Result<i64> {
+    let reply = send(gateway.control, Method::GET, "/metrics", &[], "").await?;
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
+    let count = text
+        .lines()
+        .find(|line| line.starts_with("fencing_check_batch_size_count"))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    Ok(count as i64)
 }
 
 /// CPU time (user + system) a process has used, from `/proc/PID/stat`.
@@ -286,7 +289,7 @@ struct Target {
     method: Method,
     path: &'static str,
     headers: Vec<(String, String)>,
-    /// The gateway process, for Postgres transactions and CPU per request.
+    /// The gateway process, for its decision round trips (Postgres transactions) and CPU per request.
     gateway: Option<usize>,
 }
 
@@ -307,7 +310,6 @@ async fn run(options: &Options) -> Result<()> {
     let cluster = PgCluster::start_with(Durability::On)?;
     connect(&cluster.url("postgres")).await.batch_execute("CREATE DATABASE bench").await?;
     let database_url = cluster.url("bench");
-    let stats_client = connect(&cluster.url("postgres")).await;
     let scratch = std::env::temp_dir().join(format!("fencing-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
 
@@ -431,7 +433,11 @@ async fn run(options: &Options) -> Result<()> {
         for _ in 0..options.rounds {
             for (index, target) in targets.iter().enumerate() {
                 let pid = target.gateway.and_then(|g| gateways[g].pid()).map(|pid| pid.as_raw());
-                let (tx0, cpu0) = (store_counters(&stats_client, "bench").await?.0, cpu_time(pid));
+                let round_trips = async || match target.gateway {
+                    Some(g) => decision_round_trips(&gateways[g]).await,
+                    None => Ok(0),
+                };
+                let (tx0, cpu0) = (round_trips().await?, cpu_time(pid));
                 let stats = load(
                     target.addr,
                     target.method.clone(),
@@ -441,7 +447,7 @@ async fn run(options: &Options) -> Result<()> {
                     options.seconds,
                 )
                 .await;
-                let (tx1, cpu1) = (store_counters(&stats_client, "bench").await?.0, cpu_time(pid));
+                let (tx1, cpu1) = (round_trips().await?, cpu_time(pid));
                 rounds[index].push(Round { stats, transactions: tx1 - tx0, cpu: cpu1.saturating_sub(cpu0) });
             }
         }
@@ -505,7 +511,7 @@ async fn run(options: &Options) -> Result<()> {
     let reply = send(gateways[0].proxy, Method::POST, fresh, &[("fencing-token", "2")], "{}").await?;
     println!(
         "\nfirst write of a new term while a {GRANT_MS} ms grant on the old one is held: {} in {:.0} ms \
-         (bound: one grant, then the settle wait of 1.25 x forward_timeout 1000 ms + 25 ms margin = {} ms)",
+         (bound: one grant, then the settle wait of 1.25 x forward_timeout 1000 ms + 25 ms margin = {} ms, plus round trips)",
         reply.status,
         started.elapsed().as_secs_f64() * 1000.0,
         GRANT_MS + 1250 + 25
