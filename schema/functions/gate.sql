@@ -62,7 +62,7 @@ BEGIN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                 coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
                 CASE WHEN grant_for > interval '0'
-                     THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                     THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
                      ELSE 0 END
                )::fencing.gate_result;
     END IF;
@@ -143,7 +143,7 @@ BEGIN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                         coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
                         CASE WHEN grant_for > interval '0'
-                             THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                             THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
                              ELSE 0 END
                        )::fencing.gate_result;
             END IF;
@@ -160,7 +160,7 @@ BEGIN
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
                             CASE WHEN grant_for > interval '0'
-                                 THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                                 THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
                                  ELSE 0 END)::fencing.gate_result;
                 END IF;
             END IF;
@@ -191,7 +191,7 @@ BEGIN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
             granted_ms_ := CASE WHEN grant_for > interval '0'
-                                THEN fencing.remaining_ms(least(fence_.granted_until, fence_.horizon - forward_timeout), now_)
+                                THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
                                 ELSE 0 END;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                     coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0), granted_ms_)::fencing.gate_result;

@@ -20,6 +20,18 @@ BEGIN
 END
 $$;
 
+-- How long from now_ a gateway may use the grant recorded on a fence version: until the grant's
+-- end, but never past the horizon minus the caller's forward timeout (so every write admitted
+-- under it has a deadline the horizon covers). No grant recorded, or no horizon: 0 (least()
+-- would skip the NULL and hand out a grant nobody recorded, that no raise would wait for).
+CREATE OR REPLACE FUNCTION fencing.grant_left(granted_until timestamptz, horizon timestamptz,
+                                              forward_timeout interval, now_ timestamptz)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN granted_until IS NULL OR horizon IS NULL THEN 0
+                ELSE fencing.remaining_ms(least(granted_until, horizon - forward_timeout), now_) END
+$$;
+
 -- True while a grant ending at until_ may still be in use.
 CREATE OR REPLACE FUNCTION fencing.grant_outstanding(until_ timestamptz) RETURNS boolean
 LANGUAGE sql VOLATILE AS $$

@@ -242,3 +242,69 @@ async fn stamp_mode_on_an_unbound_route_gets_no_grant() {
         assert_eq!(gate.grant, Duration::ZERO, "a stamp-mode grant on an unbound fence would outlive the lease");
     }
 }
+
+/// Many raced pairs: a gateway decision of term t asking for a grant, and an SQL raise to t + 1,
+/// at the same instant. Whenever the decision came back admitted with a grant, the raise must not
+/// have been answered before that grant's end (measured from when the decision was asked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raise_racing_a_grant_never_ends_before_the_grant() {
+    let db = TestDb::new().await;
+    let gate_session = std::sync::Arc::new(db.connect().await);
+    let raise_session = std::sync::Arc::new(db.connect().await);
+    let grant = Duration::from_millis(150);
+    let mut granted = 0;
+    for round in 0..60_i64 {
+        let resource = format!("/race/r{round}");
+        let t = 1_i64;
+        // The fence exists at term t, with a horizon that must be extended (short forward timeout).
+        store::gate(&*gate_session, &resource, t, Duration::from_millis(5), None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (g, r) = (std::sync::Arc::clone(&gate_session), std::sync::Arc::clone(&raise_session));
+        let (res_g, res_r) = (resource.clone(), resource.clone());
+        let decision = tokio::spawn(async move {
+            let asked = Instant::now();
+            let gate = store::gate_granted(&*g, &res_g, t, FORWARD, None, grant).await.unwrap();
+            (asked, gate)
+        });
+        let delay = Duration::from_micros((round as u64 % 7) * 150);
+        let raise = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            r.query_one("SELECT fencing.admit($1, $2)", &[&res_r, &(t + 1)]).await.unwrap();
+            Instant::now()
+        });
+        let (asked, gate) = decision.await.unwrap();
+        let answered = raise.await.unwrap();
+        if gate.is_admitted() && !gate.grant.is_zero() {
+            granted += 1;
+            assert!(
+                answered + SLACK >= asked + gate.grant,
+                "round {round}: the raise was answered {:?} before a grant it did not wait for ended: {gate:?}",
+                (asked + gate.grant) - answered
+            );
+        }
+    }
+    println!("{granted} of 60 decisions came back with a grant");
+}
+
+/// The fault suite's find: a fence whose horizon covers the next write but on which no grant was
+/// recorded (the last decisions came from a replica without grants), a raise holding the row
+/// (uncommitted), and a decision asking for a grant: it may be admitted on the version it read,
+/// but must not come back with a grant, since the raise waits for no grant on that row.
+#[tokio::test]
+async fn a_decision_that_skips_a_locked_row_never_hands_out_a_grant_nobody_recorded() {
+    let db = TestDb::new().await;
+    let no_grants = db.connect().await;
+    let raiser = db.connect().await;
+    let granting = db.connect().await;
+    // Term 1 through a replica without grants: the horizon covers, granted_until stays NULL.
+    for _ in 0..2 {
+        assert!(store::gate(&no_grants, "/free/r", 1, FORWARD, None).await.unwrap().is_admitted());
+    }
+    // The raise holds the row and has not committed.
+    raiser.batch_execute("BEGIN; SELECT fencing.admit('/free/r', 2)").await.unwrap();
+    let decision = store::gate_granted(&granting, "/free/r", 1, FORWARD, None, GRANT).await.unwrap();
+    assert_eq!(decision.grant, Duration::ZERO, "a grant no raise waits for: {decision:?}");
+    raiser.batch_execute("COMMIT").await.unwrap();
+    let late = store::gate_granted(&granting, "/free/r", 1, FORWARD, None, GRANT).await.unwrap();
+    assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
+}
