@@ -152,6 +152,24 @@ struct Pending {
     reply: oneshot::Sender<Result<Gate, Undecided>>,
 }
 
+impl Pending {
+    /// A decision to send, and where its answer arrives.
+    fn new(
+        resource: &str,
+        presented: &Presented,
+        bind_lease: Option<&str>,
+    ) -> (Pending, oneshot::Receiver<Result<Gate, Undecided>>) {
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            resource: resource.to_owned(),
+            presented: presented.clone(),
+            bind_lease: bind_lease.map(str::to_owned),
+            reply,
+        };
+        (pending, answer)
+    }
+}
+
 /// Builds a connection pool of `size` to `database` (TLS as its `sslmode` says). Its sessions
 /// run at READ COMMITTED whatever the database's default: fence decisions, new terms and
 /// releases decide on the newest rows (the functions refuse an older snapshot).
@@ -279,13 +297,7 @@ impl FenceStore {
         }
         let started = Instant::now();
         let boot_started = BootInstant::now();
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending {
-            resource: resource.to_owned(),
-            presented: presented.clone(),
-            bind_lease: bind_lease.map(str::to_owned),
-            reply,
-        };
+        let (pending, answer) = Pending::new(resource, presented, bind_lease);
         let lane = match (presented, cached, &self.raise_lane) {
             (Presented::Token(term), Some(max), _) if *term == max => &self.fast_lane,
             (Presented::Token(term), Some(max), Some(raise_lane)) if *term > max => raise_lane,
@@ -364,13 +376,7 @@ impl FenceStore {
     /// Sends one decision for `resource` that no writer waits for: its answer renews the grant.
     /// False when it could not be sent.
     fn renew(&self, resource: &str, presented: &Presented, bind_lease: Option<&str>) -> bool {
-        let (reply, answer) = oneshot::channel();
-        let pending = Pending {
-            resource: resource.to_owned(),
-            presented: presented.clone(),
-            bind_lease: bind_lease.map(str::to_owned),
-            reply,
-        };
+        let (pending, answer) = Pending::new(resource, presented, bind_lease);
         let started = Instant::now();
         let boot_started = BootInstant::now();
         if self.fast_lane.send(pending).is_err() {

@@ -61,9 +61,7 @@ BEGIN
        AND current_setting('transaction_isolation') = 'read committed' THEN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                 coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                CASE WHEN grant_for > interval '0'
-                     THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
-                     ELSE 0 END
+                fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_)
                )::fencing.gate_result;
     END IF;
 
@@ -142,9 +140,7 @@ BEGIN
                AND (grant_for = interval '0' OR fence_.granted_until >= now_ + grant_for * 0.75) THEN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                         coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                        CASE WHEN grant_for > interval '0'
-                             THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
-                             ELSE 0 END
+                        fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_)
                        )::fencing.gate_result;
             END IF;
             grant_end_ := NULL;
@@ -159,9 +155,7 @@ BEGIN
                 IF NOT FOUND THEN
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                            CASE WHEN grant_for > interval '0'
-                                 THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
-                                 ELSE 0 END)::fencing.gate_result;
+                            fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_))::fencing.gate_result;
                 END IF;
             END IF;
             IF grant_for > interval '0' AND fence_.lease_key IS NOT NULL THEN
@@ -190,9 +184,7 @@ BEGIN
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
-            granted_ms_ := CASE WHEN grant_for > interval '0'
-                                THEN fencing.grant_left(fence_.granted_until, fence_.horizon, forward_timeout, now_)
-                                ELSE 0 END;
+            granted_ms_ := fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_);
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                     coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0), granted_ms_)::fencing.gate_result;
         END IF;

@@ -20,15 +20,17 @@ BEGIN
 END
 $$;
 
--- How long from now_ a gateway may use the grant recorded on a fence version: until the grant's
--- end, but never past the horizon minus the caller's forward timeout (so every write admitted
--- under it has a deadline the horizon covers). No grant recorded, or no horizon: 0 (least()
--- would skip the NULL and hand out a grant nobody recorded, that no raise would wait for).
-CREATE OR REPLACE FUNCTION fencing.grant_left(granted_until timestamptz, horizon timestamptz,
+-- How long from now_ a gateway that asked for a grant (grant_for > 0) may use the one recorded on
+-- a fence version: until the grant's end, but never past the horizon minus the caller's forward
+-- timeout (so every write admitted under it has a deadline the horizon covers). Not asked for, no
+-- grant recorded, or no horizon: 0 (least() would skip the NULL and hand out a grant nobody
+-- recorded, that no raise would wait for).
+DROP FUNCTION IF EXISTS fencing.grant_left(timestamptz, timestamptz, interval, timestamptz);
+CREATE OR REPLACE FUNCTION fencing.grant_left(grant_for interval, granted_until timestamptz, horizon timestamptz,
                                               forward_timeout interval, now_ timestamptz)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN granted_until IS NULL OR horizon IS NULL THEN 0
+    SELECT CASE WHEN coalesce(grant_for, interval '0') <= interval '0' OR granted_until IS NULL OR horizon IS NULL THEN 0
                 ELSE fencing.remaining_ms(least(granted_until, horizon - forward_timeout), now_) END
 $$;
 

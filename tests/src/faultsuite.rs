@@ -311,6 +311,23 @@ async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str)
     Ok(url)
 }
 
+/// Renames today's `fencing.gate` and puts a wrapper in its place that runs `tweak` (plpgsql
+/// statements on `decision`, the real decision) before returning it.
+fn wrap_gate(tweak: &str) -> String {
+    format!(
+        "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
+         CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
+                                      grant_for interval DEFAULT interval '0')
+         RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
+         DECLARE decision fencing.gate_result;
+         BEGIN
+             decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
+             {tweak}
+             RETURN decision;
+         END $$;"
+    )
+}
+
 /// The SQL that plants `plant` in a migrated database.
 pub fn plant_sql(plant: Plant) -> Result<String> {
     let function = |name: &str| {
@@ -321,44 +338,14 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             .ok_or_else(|| anyhow!("no function file {name}"))
     };
     Ok(match plant {
-        Plant::WeakFence => "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
-             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
-                                          grant_for interval DEFAULT interval '0')
-             RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
-             DECLARE decision fencing.gate_result;
-             BEGIN
-                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
-                 IF decision.outcome = 'stale' THEN
-                     decision.admitted := true; decision.outcome := 'admitted'; decision.wait_ms := 0;
-                 END IF;
-                 RETURN decision;
-             END $$;"
-            .to_owned(),
-        Plant::NoSettle => "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
-             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
-                                          grant_for interval DEFAULT interval '0')
-             RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
-             DECLARE decision fencing.gate_result;
-             BEGIN
-                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
-                 decision.wait_ms := 0;
-                 RETURN decision;
-             END $$;"
-            .to_owned(),
+        Plant::WeakFence => wrap_gate(
+            "IF decision.outcome = 'stale' THEN decision.admitted := true; decision.outcome := 'admitted'; decision.wait_ms := 0; END IF;",
+        ),
+        Plant::NoSettle => wrap_gate("decision.wait_ms := 0;"),
         Plant::GrantIgnored => "CREATE OR REPLACE FUNCTION fencing.grant_outstanding(until_ timestamptz)
              RETURNS boolean LANGUAGE sql AS $$ SELECT false $$;"
             .to_owned(),
-        Plant::GrantOverstay => "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
-             CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
-                                          grant_for interval DEFAULT interval '0')
-             RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
-             DECLARE decision fencing.gate_result;
-             BEGIN
-                 decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
-                 decision.grant_ms := decision.grant_ms * 4;
-                 RETURN decision;
-             END $$;"
-            .to_owned(),
+        Plant::GrantOverstay => wrap_gate("decision.grant_ms := decision.grant_ms * 4;"),
         Plant::AsyncCommit => "CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
              LANGUAGE plpgsql AS $$ BEGIN END $$;"
             .to_owned(),
