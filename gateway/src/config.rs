@@ -29,6 +29,8 @@ pub const DEFAULT_CONTROL_POOL_SIZE: usize = 2;
 pub const CONTROL_BODY_LIMIT_BYTES: usize = 64 * 1024;
 /// How many client connections each listener holds at once.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// The most threads `proxy.threads` may ask for.
+pub const MAX_PROXY_THREADS: usize = 64;
 /// Connections to Postgres.
 pub const DEFAULT_POOL_SIZE: usize = 16;
 /// Fence-decision round trips out at once; more decisions wait and go in the next batch.
@@ -88,6 +90,10 @@ pub struct ProxyConfig {
     pub body_read_timeout: Duration,
     /// Connections held at once, per listener; one more is answered 503 and closed.
     pub max_connections: usize,
+    /// Threads serving the proxy listener, each a single-threaded runtime; 0 serves it on the
+    /// gateway's shared multi-threaded runtime. Default: 0 without grants, else one per CPU the
+    /// process may use.
+    pub threads: usize,
     /// A write to a client blocked this long closes its connection (both listeners).
     pub write_timeout: Duration,
     /// When not empty, the only names `Host` may carry (without the port).
@@ -262,6 +268,7 @@ struct RawProxy {
     header_read_timeout_ms: Option<u64>,
     body_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
+    threads: Option<u64>,
     write_timeout_ms: Option<u64>,
     hosts: Option<Vec<String>>,
     trusted_proxies: Option<Vec<String>>,
@@ -525,6 +532,17 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             DEFAULT_MAX_CONNECTIONS
         }
     };
+    // Without grants every write waits for a batched decision on the shared runtime, where
+    // work stealing keeps that hop short; with grants a write stays on its thread.
+    let threads = match raw.proxy.threads.map(usize::try_from) {
+        None if grant.is_zero() => 0,
+        None => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).min(MAX_PROXY_THREADS),
+        Some(Ok(n)) if n <= MAX_PROXY_THREADS => n,
+        Some(_) => {
+            problems.push(format!("proxy.threads: 0 (the shared runtime) to {MAX_PROXY_THREADS}"));
+            0
+        }
+    };
     let pool_size = match raw.database.pool_size.map(usize::try_from) {
         None => DEFAULT_POOL_SIZE,
         Some(Ok(n)) if (1..=1000).contains(&n) => n,
@@ -683,6 +701,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             header_read_timeout,
             body_read_timeout,
             max_connections,
+            threads,
             write_timeout,
             hosts: proxy_hosts,
             trusted_proxies,
@@ -960,6 +979,19 @@ mod tests {
         assert!(error.to_string().contains("listen_on"), "{error}");
         let error = Config::parse("[database]\npool_size = \"many\"", &env(&[])).expect_err("wrong type");
         assert!(error.to_string().contains("pool_size"), "{error}");
+    }
+
+    #[test]
+    fn proxy_threads_default_to_the_shared_runtime_without_grants_and_one_per_cpu_with() {
+        let parse = |text: &str| Config::parse(text, &env(&[]));
+        assert_eq!(parse("").expect("default").proxy.threads, 0);
+        let cpus =
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).min(super::MAX_PROXY_THREADS);
+        assert_eq!(parse("[database]\ngrant_ms = 400").expect("grants").proxy.threads, cpus);
+        assert_eq!(parse("[proxy]\nthreads = 3\n[database]\ngrant_ms = 400").expect("explicit").proxy.threads, 3);
+        assert_eq!(parse("[proxy]\nthreads = 0\n[database]\ngrant_ms = 400").expect("shared").proxy.threads, 0);
+        let error = parse("[proxy]\nthreads = 65").expect_err("too many");
+        assert!(error.to_string().contains("proxy.threads"), "{error}");
     }
 
     #[test]

@@ -100,6 +100,10 @@ pub struct FenceStore {
     grant_margin: Duration,
     /// The grants this gateway holds, by fence name.
     grants: Arc<Mutex<HashMap<String, Grant>>>,
+    /// Metric handles, resolved once: a decision records through them without a registry lookup.
+    granted_writes: metrics::Counter,
+    cached_refusals: metrics::Counter,
+    check_duration: metrics::Histogram,
 }
 
 /// A grant this gateway holds on one fence: writes matching it are admitted without asking.
@@ -231,6 +235,9 @@ impl FenceStore {
             grant,
             grant_margin,
             grants: Arc::new(Mutex::new(HashMap::new())),
+            granted_writes: metrics::counter!(names::GRANTED_WRITES),
+            cached_refusals: metrics::counter!(names::CACHED_REFUSALS),
+            check_duration: metrics::histogram!(names::CHECK_DURATION),
         }
     }
 
@@ -275,14 +282,14 @@ impl FenceStore {
         if !self.grant.is_zero()
             && let Some(decision) = self.admit_under_grant(resource, presented, bind_lease)
         {
-            metrics::counter!(names::GRANTED_WRITES).increment(1);
+            self.granted_writes.increment(1);
             return Ok(decision);
         }
         let cached = self.cached_max(resource);
         if let (Presented::Token(term), Some(max)) = (presented, cached)
             && *term < max
         {
-            metrics::counter!(names::CACHED_REFUSALS).increment(1);
+            self.cached_refusals.increment(1);
             let now = Instant::now();
             let gate = Gate {
                 outcome: Outcome::Stale,
@@ -313,7 +320,7 @@ impl FenceStore {
             }
         };
         let answered = Instant::now();
-        metrics::histogram!(names::CHECK_DURATION).record(answered.duration_since(started).as_secs_f64());
+        self.check_duration.record(answered.duration_since(started).as_secs_f64());
         match &result {
             Ok(gate) => {
                 self.remember(resource, gate.max_term);

@@ -107,20 +107,13 @@ pub async fn run(
     let any_https = config.routes.iter().any(|route| route.upstream.scheme_str() == Some("https"));
     let upstream_tls =
         tls::upstream_client_config(config.upstream.ca_file.as_deref(), any_https).map_err(Error::Setup)?;
-    let proxy = Arc::new(Proxy::new(
-        Arc::clone(&config),
-        Arc::clone(&fences),
-        proxy::upstream_client(config.upstream.connect_timeout, upstream_tls),
-        refusal_log,
-    ));
-    let proxy_handler: Handler = Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)));
     metrics::register_known(&config);
     // The control API has connections of its own: a flood of proxy writes cannot make lease
     // renewals wait for a pooled connection.
     let control_pool = fence::pool(&database, config.database.control_pool_size).map_err(Error::Setup)?;
     let control = control::router(ControlState {
         config: Arc::clone(&config),
-        fences,
+        fences: Arc::clone(&fences),
         pool: control_pool,
         metrics,
         granted_terms: Arc::default(),
@@ -173,15 +166,31 @@ pub async fn run(
     };
     let proxy_tls = acceptor(config.proxy.tls.as_ref())?;
     let control_tls = acceptor(config.control.tls.as_ref())?;
-    let proxy_server = tokio::spawn(server::serve(
-        "proxy",
-        listeners.proxy,
-        proxy_handler,
-        limits,
-        proxy_tls,
-        shutdown.clone(),
-        grace,
-    ));
+    let proxy_handler = || -> Handler {
+        let proxy = Arc::new(Proxy::new(
+            Arc::clone(&config),
+            Arc::clone(&fences),
+            proxy::upstream_client(config.upstream.connect_timeout, upstream_tls.clone()),
+            refusal_log.clone(),
+        ));
+        Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)))
+    };
+    let proxy_server = if config.proxy.threads == 0 {
+        let serve =
+            server::serve("proxy", listeners.proxy, proxy_handler(), limits, proxy_tls, shutdown.clone(), grace);
+        tokio::spawn(async move { Ok(serve.await) })
+    } else {
+        let handlers = (0..config.proxy.threads).map(|_| proxy_handler()).collect();
+        tokio::spawn(server::serve_on_threads(
+            "proxy",
+            listeners.proxy,
+            handlers,
+            limits,
+            proxy_tls,
+            shutdown.clone(),
+            grace,
+        ))
+    };
     let control_server = tokio::spawn(server::serve(
         "control",
         listeners.control,
@@ -191,7 +200,15 @@ pub async fn run(
         shutdown.clone(),
         grace,
     ));
-    let proxy_drained = proxy_server.await.unwrap_or(false);
+    let proxy_drained = match proxy_server.await {
+        Ok(Ok(drained)) => drained,
+        Ok(Err(error)) => {
+            shutdown.cancel();
+            let _ = control_server.await;
+            return Err(Error::Setup(format!("start the proxy threads: {error}")));
+        }
+        Err(_) => false,
+    };
     let control_drained = control_server.await.unwrap_or(false);
     Ok(proxy_drained && control_drained)
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use fencing_schema::store::{Gate, Outcome as StoreOutcome};
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST};
 use http::uri::PathAndQuery;
@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tower_http::timeout::TimeoutBody;
-use tracing::{Instrument, debug, field, info_span, warn};
+use tracing::{Instrument, debug, debug_span, field, warn};
 
 use crate::config::{Config, ResourceNaming, Route};
 use crate::fence::{FenceStore, Presented, Undecided};
@@ -39,6 +39,17 @@ pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
+/// A request's id: the header value sent on to the upstream and back to the client, made once.
+#[derive(Debug, Clone)]
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    /// The id as text (always visible ASCII).
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().unwrap_or("-")
+    }
+}
+
 /// The headers in which a client could claim another address; removed unless the peer is one
 /// of `proxy.trusted_proxies`.
 const CLIENT_ADDRESS_HEADERS: [HeaderName; 5] = [
@@ -50,16 +61,16 @@ const CLIENT_ADDRESS_HEADERS: [HeaderName; 5] = [
 ];
 
 /// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
 ];
 
 /// The connector to upstreams: plain TCP whose sockets close with RST (SO_LINGER 0), so a
@@ -133,32 +144,44 @@ impl Proxy {
     }
 
     /// Handles one request from `remote`.
+    ///
+    /// Its span is at debug level: at the default level it costs nothing per request, and the
+    /// few events of the request path that an operator sees (warnings) name the request id.
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>, remote: SocketAddr) -> Response<Body> {
-        let request_id = self.request_id(request.headers());
-        let span = info_span!(
+        let id = RequestId(self.request_id(request.headers()));
+        let span = debug_span!(
             "request",
-            %request_id,
-            method = %request.method(),
+            request_id = id.as_str(),
+            method = request.method().as_str(),
             route = field::Empty,
             resource = field::Empty,
             term = field::Empty,
         );
-        let mut response = self.route(request, remote, &request_id).instrument(span).await;
-        if let Ok(value) = HeaderValue::from_str(&request_id) {
-            response.headers_mut().insert(REQUEST_ID, value);
-        }
+        let mut response = self.route(request, remote, &id).instrument(span).await;
+        response.headers_mut().insert(REQUEST_ID, id.0);
         response
     }
 
-    fn request_id(&self, headers: &HeaderMap) -> String {
-        let sane = |id: &&str| !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_graphic());
-        match headers.get(&REQUEST_ID).and_then(|value| value.to_str().ok()).filter(sane) {
-            Some(id) => id.to_owned(),
-            None => format!("{:08x}-{}", self.request_id_prefix, self.next_request_id.fetch_add(1, Ordering::Relaxed)),
+    /// The client's request id when it is sane (1 to 64 visible ASCII characters), else a new one.
+    fn request_id(&self, headers: &HeaderMap) -> HeaderValue {
+        let sane = |value: &&HeaderValue| {
+            let id = value.as_bytes();
+            !id.is_empty() && id.len() <= 64 && id.iter().all(u8::is_ascii_graphic)
+        };
+        if let Some(id) = headers.get(&REQUEST_ID).filter(sane) {
+            return id.clone();
         }
+        let id = format!("{:08x}-{}", self.request_id_prefix, self.next_request_id.fetch_add(1, Ordering::Relaxed));
+        // Hex digits, a dash and decimal digits: always a valid header value.
+        HeaderValue::from_maybe_shared(Bytes::from(id)).unwrap_or_else(|_| HeaderValue::from_static("-"))
     }
 
-    async fn route(&self, mut request: Request<Incoming>, remote: SocketAddr, request_id: &str) -> Response<Body> {
+    async fn route(
+        &self,
+        mut request: Request<Incoming>,
+        remote: SocketAddr,
+        request_id: &RequestId,
+    ) -> Response<Body> {
         if let Err(problem) = crate::auth::check_host(request.headers(), request.version(), &self.config.proxy.hosts) {
             return problem.into_response();
         }
@@ -189,20 +212,6 @@ impl Proxy {
         }
 
         let started = Instant::now();
-        // Who sent it, and stamp mode's lease and owner (as the store keeps it), for the refusal
-        // log (the request is consumed below).
-        let caller = self.config.clients.authenticate(request.headers()).ok();
-        let caller_name = caller.as_ref().map_or("-", |caller| caller.name()).to_owned();
-        let stamped = match (
-            request.headers().get(&FENCING_LEASE).and_then(|v| v.to_str().ok()),
-            request.headers().get(&FENCING_OWNER).and_then(|v| v.to_str().ok()),
-        ) {
-            (Some(lease), Some(owner)) => Some((
-                lease.to_owned(),
-                caller.as_ref().map_or_else(|| owner.to_owned(), |caller| caller.store_owner(owner)),
-            )),
-            _ => None,
-        };
         self.inflight_writes.increment(1.0);
         let response = match self.fenced(route, request, remote, request_id).await {
             Ok(response) => {
@@ -212,21 +221,9 @@ impl Proxy {
             Err(rejection) => {
                 let outcome = rejection.outcome();
                 route_metrics.write(outcome.as_label());
-                if let Rejection::Fenced { fence, presented_term, current_term, .. } = &rejection {
-                    self.refusals.record(&crate::refusals::Refused {
-                        resource: fence,
-                        route: &route.prefix,
-                        outcome: outcome.as_label(),
-                        presented_term: *presented_term,
-                        current_term: *current_term,
-                        client: remote,
-                        request_id,
-                        lease: stamped.as_ref().map(|(lease, owner)| (lease.as_str(), owner.as_str())),
-                        caller: &caller_name,
-                    });
-                }
                 if outcome == Outcome::UpstreamError {
-                    warn!(?rejection, "admitted write not answered by the upstream");
+                    let (request_id, route) = (request_id.as_str(), route.prefix.as_str());
+                    warn!(request_id, route, ?rejection, "admitted write not answered by the upstream");
                 } else {
                     debug!(?rejection, "write refused");
                 }
@@ -244,7 +241,7 @@ impl Proxy {
         route: &Route,
         mut request: Request<Incoming>,
         remote: SocketAddr,
-        request_id: &str,
+        request_id: &RequestId,
     ) -> Response<Body> {
         remove_fencing_headers(request.headers_mut());
         if self.config.clients.enabled() {
@@ -268,7 +265,7 @@ impl Proxy {
         route: &Route,
         request: Request<Incoming>,
         remote: SocketAddr,
-        request_id: &str,
+        request_id: &RequestId,
     ) -> Result<Response<Body>, Rejection> {
         // With clients configured, a fenced write is a client's: authenticated, and under a
         // lease the client may use. Its stamp-mode owner is the client's (see `auth`).
@@ -316,13 +313,31 @@ impl Proxy {
         let body = read_body(body, limit, self.config.proxy.body_read_timeout).await?;
 
         let decision = self.fences.decide(&fence, &presented, route.lease.as_deref()).await.map_err(|error| {
-            warn!(%error, "fence decision could not be made; refusing the write");
+            let request_id = request_id.as_str();
+            warn!(request_id, %fence, %error, "fence decision could not be made; refusing the write");
             match error {
                 Undecided::TimedOut | Undecided::Failed(_) => Rejection::Unavailable,
             }
         })?;
         let gate = &decision.gate;
-        let term = admitted_term(gate, &resource, &fence, &presented)?;
+        let term = admitted_term(gate, &resource, &fence, &presented).inspect_err(|rejection| {
+            if let Rejection::Fenced { fence, outcome, presented_term, current_term, .. } = rejection {
+                self.refusals.record(&crate::refusals::Refused {
+                    resource: fence,
+                    route: &route.prefix,
+                    outcome: outcome.as_label(),
+                    presented_term: *presented_term,
+                    current_term: *current_term,
+                    client: remote,
+                    request_id: request_id.as_str(),
+                    lease: match &presented {
+                        Presented::Lease { key, owner } => Some((key.as_str(), owner.as_str())),
+                        Presented::Token(_) => None,
+                    },
+                    caller: caller.name(),
+                });
+            }
+        })?;
         tracing::Span::current().record("term", term);
 
         // S5. The store decided at some instant between `asked` and `answered`, and said: wait
@@ -361,7 +376,7 @@ impl Proxy {
         mut parts: http::request::Parts,
         body: Body,
         remote: SocketAddr,
-        request_id: &str,
+        request_id: &RequestId,
         deadline: Instant,
         term: Option<i64>,
     ) -> Result<Response<Body>, Rejection> {
@@ -374,9 +389,7 @@ impl Proxy {
         }
         let original_host = parts.headers.remove(HOST);
         add_forwarded(&mut parts.headers, remote, original_host.as_ref(), self.config.proxy.tls.is_some());
-        if let Ok(value) = HeaderValue::from_str(request_id) {
-            parts.headers.insert(REQUEST_ID, value);
-        }
+        parts.headers.insert(REQUEST_ID, request_id.0.clone());
         let outbound = Request::from_parts(parts, body);
         if Instant::now() >= deadline {
             return Err(Rejection::UpstreamTimeout);
@@ -444,17 +457,19 @@ fn admitted_term(gate: &Gate, resource: &str, fence: &str, presented: &Presented
 
 /// Removes the hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if headers.contains_key(CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -619,51 +634,86 @@ pub fn check_path(path: &str) -> Result<(), Rejection> {
 
 /// Reads a fenced write's whole body, at most `limit` bytes, each piece within `pause` of the
 /// last: 413 over the limit, 400 for a body that is malformed, cut off or too slow.
-async fn read_body(body: Incoming, limit: u64, pause: Duration) -> Result<Bytes, Rejection> {
-    let limited = Limited::new(TimeoutBody::new(pause, body), usize::try_from(limit).unwrap_or(usize::MAX));
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::BodyTooLarge { limit }),
-        Err(error) if error.is::<tower_http::timeout::TimeoutError>() => Err(Rejection::Malformed(format!(
-            "the request body paused for longer than {} ms; nothing was decided",
-            pause.as_millis()
-        ))),
-        Err(error) => {
-            Err(Rejection::Malformed(format!("the request body could not be read ({error}); nothing was decided")))
+///
+/// Each frame is awaited under its own timeout, which arms a timer only when the frame is not
+/// there yet (a small body arrives with its head), and reading stops at the body's end.
+async fn read_body(mut body: Incoming, limit: u64, pause: Duration) -> Result<Bytes, Rejection> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut length: u64 = 0;
+    while !http_body::Body::is_end_stream(&body) {
+        let frame = match tokio::time::timeout(pause, body.frame()).await {
+            Ok(Some(Ok(frame))) => frame,
+            Ok(None) => break,
+            Ok(Some(Err(error))) => {
+                return Err(Rejection::Malformed(format!(
+                    "the request body could not be read ({error}); nothing was decided"
+                )));
+            }
+            Err(_) => {
+                return Err(Rejection::Malformed(format!(
+                    "the request body paused for longer than {} ms; nothing was decided",
+                    pause.as_millis()
+                )));
+            }
+        };
+        // Trailers are not forwarded: the gateway sends the body with its length.
+        let Ok(data) = frame.into_data() else { continue };
+        length = length.saturating_add(data.len() as u64);
+        if length > limit {
+            return Err(Rejection::BodyTooLarge { limit });
+        }
+        match (&first, &mut joined) {
+            (None, _) => first = Some(data),
+            (Some(_), Some(joined)) => joined.extend_from_slice(&data),
+            (Some(head), None) => {
+                let mut both = BytesMut::with_capacity(head.len() + data.len());
+                both.extend_from_slice(head);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
         }
     }
+    Ok(match (joined, first) {
+        (Some(joined), _) => joined.freeze(),
+        (None, Some(only)) => only,
+        (None, None) => Bytes::new(),
+    })
 }
 
 /// The upstream's scheme and authority, its base path, then the request's path and query.
 /// The request's own authority and Host are never used.
 fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result<Uri, Rejection> {
+    let cannot = || Rejection::Malformed("the request target cannot be forwarded".to_owned());
     let base = upstream.path().trim_end_matches('/');
-    let tail = path_and_query.map_or("/", PathAndQuery::as_str);
-    let mut builder = Uri::builder();
-    if let Some(scheme) = upstream.scheme() {
-        builder = builder.scheme(scheme.clone());
-    }
-    if let Some(authority) = upstream.authority() {
-        builder = builder.authority(authority.clone());
-    }
-    builder
-        .path_and_query(format!("{base}{tail}"))
-        .build()
-        .map_err(|_| Rejection::Malformed("the request target cannot be forwarded".to_owned()))
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = upstream.scheme().cloned();
+    parts.authority = upstream.authority().cloned();
+    parts.path_and_query = Some(match path_and_query {
+        // No base path: the request's own path and query, as parsed (no copy, no second parse).
+        Some(tail) if base.is_empty() => tail.clone(),
+        tail => {
+            let tail = tail.map_or("/", PathAndQuery::as_str);
+            PathAndQuery::from_maybe_shared(Bytes::from(format!("{base}{tail}"))).map_err(|_| cannot())?
+        }
+    });
+    Uri::from_parts(parts).map_err(|_| cannot())
 }
 
 fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>, tls: bool) {
+    use std::fmt::Write as _;
     let proto = if tls { "https" } else { "http" };
-    let mut element = format!("for=\"{remote}\";proto={proto}");
+    let mut element = String::with_capacity(128);
+    let _ = write!(element, "for=\"{remote}\";proto={proto}");
     // Only a Host that is a valid authority goes in (check_host refused the others already);
     // it then has no character that could break the quoted-string.
     if let Some(host) = host
         .and_then(|value| value.to_str().ok())
         .filter(|text| text.parse::<http::uri::Authority>().is_ok() && !text.contains(['"', '\\']))
     {
-        element.push_str(&format!(";host=\"{host}\""));
+        let _ = write!(element, ";host=\"{host}\"");
     }
-    if let Ok(value) = HeaderValue::from_str(&element) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(element)) {
         headers.append(FORWARDED, value);
     }
 }

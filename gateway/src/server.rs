@@ -2,6 +2,8 @@
 //! idle keep-alive connections: hyper starts it as soon as a connection waits for a request
 //! head), a head size limit, a connection cap answered with 503, a write timeout on every
 //! connection (a slow reader cannot hold a slot for ever), and a graceful drain on shutdown.
+//! The proxy listener serves its connections on threads of their own, each a single-threaded
+//! runtime ([`serve_on_threads`]).
 //! There is no read timeout while a request is in flight: hyper keeps a read pending then, and
 //! bodies have timeouts of their own.
 
@@ -19,9 +21,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -45,8 +49,9 @@ pub struct Limits {
     pub write_timeout: Duration,
 }
 
-/// Serves `listener` until `shutdown` is cancelled, then stops accepting and lets open
-/// connections finish their requests for up to `grace`. Returns whether the drain finished.
+/// Serves `listener` on the current runtime until `shutdown` is cancelled, then stops
+/// accepting and lets open connections finish their requests for up to `grace`. Returns whether
+/// the drain finished.
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
@@ -57,6 +62,113 @@ pub async fn serve(
     grace: Duration,
 ) -> bool {
     let graceful = GracefulShutdown::new();
+    accept_loop(name, &listener, limits, tls.is_some(), &shutdown, |stream, remote, permit| {
+        serve_connection(name, stream, remote, Arc::clone(&handler), limits, tls.clone(), &graceful, permit);
+    })
+    .await;
+    drop(listener);
+    drain(name, graceful, grace).await
+}
+
+/// A thread with a single-threaded runtime that serves the connections handed to it.
+struct Worker {
+    connections: mpsc::UnboundedSender<(std::net::TcpStream, SocketAddr, Slot)>,
+    /// Its open connections: the acceptor hands the next one to the least loaded thread.
+    load: Arc<AtomicUsize>,
+    drained: oneshot::Receiver<bool>,
+}
+
+/// A connection's place: its permit under the listener's cap, and its count on its thread.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    load: Arc<AtomicUsize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.load.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// As [`serve`], with each connection served on one of as many threads as `handlers`, each
+/// running a single-threaded runtime: a request, its upstream exchange and its answer stay on
+/// one thread, with no wake-up of another worker per request. Each thread has a handler of its
+/// own (so what it holds, an upstream client and its pool, belongs to that thread's runtime).
+/// One accept loop on the current runtime holds the cap and hands each connection to the
+/// thread with the fewest open connections.
+pub async fn serve_on_threads(
+    name: &'static str,
+    listener: TcpListener,
+    handlers: Vec<Handler>,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) -> std::io::Result<bool> {
+    let mut workers = Vec::with_capacity(handlers.len());
+    for (index, handler) in handlers.into_iter().enumerate() {
+        let (connections, mut incoming) = mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr, Slot)>();
+        let (done, drained) = oneshot::channel();
+        let tls = tls.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name(format!("{name}-{index}")).spawn(move || {
+            let finished = runtime.block_on(async move {
+                let graceful = GracefulShutdown::new();
+                while let Some((stream, remote, slot)) = incoming.recv().await {
+                    match TcpStream::from_std(stream) {
+                        Ok(stream) => serve_connection(
+                            name,
+                            stream,
+                            remote,
+                            Arc::clone(&handler),
+                            limits,
+                            tls.clone(),
+                            &graceful,
+                            slot,
+                        ),
+                        Err(error) => {
+                            debug!(listener = name, %remote, %error, "connection lost on its way to a thread")
+                        }
+                    }
+                }
+                drain(name, graceful, grace).await
+            });
+            let _ = done.send(finished);
+        })?;
+        workers.push(Worker { connections, load: Arc::default(), drained });
+    }
+    accept_loop(name, &listener, limits, tls.is_some(), &shutdown, |stream, remote, permit| {
+        let Some(worker) = workers.iter().min_by_key(|worker| worker.load.load(Ordering::Relaxed)) else { return };
+        worker.load.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot { _permit: permit, load: Arc::clone(&worker.load) };
+        match stream.into_std() {
+            Ok(stream) => {
+                // A thread that stopped drops the connection (and its slot) with the message.
+                let _ = worker.connections.send((stream, remote, slot));
+            }
+            Err(error) => debug!(listener = name, %remote, %error, "could not hand a connection to a thread"),
+        }
+    })
+    .await;
+    drop(listener);
+    let mut drained = true;
+    for worker in workers {
+        drop(worker.connections);
+        drained &= worker.drained.await.unwrap_or(false);
+    }
+    Ok(drained)
+}
+
+/// Accepts connections until `shutdown` is cancelled: one over the cap is answered 503 (in
+/// clear; a TLS listener closes it), every other goes to `serve` with its permit.
+async fn accept_loop(
+    name: &'static str,
+    listener: &TcpListener,
+    limits: Limits,
+    tls: bool,
+    shutdown: &CancellationToken,
+    mut serve: impl FnMut(TcpStream, SocketAddr, OwnedSemaphorePermit),
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let (stream, remote) = tokio::select! {
@@ -74,57 +186,73 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
             metrics::counter!(crate::metrics::CONNECTIONS_REFUSED, "listener" => name).increment(1);
-            if tls.is_none() {
+            if !tls {
                 tokio::spawn(answer_busy(stream));
             }
             // A TLS listener never speaks plaintext, not even to say it is busy: closed.
             continue;
         };
-        let mut timed = TimeoutStream::new(stream);
-        timed.set_write_timeout(Some(limits.write_timeout));
-        let stream = Box::pin(timed);
+        serve(stream, remote, permit);
+    }
+}
+
+/// Serves one connection on the current runtime: TLS handshake (bounded like a request head)
+/// when `tls`, then HTTP/1.1 until it closes or `graceful` drains it; `slot` is held until then.
+#[allow(clippy::too_many_arguments)]
+fn serve_connection<S: Send + 'static>(
+    name: &'static str,
+    stream: TcpStream,
+    remote: SocketAddr,
+    handler: Handler,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+    graceful: &GracefulShutdown,
+    slot: S,
+) {
+    let mut timed = TimeoutStream::new(stream);
+    timed.set_write_timeout(Some(limits.write_timeout));
+    let stream = Box::pin(timed);
+    let service = service_fn(move |request| {
         let handler = Arc::clone(&handler);
-        let service = service_fn(move |request| {
-            let handler = Arc::clone(&handler);
-            async move { Ok::<_, Infallible>(handler(request, remote).await) }
-        });
-        let builder = {
-            let mut builder = http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .max_buf_size(limits.max_header_bytes)
-                .keep_alive(true);
-            builder
-        };
-        let watcher = graceful.watcher();
-        match &tls {
-            None => {
-                let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                    drop(permit);
-                });
-            }
-            Some(acceptor) => {
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    // The handshake is bounded like a request head.
-                    match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
-                        }
-                        Ok(Err(error)) => {
-                            debug!(listener = name, %remote, error = %crate::error_chain(&error), "TLS handshake failed");
-                        }
-                        Err(_) => debug!(listener = name, %remote, "TLS handshake timed out"),
+        async move { Ok::<_, Infallible>(handler(request, remote).await) }
+    });
+    let builder = {
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(limits.max_header_bytes)
+            .keep_alive(true);
+        builder
+    };
+    let watcher = graceful.watcher();
+    match tls {
+        None => {
+            let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                let _ = connection.await;
+                drop(slot);
+            });
+        }
+        Some(acceptor) => {
+            tokio::spawn(async move {
+                match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await;
                     }
-                    drop(permit);
-                });
-            }
+                    Ok(Err(error)) => {
+                        debug!(listener = name, %remote, error = %crate::error_chain(&error), "TLS handshake failed");
+                    }
+                    Err(_) => debug!(listener = name, %remote, "TLS handshake timed out"),
+                }
+                drop(slot);
+            });
         }
     }
-    drop(listener);
+}
+
+/// Lets the connections `graceful` watches finish for up to `grace`; whether they did.
+async fn drain(name: &'static str, graceful: GracefulShutdown, grace: Duration) -> bool {
     info!(listener = name, ?grace, "stopped accepting; draining open connections");
     // Connections still open hold their permits; a closed semaphore ends nothing early.
     match tokio::time::timeout(grace, graceful.shutdown()).await {

@@ -1,7 +1,8 @@
 //! The gateway benchmark: not a test, a measurement.
 //!
 //! ```text
-//! cargo run --release -p fencing-tests --bin bench -- [--seconds 5] [--concurrency 32,1] [--rounds 3]
+//! cargo run --release -p fencing-tests --bin bench -- [--seconds 5] [--concurrency 32,1] [--rounds 3] \
+//!     [--only 'gw verify, grants|pass-through']
 //! ```
 //!
 //! It starts a durable PostgreSQL (the server's default fsync and synchronous commit), a fast
@@ -11,8 +12,8 @@
 //! the same closed-loop load (each of `concurrency` connections sends its next request when the
 //! previous answer arrives), every target once per round, rounds interleaved, and prints the
 //! median round per target: requests per second, p50 and p99, their ratios to the pass-through
-//! and to nginx, the gateway's Postgres transactions (decision round trips) per request and its
-//! CPU time per request.
+//! and to nginx, the gateway's Postgres transactions (decision round trips) per request, and the
+//! CPU time per request of the proxy process (the gateway's, the pass-through's).
 //! Then it measures how long the first write of a new term takes while the old term's grant is
 //! held (a grant period plus the settle wait at most).
 
@@ -47,10 +48,12 @@ struct Options {
     concurrency: Vec<usize>,
     /// Rounds of every target, interleaved; the median round is printed.
     rounds: usize,
+    /// Only the targets whose name contains one of these (`|`-separated; all when empty).
+    only: Vec<String>,
 }
 
 fn options() -> Result<Options> {
-    let mut options = Options { seconds: 5, concurrency: vec![32, 1], rounds: 3 };
+    let mut options = Options { seconds: 5, concurrency: vec![32, 1], rounds: 3, only: Vec::new() };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or_else(|| anyhow!("{flag} needs a value"))?;
@@ -60,6 +63,7 @@ fn options() -> Result<Options> {
                 options.concurrency = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
             }
             "--rounds" => options.rounds = value.parse()?,
+            "--only" => options.only = value.split('|').map(|name| name.trim().to_owned()).collect(),
             other => bail!("unknown flag {other}"),
         }
     }
@@ -289,8 +293,10 @@ struct Target {
     method: Method,
     path: &'static str,
     headers: Vec<(String, String)>,
-    /// The gateway process, for its decision round trips (Postgres transactions) and CPU per request.
+    /// The gateway process, for its decision round trips (Postgres transactions).
     gateway: Option<usize>,
+    /// The proxy process whose CPU time per request is reported (a gateway, the pass-through).
+    cpu_pid: Option<i32>,
 }
 
 /// What one target measured in one round.
@@ -344,6 +350,8 @@ async fn run(options: &Options) -> Result<()> {
         r#"{"owner":"bench","ttl_ms":3600000}"#,
     )
     .await?;
+    let passthrough_pid = passthrough.id().and_then(|id| i32::try_from(id).ok());
+    let gateway_pid = |index: usize| gateways[index].pid().map(|pid| pid.as_raw());
     let term = lease.json()["term"].as_i64().context("lease term")?.to_string();
     let header = |name: &str, value: &str| (name.to_owned(), value.to_owned());
     let token = vec![header("fencing-token", &term)];
@@ -357,6 +365,7 @@ async fn run(options: &Options) -> Result<()> {
             path: "/ledger/acct-1/entries",
             headers: vec![],
             gateway: None,
+            cpu_pid: None,
         },
         Target {
             name: "pass-through",
@@ -365,6 +374,7 @@ async fn run(options: &Options) -> Result<()> {
             path: "/ledger/acct-1/entries",
             headers: vec![],
             gateway: None,
+            cpu_pid: passthrough_pid,
         },
     ];
     if let Some((_, addr)) = &nginx {
@@ -375,6 +385,7 @@ async fn run(options: &Options) -> Result<()> {
             path: "/ledger/acct-1/entries",
             headers: vec![],
             gateway: None,
+            cpu_pid: None,
         });
     } else {
         println!("nginx: not installed, its rows are skipped (apt-get install nginx-light)");
@@ -389,6 +400,7 @@ async fn run(options: &Options) -> Result<()> {
             path: "/ledger/acct-1/entries",
             headers: token.clone(),
             gateway: Some(index),
+            cpu_pid: gateway_pid(index),
         });
         targets.push(Target {
             name: name("stamp"),
@@ -397,6 +409,7 @@ async fn run(options: &Options) -> Result<()> {
             path: "/bound/acct-2/entries",
             headers: stamp.clone(),
             gateway: Some(index),
+            cpu_pid: gateway_pid(index),
         });
         targets.push(Target {
             name: name("bound verify"),
@@ -405,6 +418,7 @@ async fn run(options: &Options) -> Result<()> {
             path: "/bound/acct-3/entries",
             headers: token.clone(),
             gateway: Some(index),
+            cpu_pid: gateway_pid(index),
         });
     }
     targets.push(Target {
@@ -414,6 +428,7 @@ async fn run(options: &Options) -> Result<()> {
         path: "/ledger/acct-1/entries",
         headers: vec![],
         gateway: None,
+        cpu_pid: passthrough_pid,
     });
     targets.push(Target {
         name: "gw GET",
@@ -422,8 +437,16 @@ async fn run(options: &Options) -> Result<()> {
         path: "/ledger/acct-1/entries",
         headers: vec![],
         gateway: Some(0),
+        cpu_pid: gateway_pid(0),
     });
 
+    if !options.only.is_empty() {
+        targets.retain(|target| options.only.iter().any(|name| target.name.contains(name.as_str())));
+    }
+    for (index, gateway) in gateways.iter().enumerate() {
+        let pid = gateway.pid().map_or(-1, |pid| pid.as_raw());
+        eprintln!("bench: gateway {index} (grant_ms {}) is pid {pid}", [0, GRANT_MS][index]);
+    }
     for &concurrency in &options.concurrency {
         eprintln!(
             "bench: {concurrency} connections, {} s per target after 1 s of warm-up, {} rounds",
@@ -432,7 +455,7 @@ async fn run(options: &Options) -> Result<()> {
         let mut rounds: Vec<Vec<Round>> = vec![Vec::new(); targets.len()];
         for _ in 0..options.rounds {
             for (index, target) in targets.iter().enumerate() {
-                let pid = target.gateway.and_then(|g| gateways[g].pid()).map(|pid| pid.as_raw());
+                let pid = target.cpu_pid;
                 let round_trips = async || match target.gateway {
                     Some(g) => decision_round_trips(&gateways[g]).await,
                     None => Ok(0),
@@ -478,12 +501,13 @@ async fn run(options: &Options) -> Result<()> {
                 (Some(n), false) => (format!("{:.2}x", stats.rps / n.rps), format!("{:.2}x", stats.p99_ms / n.p99_ms)),
                 _ => ("-".to_owned(), "-".to_owned()),
             };
-            let (tx, cpu) = match target.gateway {
-                Some(_) => (
-                    format!("{:.3}", round.transactions as f64 / sent),
-                    format!("{:.1}", round.cpu.as_secs_f64() * 1e6 / sent),
-                ),
-                None => ("-".to_owned(), "-".to_owned()),
+            let tx = match target.gateway {
+                Some(_) => format!("{:.3}", round.transactions as f64 / sent),
+                None => "-".to_owned(),
+            };
+            let cpu = match target.cpu_pid {
+                Some(_) => format!("{:.1}", round.cpu.as_secs_f64() * 1e6 / sent),
+                None => "-".to_owned(),
             };
             println!(
                 "{:<24} {:>9.0} {:>8.2} {:>8.2} {:>6} {:>8.2}x {:>9} {:>9} {:>8} {:>9}",

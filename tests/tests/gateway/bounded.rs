@@ -46,9 +46,11 @@ async fn big_upstream(bytes: usize) -> SocketAddr {
     addr
 }
 
+/// The proxy listener on two threads of its own (`proxy.threads`): the limits hold across them,
+/// the connection cap is one for the listener.
 fn config(upstream: SocketAddr, extra: &str) -> String {
     format!(
-        "[proxy]\n{extra}\n[[routes]]\nprefix = \"/free\"\nupstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n"
+        "[proxy]\nthreads = 2\n{extra}\n[[routes]]\nprefix = \"/free\"\nupstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n"
     )
 }
 

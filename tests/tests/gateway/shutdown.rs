@@ -10,10 +10,21 @@ use nix::sys::signal::Signal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_writes_finish_refuses_new_ones_and_exits_within_the_grace_period() {
+    sigterm_during_load(0).await;
+}
+
+/// The same with the proxy listener served on two threads of their own (`proxy.threads`):
+/// every thread drains its connections before the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_proxy_thread() {
+    sigterm_during_load(2).await;
+}
+
+async fn sigterm_during_load(proxy_threads: usize) {
     let db = TestDb::new().await;
     let mut upstream = Upstream::start().await.unwrap();
     let config = format!(
-        "[shutdown]\ngrace_period_ms = 5000\n[upstream]\nforward_timeout_ms = 4000\n\
+        "[proxy]\nthreads = {proxy_threads}\n[shutdown]\ngrace_period_ms = 5000\n[upstream]\nforward_timeout_ms = 4000\n\
          [[routes]]\nprefix = \"/slow\"\nupstream = \"{}\"\nresource = {{ fixed = \"slow\" }}\n",
         upstream.url()
     );
