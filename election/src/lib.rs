@@ -61,12 +61,15 @@
 //! - [`config`]: the builder, its defaults and the validation that refuses unsafe settings.
 //! - [`state`]: what leader code sees: [`LeaderState`], [`Event`], [`Leadership`], [`FencingToken`].
 //! - `runtime`: the background task.
+//! - [`membership`]: cluster membership: every process heartbeats its node row and hears nodes
+//!   join and leave ([`membership::Membership`]).
 //! - [`metrics`]: the names of the metrics it records.
 //! - [`Error`]: this crate's one error type.
 
 pub mod clock;
 pub mod config;
 mod error;
+pub mod membership;
 pub mod metrics;
 mod runtime;
 pub mod state;

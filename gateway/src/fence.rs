@@ -100,6 +100,9 @@ pub struct FenceStore {
     grant_margin: Duration,
     /// The grants this gateway holds, by fence name.
     grants: Arc<Mutex<HashMap<String, Grant>>>,
+    /// The runtime the store was made on (the gateway's shared one): grant renewals run there,
+    /// whichever proxy thread sent them, so none is dropped with a proxy thread's runtime.
+    runtime: tokio::runtime::Handle,
     /// Metric handles, resolved once: a decision records through them without a registry lookup.
     granted_writes: metrics::Counter,
     cached_refusals: metrics::Counter,
@@ -235,6 +238,7 @@ impl FenceStore {
             grant,
             grant_margin,
             grants: Arc::new(Mutex::new(HashMap::new())),
+            runtime: tokio::runtime::Handle::current(),
             granted_writes: metrics::counter!(names::GRANTED_WRITES),
             cached_refusals: metrics::counter!(names::CACHED_REFUSALS),
             check_duration: metrics::histogram!(names::CHECK_DURATION),
@@ -392,7 +396,7 @@ impl FenceStore {
         let grants = Arc::clone(&self.grants);
         let (grant, margin, check_timeout) = (self.grant, self.grant_margin, self.check_timeout);
         let (resource, presented, bind_lease) = (resource.to_owned(), presented.clone(), bind_lease.map(str::to_owned));
-        tokio::spawn(async move {
+        self.runtime.spawn(async move {
             let key = GrantKey { resource: &resource, presented: &presented, bind_lease: bind_lease.as_deref() };
             let result = match timeout_at(started + check_timeout, answer).await {
                 Ok(Ok(Ok(gate))) => {

@@ -29,7 +29,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// A request handler: the request and the client's address in, the response out.
 pub type Handler =
@@ -80,8 +80,16 @@ struct Worker {
 
 /// A connection's place: its permit under the listener's cap, and its count on its thread.
 struct Slot {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     load: Arc<AtomicUsize>,
+}
+
+impl Slot {
+    /// Takes the permit out, to be carried to another thread; the count on this one drops
+    /// with the slot.
+    fn release(mut self) -> Option<OwnedSemaphorePermit> {
+        self.permit.take()
+    }
 }
 
 impl Drop for Slot {
@@ -106,6 +114,7 @@ pub async fn serve_on_threads(
     grace: Duration,
 ) -> std::io::Result<bool> {
     let mut workers = Vec::with_capacity(handlers.len());
+    let mut stopped = Vec::new();
     for (index, handler) in handlers.into_iter().enumerate() {
         let (connections, mut incoming) = mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr, Slot)>();
         let (done, drained) = oneshot::channel();
@@ -138,23 +147,48 @@ pub async fn serve_on_threads(
         workers.push(Worker { connections, load: Arc::default(), drained });
     }
     accept_loop(name, &listener, limits, tls.is_some(), &shutdown, |stream, remote, permit| {
-        let Some(worker) = workers.iter().min_by_key(|worker| worker.load.load(Ordering::Relaxed)) else { return };
-        worker.load.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot { _permit: permit, load: Arc::clone(&worker.load) };
-        match stream.into_std() {
-            Ok(stream) => {
-                // A thread that stopped drops the connection (and its slot) with the message.
-                let _ = worker.connections.send((stream, remote, slot));
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                debug!(listener = name, %remote, %error, "could not hand a connection to a thread");
+                return;
             }
-            Err(error) => debug!(listener = name, %remote, %error, "could not hand a connection to a thread"),
+        };
+        let mut message = Some((stream, Some(permit)));
+        // The least loaded thread that still serves; a thread that stopped (it cannot, short of
+        // a bug) is skipped from then on, and the connection closed when none is left.
+        while let Some((stream, Some(permit))) = message.take() {
+            let Some(index) = (0..workers.len()).min_by_key(|&index| workers[index].load.load(Ordering::Relaxed))
+            else {
+                error!(listener = name, %remote, "no proxy thread is serving; connection closed");
+                return;
+            };
+            let worker = &workers[index];
+            worker.load.fetch_add(1, Ordering::Relaxed);
+            let slot = Slot { permit: Some(permit), load: Arc::clone(&worker.load) };
+            if let Err(returned) = worker.connections.send((stream, remote, slot)) {
+                let (stream, _, slot) = returned.0;
+                error!(listener = name, thread = index, "a proxy thread stopped serving; its share goes to the others");
+                stopped.push(workers.swap_remove(index));
+                message = Some((stream, slot.release()));
+            }
         }
     })
     .await;
     drop(listener);
+    // Every thread hears the end at once (its sender dropped) and drains within the grace
+    // period, all together.
+    let drains: Vec<_> = workers
+        .into_iter()
+        .chain(stopped)
+        .map(|worker| {
+            drop(worker.connections);
+            worker.drained
+        })
+        .collect();
     let mut drained = true;
-    for worker in workers {
-        drop(worker.connections);
-        drained &= worker.drained.await.unwrap_or(false);
+    for done in drains {
+        drained &= done.await.unwrap_or(false);
     }
     Ok(drained)
 }

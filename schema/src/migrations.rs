@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 3, name: "audit", sql: include_str!("../migrations/0003_audit.sql") },
     Migration { version: 4, name: "functions", sql: include_str!("../migrations/0004_functions.sql") },
     Migration { version: 5, name: "grants", sql: include_str!("../migrations/0005_grants.sql") },
+    Migration { version: 6, name: "members", sql: include_str!("../migrations/0006_members.sql") },
 ];
 
 macro_rules! repeatable {
@@ -61,6 +62,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "gate_many",
     "grants",
     "guard",
+    "members",
     "presented_term",
     "probe_newest",
     "protect",
@@ -74,7 +76,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 5;
+pub const LATEST_VERSION: i32 = 6;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

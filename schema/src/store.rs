@@ -586,3 +586,98 @@ pub async fn list_audit(client: &impl GenericClient, limit: i64) -> Result<Vec<A
         })
         .collect()
 }
+
+/// What `fencing.heartbeat` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// False when another live incarnation holds the node id (nothing changed then).
+    pub ok: bool,
+    /// The incarnation that holds the node id: the caller's when `ok`.
+    pub incarnation: String,
+    /// When the holding incarnation joined.
+    pub started_at: SystemTime,
+    /// When the node expires by the store's clock unless it heartbeats again.
+    pub expires_at: SystemTime,
+    /// Time left until then, by the store's clock, rounded down.
+    pub remaining: Duration,
+}
+
+/// One live node of a cluster, as `fencing.members` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The node id.
+    pub node_id: String,
+    /// Its display name.
+    pub name: String,
+    /// When this incarnation of the node joined: a node that left and came back has a new one.
+    pub started_at: SystemTime,
+    /// Its last heartbeat.
+    pub heartbeat_at: SystemTime,
+    /// When it expires by the store's clock unless it heartbeats again.
+    pub expires_at: SystemTime,
+    /// Time left until then, when it was read.
+    pub remaining: Duration,
+    /// Its metadata: a JSON object, as text.
+    pub metadata: String,
+}
+
+/// Calls `fencing.heartbeat(cluster, node_id, incarnation, name, ttl, metadata)`.
+pub async fn heartbeat(
+    client: &impl GenericClient,
+    node: (&str, &str, &str),
+    name: &str,
+    ttl: Duration,
+    metadata: &str,
+) -> Result<Heartbeat, Error> {
+    let (cluster, node_id, incarnation) = node;
+    let row = client
+        .query_one(
+            "SELECT ok, incarnation, started_at, expires_at, remaining_ms
+               FROM fencing.heartbeat($1, $2, $3, $4, $5::bigint * interval '1 millisecond', $6)",
+            &[&cluster, &node_id, &incarnation, &name, &ttl_ms(ttl), &metadata],
+        )
+        .await?;
+    Ok(Heartbeat {
+        ok: row.try_get("ok").map_err(Error::Store)?,
+        incarnation: row.try_get("incarnation").map_err(Error::Store)?,
+        started_at: row.try_get("started_at").map_err(Error::Store)?,
+        expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+        remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+    })
+}
+
+/// Calls `fencing.leave(cluster, node_id, incarnation)`: true when the node was live under
+/// that incarnation and now is not.
+pub async fn leave(
+    client: &impl GenericClient,
+    cluster: &str,
+    node_id: &str,
+    incarnation: &str,
+) -> Result<bool, Error> {
+    let row = client.query_one("SELECT fencing.leave($1, $2, $3)", &[&cluster, &node_id, &incarnation]).await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
+/// Calls `fencing.members(cluster)`: the live nodes, by node id.
+pub async fn members(client: &impl GenericClient, cluster: &str) -> Result<Vec<Member>, Error> {
+    let rows = client
+        .query(
+            "SELECT node_id, name, started_at, heartbeat_at, expires_at, remaining_ms, metadata
+               FROM fencing.members($1)",
+            &[&cluster],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Member {
+                node_id: row.try_get("node_id").map_err(Error::Store)?,
+                name: row.try_get("name").map_err(Error::Store)?,
+                started_at: row.try_get("started_at").map_err(Error::Store)?,
+                heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
+                expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+                remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+                metadata: row.try_get("metadata").map_err(Error::Store)?,
+            })
+        })
+        .collect()
+}

@@ -4,4 +4,5 @@
 #![allow(clippy::unwrap_used)]
 
 mod in_process;
+mod membership;
 mod processes;

@@ -67,3 +67,65 @@ async fn sigterm_during_load(proxy_threads: usize) {
     }
     assert_eq!(gateway.wait_exit(Duration::from_secs(5)).await.unwrap(), Some(0), "drained within the grace period");
 }
+
+/// With the proxy listener on two threads, SIGTERM reaches both at once: while one thread
+/// drains a slow write, the other stops serving too (its idle keep-alive connection gets no
+/// new request served), rather than waiting for the first to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_reaches_every_proxy_thread_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    let db = TestDb::new().await;
+    let mut upstream = Upstream::start().await.unwrap();
+    let config = format!(
+        "[proxy]\nthreads = 2\n[shutdown]\ngrace_period_ms = 6000\n[upstream]\nforward_timeout_ms = 5000\n\
+         [[routes]]\nprefix = \"/slow\"\nupstream = \"{}\"\nresource = {{ fixed = \"slow\" }}\n",
+        upstream.url()
+    );
+    let mut gateway = Gateway::start(&db.url(), &config).await.unwrap();
+    let request = |delay_ms: u64| {
+        format!(
+            "POST /slow HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nX-Upstream-Delay-Ms: {delay_ms}\r\n\
+             Content-Length: 0\r\n\r\n"
+        )
+    };
+    // Everything a connection sends until it has been quiet for `quiet` (or closed).
+    async fn read_for(stream: &mut TcpStream, quiet: Duration) -> (String, bool) {
+        let mut bytes = Vec::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(quiet, stream.read(&mut buffer)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&bytes).into_owned(), true),
+                Ok(Ok(n)) => bytes.extend_from_slice(&buffer[..n]),
+                Err(_) => return (String::from_utf8_lossy(&bytes).into_owned(), false),
+            }
+        }
+    }
+
+    // The first connection goes to the first thread: a write the upstream answers in 2.5 s.
+    let mut slow = TcpStream::connect(gateway.proxy).await.unwrap();
+    slow.write_all(request(2500).as_bytes()).await.unwrap();
+    for _ in 0..200 {
+        if !upstream.collect(Duration::from_millis(20)).await.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(upstream.log.len(), 1, "the slow write reached the upstream");
+    // The second goes to the other thread (the least loaded): one quick write, kept alive.
+    let mut kept = TcpStream::connect(gateway.proxy).await.unwrap();
+    kept.write_all(request(0).as_bytes()).await.unwrap();
+    let (answer, closed) = read_for(&mut kept, Duration::from_millis(500)).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && !closed, "{answer}");
+
+    gateway.signal(Signal::SIGTERM).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Well inside the slow write's drain: the other thread serves nothing more.
+    let _ = kept.write_all(request(0).as_bytes()).await;
+    let (after, _) = read_for(&mut kept, Duration::from_secs(3)).await;
+    assert!(!after.contains("HTTP/1.1 200"), "a write sent after SIGTERM was served by the other thread: {after}");
+    // The slow write still completes, and the process exits within the grace period.
+    let (slow_answer, _) = read_for(&mut slow, Duration::from_secs(5)).await;
+    assert!(slow_answer.starts_with("HTTP/1.1 200"), "{slow_answer}");
+    assert_eq!(gateway.wait_exit(Duration::from_secs(6)).await.unwrap(), Some(0), "drained within the grace period");
+}

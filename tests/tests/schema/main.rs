@@ -15,6 +15,7 @@ mod guard;
 mod guard_coverage;
 mod harness;
 mod isolation;
+mod members;
 mod migrations;
 mod plants;
 mod s1_lease_exclusion;

@@ -1,0 +1,459 @@
+//! Cluster membership: every process heartbeats its node row in `fencing.nodes`, and every
+//! process (not only the leader) reads the table and hears nodes join and leave.
+//!
+//! A node is live while its row's `expires_at` is in the future by the store's clock. One node
+//! id is live in one process at a time: a heartbeat from another incarnation of a live id is
+//! refused ([`MemberEvent::IdentityConflict`]) until the holder leaves or expires.
+//!
+//! ```no_run
+//! use fencing_election::membership::{MemberEvent, Membership};
+//!
+//! # async fn example(pool: deadpool_postgres::Pool) -> Result<(), fencing_election::Error> {
+//! let node = Membership::builder(pool, "billing")
+//!     // Stable for this process unless given (for example the pod name).
+//!     .node_id(std::env::var("POD_NAME").unwrap_or_else(|_| "billing-1".to_owned()))
+//!     .metadata(r#"{"zone":"a"}"#)
+//!     .build()?
+//!     .start();
+//! let mut events = node.events();
+//! while let Ok(event) = events.recv().await {
+//!     match event {
+//!         MemberEvent::NodeJoined(member) => println!("{} joined", member.node_id),
+//!         MemberEvent::NodeLeft(member) => println!("{} left", member.node_id),
+//!         MemberEvent::IdentityConflict { node_id } => eprintln!("{node_id} is live elsewhere"),
+//!     }
+//! }
+//! node.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use fencing_schema::store::{self, Member};
+use rand::Rng;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::Error;
+
+/// How often a node heartbeats unless set.
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
+/// How long a node stays live after a heartbeat unless set.
+pub const DEFAULT_REGISTRATION_TTL: Duration = Duration::from_secs(90);
+/// The registration ttl must be at least this many heartbeat intervals: a node survives two
+/// missed or slow heartbeats.
+pub const MIN_TTL_INTERVALS: u32 = 3;
+/// A leader that assigns work to nodes must hold its lease at least this many heartbeat
+/// intervals ([`Membership::check_leader_ttl`]), so one leader sees several heartbeats.
+pub const MIN_LEADER_TTL_INTERVALS: u32 = 2;
+/// The most metadata a node carries: a JSON object of this many bytes.
+pub const MAX_METADATA_BYTES: usize = 8192;
+/// Events a slow listener may fall behind by before it misses some.
+const EVENT_CAPACITY: usize = 256;
+
+/// Gauge `{cluster}`: live nodes as this process last read them.
+pub const LIVE_NODES: &str = "membership_live_nodes";
+/// Counter `{cluster}`: heartbeats that failed, timed out or were refused.
+pub const HEARTBEAT_FAILURES: &str = "membership_heartbeat_failures_total";
+
+/// A live node, as the store listed it.
+pub type Node = Member;
+
+/// What every node hears about the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// A node is live: seen for the first time by this process, or back as a new incarnation
+    /// (a new `started_at`). The first read reports every live node, this one included.
+    NodeJoined(Node),
+    /// A node is no longer live: it left, or stopped heartbeating past its ttl. A node that
+    /// came back as a new incarnation is reported left, then joined.
+    NodeLeft(Node),
+    /// This process's heartbeat was refused: another live process holds its node id. It keeps
+    /// trying, and joins once the other leaves or expires.
+    IdentityConflict {
+        /// The node id in use.
+        node_id: String,
+    },
+}
+
+/// A configured node of a cluster; [`Membership::start`] runs it.
+#[derive(Debug, Clone)]
+pub struct Membership {
+    pool: Pool,
+    cluster: String,
+    node_id: String,
+    incarnation: String,
+    name: String,
+    metadata: String,
+    heartbeat_interval: Duration,
+    ttl: Duration,
+    query_timeout: Duration,
+}
+
+/// Settings for a [`Membership`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MembershipBuilder {
+    pool: Pool,
+    cluster: String,
+    node_id: Option<String>,
+    name: Option<String>,
+    metadata: String,
+    heartbeat_interval: Duration,
+    ttl: Duration,
+    query_timeout: Option<Duration>,
+}
+
+impl Membership {
+    /// Starts configuring this process's node of `cluster`, using connections from `pool`.
+    pub fn builder(pool: Pool, cluster: impl Into<String>) -> MembershipBuilder {
+        MembershipBuilder {
+            pool,
+            cluster: cluster.into(),
+            node_id: None,
+            name: None,
+            metadata: "{}".to_owned(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            ttl: DEFAULT_REGISTRATION_TTL,
+            query_timeout: None,
+        }
+    }
+
+    /// The node id.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    /// How often the node heartbeats.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat_interval
+    }
+
+    /// How long the node stays live after a heartbeat.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Refuses a leader lease ttl that is not markedly longer than the heartbeat interval (at
+    /// least [`MIN_LEADER_TTL_INTERVALS`] of them): a leader that acts on every heartbeat
+    /// would otherwise change hands between two of them.
+    pub fn check_leader_ttl(&self, leader_ttl: Duration) -> Result<(), Error> {
+        let floor = self.heartbeat_interval * MIN_LEADER_TTL_INTERVALS;
+        if leader_ttl < floor {
+            return Err(Error::InvalidSetting(format!(
+                "the leader's lease ttl ({leader_ttl:?}) must be at least {MIN_LEADER_TTL_INTERVALS} heartbeat \
+                 intervals ({floor:?})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Spawns the node's background task on the current Tokio runtime: it heartbeats, reads
+    /// the live nodes after each heartbeat, and reports what changed.
+    pub fn start(self) -> MembershipHandle {
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let (members_tx, members) = watch::channel(Vec::new());
+        let (registered_tx, registered) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(self.clone(), events.clone(), members_tx, registered_tx, stop.clone()));
+        MembershipHandle { membership: self, events, members, registered, stop, task: Some(task) }
+    }
+
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, String>
+    where
+        F: FnOnce(deadpool_postgres::Object) -> Fut,
+        Fut: std::future::Future<Output = Result<T, fencing_schema::Error>>,
+    {
+        let deadline = Instant::now() + self.query_timeout;
+        let client = match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(format!("get a connection: {error}")),
+            Err(_) => return Err("timed out getting a connection".to_owned()),
+        };
+        match timeout_at(deadline, call(client)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no answer within {:?}", self.query_timeout)),
+        }
+    }
+}
+
+impl MembershipBuilder {
+    /// The node id, stable for the process (default: host name and process id, the same for
+    /// every node of this process). Override it with a name the platform keeps, such as a pod
+    /// name; a process restarted under the same id joins once its previous incarnation left
+    /// or expired.
+    pub fn node_id(mut self, node_id: impl Into<String>) -> Self {
+        self.node_id = Some(node_id.into());
+        self
+    }
+
+    /// A name for people (default: the node id).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Metadata every node sees: a JSON object of at most 8 KiB, as text. Default `{}`.
+    pub fn metadata(mut self, json: impl Into<String>) -> Self {
+        self.metadata = json.into();
+        self
+    }
+
+    /// How often the node heartbeats (before jitter: up to 20 % early). Default 15 s.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// How long the node stays live after a heartbeat, by the store's clock. Default 90 s; at
+    /// least three heartbeat intervals.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The longest one heartbeat or read may take. Default a third of the interval; less than
+    /// the interval.
+    pub fn query_timeout(mut self, timeout: Duration) -> Self {
+        self.query_timeout = Some(timeout);
+        self
+    }
+
+    /// Checks the settings: the first that cannot work is the error.
+    pub fn build(self) -> Result<Membership, Error> {
+        let invalid = |message: String| Err(Error::InvalidSetting(message));
+        let node_id = self.node_id.unwrap_or_else(|| process_node_id().to_owned());
+        let name = self.name.unwrap_or_else(|| node_id.clone());
+        for (what, value) in [("cluster", &self.cluster), ("node id", &node_id), ("node name", &name)] {
+            if value.is_empty() || value.chars().count() > 256 {
+                return invalid(format!("{what} must be 1 to 256 characters"));
+            }
+        }
+        if self.metadata.len() > MAX_METADATA_BYTES || !looks_like_json_object(&self.metadata) {
+            return invalid(format!("metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes"));
+        }
+        let interval = self.heartbeat_interval;
+        if interval < crate::config::MIN_INTERVAL {
+            return invalid(format!(
+                "heartbeat interval ({interval:?}) must be at least {:?}",
+                crate::config::MIN_INTERVAL
+            ));
+        }
+        if self.ttl > crate::config::MAX_TTL {
+            return invalid(format!("registration ttl must be at most {:?}", crate::config::MAX_TTL));
+        }
+        if self.ttl < interval * MIN_TTL_INTERVALS {
+            return invalid(format!(
+                "registration ttl ({:?}) must be at least {MIN_TTL_INTERVALS} heartbeat intervals ({:?}), so a node \
+                 survives two missed heartbeats",
+                self.ttl,
+                interval * MIN_TTL_INTERVALS
+            ));
+        }
+        let query_timeout = self.query_timeout.unwrap_or(interval / 3);
+        if query_timeout.is_zero() || query_timeout >= interval {
+            return invalid(format!(
+                "query timeout ({query_timeout:?}) must be positive and less than the heartbeat interval ({interval:?})"
+            ));
+        }
+        Ok(Membership {
+            pool: self.pool,
+            cluster: self.cluster,
+            node_id,
+            incarnation: format!("{:032x}", rand::random::<u128>()),
+            name,
+            metadata: self.metadata,
+            heartbeat_interval: interval,
+            ttl: self.ttl,
+            query_timeout,
+        })
+    }
+}
+
+/// The default node id: host name and process id, made once per process.
+fn process_node_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "unknown-host".to_owned());
+        let host: String = host.chars().take(200).collect();
+        format!("{host}-{}", std::process::id())
+    })
+}
+
+/// A cheap first check; the store parses the metadata and refuses what is not an object.
+fn looks_like_json_object(text: &str) -> bool {
+    let text = text.trim();
+    text.starts_with('{') && text.ends_with('}')
+}
+
+/// A running node: the live members as last read, events, and a clean leave.
+#[derive(Debug)]
+pub struct MembershipHandle {
+    membership: Membership,
+    events: broadcast::Sender<MemberEvent>,
+    members: watch::Receiver<Vec<Node>>,
+    registered: watch::Receiver<bool>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl MembershipHandle {
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.membership.node_id
+    }
+
+    /// Events from now on.
+    pub fn events(&self) -> broadcast::Receiver<MemberEvent> {
+        self.events.subscribe()
+    }
+
+    /// The live nodes as last read (by node id).
+    pub fn members(&self) -> Vec<Node> {
+        self.members.borrow().clone()
+    }
+
+    /// Watches the live nodes.
+    pub fn watch_members(&self) -> watch::Receiver<Vec<Node>> {
+        self.members.clone()
+    }
+
+    /// True while this node's last heartbeat was accepted and has not expired by the local
+    /// monotonic clock (sent + remaining).
+    pub fn is_registered(&self) -> bool {
+        *self.registered.borrow()
+    }
+
+    /// Stops heartbeating and leaves the cluster now (bounded by the query timeout), so others
+    /// hear `NodeLeft` at their next read instead of after the ttl. Whether the leave was
+    /// recorded.
+    pub async fn shutdown(mut self) -> bool {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        let (cluster, node_id, incarnation) =
+            (&self.membership.cluster, &self.membership.node_id, &self.membership.incarnation);
+        match self
+            .membership
+            .call(|client| async move { store::leave(&**client, cluster, node_id, incarnation).await })
+            .await
+        {
+            Ok(left) => left,
+            Err(error) => {
+                warn!(cluster = %cluster, node_id = %node_id, %error, "could not leave; the node expires after its ttl");
+                false
+            }
+        }
+    }
+}
+
+impl Drop for MembershipHandle {
+    /// Stops heartbeating without leaving: the node expires after its ttl.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn run(
+    node: Membership,
+    events: broadcast::Sender<MemberEvent>,
+    members: watch::Sender<Vec<Node>>,
+    registered: watch::Sender<bool>,
+    stop: CancellationToken,
+) {
+    let live_nodes = metrics::gauge!(LIVE_NODES, "cluster" => node.cluster.clone());
+    let failures = metrics::counter!(HEARTBEAT_FAILURES, "cluster" => node.cluster.clone());
+    failures.absolute(0);
+    // The known incarnation of every live node: node id -> the node as last read.
+    let mut known: BTreeMap<String, Node> = BTreeMap::new();
+    let mut registered_until: Option<Instant> = None;
+    let mut in_conflict = false;
+    loop {
+        // Heartbeat.
+        let sent = Instant::now();
+        let (cluster, node_id, incarnation) = (&node.cluster, &node.node_id, &node.incarnation);
+        let (name, metadata, ttl) = (&node.name, &node.metadata, node.ttl);
+        let beat = node
+            .call(|client| async move {
+                store::heartbeat(&**client, (cluster, node_id, incarnation), name, ttl, metadata).await
+            })
+            .await;
+        match beat {
+            Ok(beat) if beat.ok => {
+                registered_until = Some(sent + beat.remaining);
+                in_conflict = false;
+            }
+            Ok(_) => {
+                failures.increment(1);
+                if !in_conflict {
+                    warn!(cluster = %node.cluster, node_id = %node.node_id, "another live process holds this node id");
+                    let _ = events.send(MemberEvent::IdentityConflict { node_id: node.node_id.clone() });
+                }
+                in_conflict = true;
+                registered_until = None;
+            }
+            Err(error) => {
+                failures.increment(1);
+                warn!(cluster = %node.cluster, node_id = %node.node_id, %error, "heartbeat failed");
+            }
+        }
+        registered.send_replace(registered_until.is_some_and(|until| Instant::now() < until));
+
+        // Read the live nodes and report the differences.
+        match node.call(|client| async move { store::members(&**client, cluster).await }).await {
+            Ok(live) => {
+                let now_live: BTreeMap<String, Node> =
+                    live.into_iter().map(|member| (member.node_id.clone(), member)).collect();
+                // The list first: whoever hears an event finds it in `members()` already.
+                live_nodes.set(now_live.len() as f64);
+                members.send_replace(now_live.values().cloned().collect());
+                for (id, old) in &known {
+                    if now_live.get(id).is_none_or(|new| new.started_at != old.started_at) {
+                        let _ = events.send(MemberEvent::NodeLeft(old.clone()));
+                    }
+                }
+                for (id, new) in &now_live {
+                    if known.get(id).is_none_or(|old| old.started_at != new.started_at) {
+                        let _ = events.send(MemberEvent::NodeJoined(new.clone()));
+                    }
+                }
+                known = now_live;
+            }
+            Err(error) => debug!(cluster = %node.cluster, %error, "could not read the members"),
+        }
+
+        // Up to 20 % early, never late; the registration view lapses at its deadline meanwhile.
+        let jitter = node.heartbeat_interval.mul_f64(0.2 * rand::rng().random::<f64>());
+        let next = sent + node.heartbeat_interval - jitter;
+        let lapse = registered_until.filter(|until| *until < next);
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+            () = async { if let Some(at) = lapse { tokio::time::sleep_until(at).await } else { std::future::pending().await } } => {
+                registered.send_replace(false);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep_until(next) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Cluster membership against a real PostgreSQL: every node hears every join and leave, from
+//! the table; a node that stops heartbeating is heard leaving within its ttl plus one
+//! heartbeat; one node id is live in one process at a time.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fencing_election::membership::{MemberEvent, Membership, MembershipHandle};
+use fencing_tests::pg::TestDb;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+
+const INTERVAL: Duration = Duration::from_millis(200);
+const TTL: Duration = Duration::from_millis(1500);
+
+fn pool(url: &str) -> Pool {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager).max_size(2).build().unwrap()
+}
+
+fn node(db: &TestDb, id: &str, ttl: Duration) -> MembershipHandle {
+    Membership::builder(pool(&db.url()), "cluster-a")
+        .node_id(id)
+        .metadata(format!(r#"{{"zone":"{id}-zone"}}"#))
+        .heartbeat_interval(INTERVAL)
+        .ttl(ttl)
+        .build()
+        .unwrap()
+        .start()
+}
+
+/// The next event matching `wanted` within `within`, or a panic naming what was awaited.
+async fn next_event(
+    events: &mut broadcast::Receiver<MemberEvent>,
+    within: Duration,
+    what: &str,
+    wanted: impl Fn(&MemberEvent) -> bool,
+) -> MemberEvent {
+    let deadline = Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) if wanted(&event) => return event,
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => panic!("{what}: events ended: {error}"),
+            Err(_) => panic!("{what}: not heard within {within:?}"),
+        }
+    }
+}
+
+fn joined(id: &'static str) -> impl Fn(&MemberEvent) -> bool {
+    move |event| matches!(event, MemberEvent::NodeJoined(node) if node.node_id == id)
+}
+
+fn left(id: &'static str) -> impl Fn(&MemberEvent) -> bool {
+    move |event| matches!(event, MemberEvent::NodeLeft(node) if node.node_id == id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_hears_every_join_with_metadata_and_lists_the_live_nodes() {
+    let db = TestDb::new().await;
+    let nodes = [node(&db, "a", TTL), node(&db, "b", TTL), node(&db, "c", TTL)];
+    let mut streams: Vec<_> = nodes.iter().map(MembershipHandle::events).collect();
+    for (index, events) in streams.iter_mut().enumerate() {
+        let mut heard = BTreeSet::new();
+        while heard.len() < 3 {
+            let event = next_event(events, Duration::from_secs(10), &format!("node {index}: three joins"), |event| {
+                matches!(event, MemberEvent::NodeJoined(_))
+            })
+            .await;
+            if let MemberEvent::NodeJoined(member) = event {
+                assert_eq!(member.metadata.replace(' ', ""), format!(r#"{{"zone":"{}-zone"}}"#, member.node_id));
+                heard.insert(member.node_id);
+            }
+        }
+    }
+    for handle in &nodes {
+        let ids: Vec<String> = handle.members().into_iter().map(|member| member.node_id).collect();
+        assert_eq!(ids, ["a", "b", "c"], "{} lists every live node", handle.node_id());
+        assert!(handle.is_registered(), "{} is registered", handle.node_id());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_stops_heartbeating_is_heard_leaving_within_its_ttl_plus_one_heartbeat() {
+    let db = TestDb::new().await;
+    let a = node(&db, "a", TTL);
+    let mut events = a.events();
+    let c = node(&db, "c", TTL);
+    next_event(&mut events, Duration::from_secs(10), "c joins", joined("c")).await;
+    // Gone without leaving, as a killed process is: its row stays until it expires.
+    drop(c);
+    let stopped = Instant::now();
+    let event = next_event(&mut events, TTL + Duration::from_secs(10), "c leaves", left("c")).await;
+    let heard = stopped.elapsed();
+    // Not before the store expired it (the last heartbeat was at most one interval before the
+    // stop), and within the ttl plus one heartbeat of the observer, plus scheduling slack.
+    assert!(heard >= TTL - INTERVAL, "c was heard leaving after {heard:?}, before its ttl {TTL:?}: {event:?}");
+    assert!(heard <= TTL + INTERVAL + Duration::from_millis(700), "c was heard leaving only after {heard:?}");
+    assert_eq!(a.members().into_iter().map(|member| member.node_id).collect::<Vec<_>>(), ["a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_shuts_down_is_heard_leaving_at_the_next_read() {
+    let db = TestDb::new().await;
+    let long = Duration::from_secs(30);
+    let a = node(&db, "a", long);
+    let mut events = a.events();
+    let b = node(&db, "b", long);
+    next_event(&mut events, Duration::from_secs(10), "b joins", joined("b")).await;
+    assert!(b.shutdown().await, "the leave is recorded");
+    // Long before the 30 s ttl.
+    next_event(&mut events, Duration::from_secs(5), "b leaves", left("b")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_node_id_is_live_in_one_process_at_a_time_and_the_second_joins_after_the_first_leaves() {
+    let db = TestDb::new().await;
+    let observer = node(&db, "observer", TTL);
+    let mut events = observer.events();
+    let first = node(&db, "dup", TTL);
+    let joined_first = next_event(&mut events, Duration::from_secs(10), "dup joins", joined("dup")).await;
+    let second = node(&db, "dup", TTL);
+    let mut second_events = second.events();
+    next_event(
+        &mut second_events,
+        Duration::from_secs(10),
+        "the second hears the conflict",
+        |event| matches!(event, MemberEvent::IdentityConflict { node_id } if node_id == "dup"),
+    )
+    .await;
+    assert!(!second.is_registered(), "the second process is not registered while the first holds the id");
+    // The first keeps its incarnation meanwhile: no leave, no second join of "dup".
+    tokio::time::sleep(INTERVAL * 4).await;
+    let listed: Vec<_> = observer.members().into_iter().filter(|member| member.node_id == "dup").collect();
+    let MemberEvent::NodeJoined(first_seen) = &joined_first else { unreachable!() };
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].started_at, first_seen.started_at, "the first incarnation still holds the id");
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(&event, MemberEvent::NodeLeft(node) | MemberEvent::NodeJoined(node) if node.node_id == "dup"),
+            "the id changed hands while the first was live: {event:?}"
+        );
+    }
+    // The first leaves: the second joins as a new incarnation.
+    assert!(first.shutdown().await);
+    next_event(&mut events, Duration::from_secs(5), "the first leaves", left("dup")).await;
+    let MemberEvent::NodeJoined(second_seen) =
+        next_event(&mut events, Duration::from_secs(5), "the second joins", joined("dup")).await
+    else {
+        unreachable!()
+    };
+    assert!(second_seen.started_at > first_seen.started_at, "a new incarnation");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !second.is_registered() {
+        assert!(Instant::now() < deadline, "the second never registered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn settings_that_cannot_work_are_refused() {
+    let db = TestDb::new().await;
+    let builder = || Membership::builder(pool(&db.url()), "cluster-a").node_id("n");
+    let refused = |result: Result<Membership, fencing_election::Error>, fragment: &str| match result {
+        Err(fencing_election::Error::InvalidSetting(message)) => {
+            assert!(message.contains(fragment), "{message:?} lacks {fragment:?}")
+        }
+        other => panic!("expected a refusal about {fragment}, got {other:?}"),
+    };
+    // The defaults: 15 s heartbeats, 90 s ttl.
+    let defaults = Membership::builder(pool(&db.url()), "cluster-a").build().unwrap();
+    assert_eq!((defaults.heartbeat_interval(), defaults.ttl()), (Duration::from_secs(15), Duration::from_secs(90)));
+    assert!(!defaults.node_id().is_empty());
+    assert_eq!(
+        defaults.node_id(),
+        Membership::builder(pool(&db.url()), "other").build().unwrap().node_id(),
+        "the default node id is the process's"
+    );
+    refused(builder().ttl(Duration::from_secs(40)).build(), "at least 3 heartbeat intervals");
+    refused(builder().query_timeout(Duration::from_secs(15)).build(), "less than the heartbeat interval");
+    refused(builder().heartbeat_interval(Duration::from_millis(1)).build(), "heartbeat interval");
+    refused(builder().metadata("[1, 2]").build(), "JSON object");
+    refused(builder().metadata(format!(r#"{{"x":"{}"}}"#, "y".repeat(9000))).build(), "JSON object");
+    refused(builder().node_id("").build(), "node id");
+    refused(Membership::builder(pool(&db.url()), "").node_id("n").build(), "cluster");
+    // A leader that assigns work must hold its lease markedly longer than a heartbeat.
+    let node = builder().build().unwrap();
+    refused(node.check_leader_ttl(Duration::from_secs(10)).map(|()| node.clone()), "at least 2 heartbeat intervals");
+    assert!(node.check_leader_ttl(Duration::from_secs(30)).is_ok());
+}

@@ -1,0 +1,80 @@
+//! Cluster membership in SQL: `fencing.heartbeat`, `fencing.leave`, `fencing.members`, each
+//! driven by the session that would break its rule.
+
+use fencing_schema::SQLSTATE_INVALID_ARGUMENT;
+use fencing_tests::pg::TestDb;
+use fencing_tests::{message, snapshot, sqlstate};
+use tokio_postgres::Client;
+
+const BEAT: &str =
+    "SELECT ok, incarnation, started_at FROM fencing.heartbeat($1, $2, $3, 'name', $4::text::interval, '{}')";
+
+async fn beat(client: &Client, node: &str, incarnation: &str, ttl: &str) -> (bool, String, std::time::SystemTime) {
+    let row = client.query_one(BEAT, &[&"c", &node, &incarnation, &ttl]).await.unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+async fn live(client: &Client) -> Vec<String> {
+    client.query("SELECT node_id FROM fencing.members('c')", &[]).await.unwrap().iter().map(|row| row.get(0)).collect()
+}
+
+#[tokio::test]
+async fn a_live_node_id_is_held_by_one_incarnation_and_a_node_back_after_expiry_is_a_new_one() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let (ok, _, first_start) = beat(&client, "n", "inc-1", "10 seconds").await;
+    assert!(ok);
+    // Another process configured with the same id: refused while the first is live.
+    let before = snapshot(&client, "SELECT * FROM fencing.nodes").await;
+    let (ok, holder, started) = beat(&client, "n", "inc-2", "10 seconds").await;
+    assert_eq!((ok, holder.as_str(), started), (false, "inc-1", first_start));
+    assert_eq!(snapshot(&client, "SELECT * FROM fencing.nodes").await, before, "a refused heartbeat changes nothing");
+    // The first keeps its start while it heartbeats.
+    let (ok, _, started) = beat(&client, "n", "inc-1", "10 seconds").await;
+    assert!(ok && started == first_start);
+    // Leaving under another incarnation does nothing; under its own, the node is gone at once.
+    let left: bool = client.query_one("SELECT fencing.leave('c', 'n', 'inc-2')", &[]).await.unwrap().get(0);
+    assert!(!left);
+    assert_eq!(live(&client).await, ["n"]);
+    let left: bool = client.query_one("SELECT fencing.leave('c', 'n', 'inc-1')", &[]).await.unwrap().get(0);
+    assert!(left);
+    assert!(live(&client).await.is_empty());
+    // Now the second may take the id: a new incarnation, started now.
+    let (ok, holder, started) = beat(&client, "n", "inc-2", "10 seconds").await;
+    assert!(ok && holder == "inc-2" && started > first_start);
+    // A node that expired (a paused process) and heartbeats again joins anew, even as itself.
+    let (_, _, short_start) = beat(&client, "m", "inc-3", "100 milliseconds").await;
+    client.batch_execute("SELECT pg_sleep(0.3)").await.unwrap();
+    assert_eq!(live(&client).await, ["n"], "m expired");
+    let (ok, _, again) = beat(&client, "m", "inc-3", "10 seconds").await;
+    assert!(ok && again > short_start, "a node back after its expiry is a new incarnation");
+    assert_eq!(live(&client).await, ["m", "n"]);
+}
+
+#[tokio::test]
+async fn bad_membership_input_is_refused_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "n", "inc-1", "10 seconds").await;
+    let cases = [
+        ("SELECT fencing.heartbeat('', 'n', 'i', 'x', '1 second', '{}')", "cluster"),
+        ("SELECT fencing.heartbeat('c', NULL, 'i', 'x', '1 second', '{}')", "node id"),
+        ("SELECT fencing.heartbeat('c', 'n', '', 'x', '1 second', '{}')", "incarnation"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', repeat('x', 300), '1 second', '{}')", "node name"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '0 seconds', '{}')", "ttl"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '2 hours', '{}')", "ttl"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', 'not json')", "not JSON"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', '[1]')", "JSON object"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', NULL)", "JSON object"),
+        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', '{\"a\":\"' || repeat('x', 9000) || '\"}')", "8192"),
+        ("SELECT fencing.leave('c', '', 'inc-1')", "node id"),
+        ("SELECT * FROM fencing.members(NULL)", "cluster"),
+    ];
+    for (sql, fragment) in cases {
+        let before = snapshot(&client, "SELECT * FROM fencing.nodes").await;
+        let error = client.batch_execute(sql).await.expect_err(sql);
+        assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{sql}: {error}");
+        assert!(message(&error).contains(fragment), "{sql}: {:?} lacks {fragment:?}", message(&error));
+        assert_eq!(snapshot(&client, "SELECT * FROM fencing.nodes").await, before, "{sql} changed the nodes");
+    }
+}
