@@ -4,8 +4,13 @@
 //! cargo run -p fencing-election --example elector -- \
 //!     --database-url postgres://postgres@127.0.0.1:5432/app --key demo [--owner NAME] \
 //!     [--ttl-ms 10000] [--renew-ms N] [--margin-ms N] [--query-timeout-ms N] [--tick-ms 100] \
-//!     [--metrics-listen 127.0.0.1:9464]
+//!     [--metrics-listen 127.0.0.1:9464] \
+//!     [--cluster NAME --node-id ID [--heartbeat-ms 15000] [--registration-ttl-ms 90000]]
 //! ```
+//!
+//! With `--cluster`, it is also a node of that cluster (`fencing_election::membership`) and
+//! prints `node_joined`, `node_left` (each with `node` and `started_ms`, the node's start on the
+//! store's clock in Unix milliseconds) and `identity_conflict` lines.
 //!
 //! Every line has `event` and `at_ms`, milliseconds on this process's monotonic clock since it
 //! started; leader lines and ticks carry `deadline_ms` on the same clock. SIGTERM or SIGINT shut
@@ -16,6 +21,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fencing_election::membership::{MemberEvent, Membership};
 use fencing_election::{Elector, Event, LeaderState};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
@@ -31,6 +37,10 @@ struct Args {
     query_timeout: Option<Duration>,
     tick: Duration,
     metrics_listen: Option<std::net::SocketAddr>,
+    cluster: Option<String>,
+    node_id: Option<String>,
+    heartbeat: Option<Duration>,
+    registration_ttl: Option<Duration>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -44,6 +54,10 @@ fn parse_args() -> Result<Args, String> {
         query_timeout: None,
         tick: Duration::from_millis(100),
         metrics_listen: None,
+        cluster: None,
+        node_id: None,
+        heartbeat: None,
+        registration_ttl: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
@@ -58,6 +72,10 @@ fn parse_args() -> Result<Args, String> {
             "--margin-ms" => args.margin = Some(ms()?),
             "--query-timeout-ms" => args.query_timeout = Some(ms()?),
             "--tick-ms" => args.tick = ms()?,
+            "--cluster" => args.cluster = Some(value.clone()),
+            "--node-id" => args.node_id = Some(value.clone()),
+            "--heartbeat-ms" => args.heartbeat = Some(ms()?),
+            "--registration-ttl-ms" => args.registration_ttl = Some(ms()?),
             "--metrics-listen" => args.metrics_listen = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?),
             other => return Err(format!("unknown flag {other}")),
         }
@@ -82,6 +100,32 @@ fn quote(text: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// This process's node of `cluster`, as the flags say.
+fn membership(
+    pool: Pool,
+    cluster: String,
+    node_id: Option<String>,
+    heartbeat: Option<Duration>,
+    ttl: Option<Duration>,
+) -> Result<Membership, fencing_election::Error> {
+    let mut builder = Membership::builder(pool, cluster);
+    if let Some(node_id) = node_id {
+        builder = builder.node_id(node_id);
+    }
+    if let Some(heartbeat) = heartbeat {
+        builder = builder.heartbeat_interval(heartbeat);
+    }
+    if let Some(ttl) = ttl {
+        builder = builder.ttl(ttl);
+    }
+    builder.build()
+}
+
+fn member_line(event: &str, at_ms: u128, member: &fencing_election::membership::Node) -> String {
+    let started_ms = member.started_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_millis());
+    format!(r#"{{"event":"{event}","at_ms":{at_ms},"node":{},"started_ms":{started_ms}}}"#, quote(&member.node_id))
 }
 
 fn ms_since(origin: Instant, instant: Instant) -> u128 {
@@ -116,11 +160,22 @@ async fn main() -> ExitCode {
         }
     };
     let manager = Manager::from_config(pg_config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-    let pool = match Pool::builder(manager).max_size(2).build() {
+    let pool = match Pool::builder(manager).max_size(3).build() {
         Ok(pool) => pool,
         Err(error) => {
             eprintln!("elector: build the pool: {error}");
             return ExitCode::from(70);
+        }
+    };
+    let node = match args
+        .cluster
+        .map(|cluster| membership(pool.clone(), cluster, args.node_id, args.heartbeat, args.registration_ttl))
+    {
+        None => None,
+        Some(Ok(node)) => Some(node),
+        Some(Err(error)) => {
+            eprintln!("elector: {error}");
+            return ExitCode::from(64);
         }
     };
     let mut builder = Elector::builder(pool, args.key).ttl(args.ttl);
@@ -157,6 +212,27 @@ async fn main() -> ExitCode {
         std::process::id()
     );
     let handle = elector.start();
+    let node = node.map(|node| {
+        let node = node.start();
+        let mut events = node.events();
+        tokio::spawn(async move {
+            loop {
+                let line = match events.recv().await {
+                    Ok(MemberEvent::NodeJoined(member)) => member_line("node_joined", at(), &member),
+                    Ok(MemberEvent::NodeLeft(member)) => member_line("node_left", at(), &member),
+                    Ok(MemberEvent::IdentityConflict { node_id }) => {
+                        format!(r#"{{"event":"identity_conflict","at_ms":{},"node":{}}}"#, at(), quote(&node_id))
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        format!(r#"{{"event":"lagged","at_ms":{},"missed":{missed}}}"#, at())
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                println!("{line}");
+            }
+        });
+        node
+    });
 
     let mut state = handle.state();
     tokio::spawn(async move {
@@ -223,6 +299,10 @@ async fn main() -> ExitCode {
         _ = interrupt.recv() => {}
     }
     let released = handle.shutdown().await;
+    if let Some(node) = node {
+        let left = node.shutdown().await;
+        println!(r#"{{"event":"left","at_ms":{},"left":{left}}}"#, at());
+    }
     println!(r#"{{"event":"shutdown","at_ms":{},"released":{released}}}"#, at());
     ExitCode::SUCCESS
 }

@@ -16,11 +16,14 @@
 //!     .build()?
 //!     .start();
 //! let mut events = node.events();
-//! while let Ok(event) = events.recv().await {
-//!     match event {
-//!         MemberEvent::NodeJoined(member) => println!("{} joined", member.node_id),
-//!         MemberEvent::NodeLeft(member) => println!("{} left", member.node_id),
-//!         MemberEvent::IdentityConflict { node_id } => eprintln!("{node_id} is live elsewhere"),
+//! loop {
+//!     match events.recv().await {
+//!         Ok(MemberEvent::NodeJoined(member)) => println!("{} joined", member.node_id),
+//!         Ok(MemberEvent::NodeLeft(member)) => println!("{} left", member.node_id),
+//!         Ok(MemberEvent::IdentityConflict { node_id }) => eprintln!("{node_id} is live elsewhere"),
+//!         // Fell behind: `node.members()` has the current list.
+//!         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+//!         Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
 //!     }
 //! }
 //! node.shutdown().await;
@@ -42,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::Error;
+use crate::clock::BootInstant;
 
 /// How often a node heartbeats unless set.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
@@ -163,29 +167,99 @@ impl Membership {
     /// Spawns the node's background task on the current Tokio runtime: it heartbeats, reads
     /// the live nodes after each heartbeat, and reports what changed.
     pub fn start(self) -> MembershipHandle {
-        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let mut node = self;
+        // Made per start: two starts of one configuration are two incarnations.
+        node.incarnation = format!("{:032x}", rand::random::<u128>());
+        let (events, first_receiver) = broadcast::channel(EVENT_CAPACITY);
         let (members_tx, members) = watch::channel(Vec::new());
-        let (registered_tx, registered) = watch::channel(false);
+        let (registered_tx, registered) = watch::channel(None);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(self.clone(), events.clone(), members_tx, registered_tx, stop.clone()));
-        MembershipHandle { membership: self, events, members, registered, stop, task: Some(task) }
+        let task = tokio::spawn(run(node.clone(), events.clone(), members_tx, registered_tx, stop.clone()));
+        MembershipHandle {
+            membership: node,
+            events,
+            first_receiver: std::sync::Mutex::new(Some(first_receiver)),
+            members,
+            registered,
+            stop,
+            task: Some(task),
+        }
     }
 
-    async fn call<T, F, Fut>(&self, call: F) -> Result<T, String>
-    where
-        F: FnOnce(deadpool_postgres::Object) -> Fut,
-        Fut: std::future::Future<Output = Result<T, fencing_schema::Error>>,
-    {
-        let deadline = Instant::now() + self.query_timeout;
+    /// A pooled connection whose server gives up at `deadline` too, so a heartbeat nobody
+    /// waits for never commits late (the limits are reset before it goes back to the pool).
+    async fn connection(&self, deadline: Instant) -> Result<deadpool_postgres::Object, String> {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => return Err(format!("get a connection: {error}")),
             Err(_) => return Err("timed out getting a connection".to_owned()),
         };
-        match timeout_at(deadline, call(client)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(error)) => Err(error.to_string()),
-            Err(_) => Err(format!("no answer within {:?}", self.query_timeout)),
+        let limit = self.query_timeout.as_millis().max(1);
+        let limits = format!("SET statement_timeout = {limit}; SET lock_timeout = {limit}");
+        match timeout_at(deadline, client.batch_execute(&limits)).await {
+            Ok(Ok(())) => Ok(client),
+            Ok(Err(error)) => {
+                crate::runtime::discard(client);
+                Err(format!("set the query limits: {error}"))
+            }
+            Err(_) => {
+                crate::runtime::discard(client);
+                Err(format!("no answer within {:?}", self.query_timeout))
+            }
+        }
+    }
+
+    async fn heartbeat(&self) -> Result<store::Heartbeat, String> {
+        let deadline = Instant::now() + self.query_timeout;
+        let client = self.connection(deadline).await?;
+        let node = (self.cluster.as_str(), self.node_id.as_str(), self.incarnation.as_str());
+        let answer =
+            timeout_at(deadline, store::heartbeat(&**client, node, &self.name, self.ttl, &self.metadata)).await;
+        self.finish(client, answer, deadline).await
+    }
+
+    async fn members(&self) -> Result<Vec<Node>, String> {
+        let deadline = Instant::now() + self.query_timeout;
+        let client = self.connection(deadline).await?;
+        let answer = timeout_at(deadline, store::members(&**client, &self.cluster)).await;
+        self.finish(client, answer, deadline).await
+    }
+
+    async fn leave(&self) -> Result<bool, String> {
+        let deadline = Instant::now() + self.query_timeout;
+        let client = self.connection(deadline).await?;
+        let answer =
+            timeout_at(deadline, store::leave(&**client, &self.cluster, &self.node_id, &self.incarnation)).await;
+        self.finish(client, answer, deadline).await
+    }
+
+    /// The answer, or why there is none; a connection whose call failed at the store or was
+    /// abandoned is cancelled and dropped from the pool, so no later call queues behind it.
+    async fn finish<T>(
+        &self,
+        client: deadpool_postgres::Object,
+        answer: Result<Result<T, fencing_schema::Error>, tokio::time::error::Elapsed>,
+        deadline: Instant,
+    ) -> Result<T, String> {
+        match answer {
+            Ok(Ok(answer)) => {
+                // The pool may be the application's: its connections go back without our limits.
+                let reset = timeout_at(deadline, client.batch_execute("RESET statement_timeout; RESET lock_timeout"));
+                if !matches!(reset.await, Ok(Ok(()))) {
+                    crate::runtime::discard(client);
+                }
+                Ok(answer)
+            }
+            Ok(Err(error)) => {
+                if error.is_store_failure() {
+                    crate::runtime::discard(client);
+                }
+                Err(error.to_string())
+            }
+            Err(_) => {
+                crate::runtime::discard(client);
+                Err(format!("no answer within {:?}", self.query_timeout))
+            }
         }
     }
 }
@@ -242,7 +316,8 @@ impl MembershipBuilder {
                 return invalid(format!("{what} must be 1 to 256 characters"));
             }
         }
-        if self.metadata.len() > MAX_METADATA_BYTES || !looks_like_json_object(&self.metadata) {
+        let object = serde_json::from_str::<serde_json::Value>(&self.metadata).is_ok_and(|value| value.is_object());
+        if self.metadata.len() > MAX_METADATA_BYTES || !object {
             return invalid(format!("metadata must be a JSON object of at most {MAX_METADATA_BYTES} bytes"));
         }
         let interval = self.heartbeat_interval;
@@ -264,16 +339,17 @@ impl MembershipBuilder {
             ));
         }
         let query_timeout = self.query_timeout.unwrap_or(interval / 3);
-        if query_timeout.is_zero() || query_timeout >= interval {
+        if query_timeout.is_zero() || query_timeout * 2 >= interval {
             return invalid(format!(
-                "query timeout ({query_timeout:?}) must be positive and less than the heartbeat interval ({interval:?})"
+                "query timeout ({query_timeout:?}) must be positive and less than half the heartbeat interval \
+                 ({interval:?}): a heartbeat and a read fit in one interval"
             ));
         }
         Ok(Membership {
             pool: self.pool,
             cluster: self.cluster,
             node_id,
-            incarnation: format!("{:032x}", rand::random::<u128>()),
+            incarnation: String::new(),
             name,
             metadata: self.metadata,
             heartbeat_interval: interval,
@@ -297,19 +373,16 @@ fn process_node_id() -> &'static str {
     })
 }
 
-/// A cheap first check; the store parses the metadata and refuses what is not an object.
-fn looks_like_json_object(text: &str) -> bool {
-    let text = text.trim();
-    text.starts_with('{') && text.ends_with('}')
-}
-
 /// A running node: the live members as last read, events, and a clean leave.
 #[derive(Debug)]
 pub struct MembershipHandle {
     membership: Membership,
     events: broadcast::Sender<MemberEvent>,
     members: watch::Receiver<Vec<Node>>,
-    registered: watch::Receiver<bool>,
+    /// Subscribed before the task started: the first caller of `events` misses nothing.
+    first_receiver: std::sync::Mutex<Option<broadcast::Receiver<MemberEvent>>>,
+    /// Until when this node is registered, on the boot clock (sent + remaining).
+    registered: watch::Receiver<Option<BootInstant>>,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -320,9 +393,11 @@ impl MembershipHandle {
         &self.membership.node_id
     }
 
-    /// Events from now on.
+    /// Events: the first call gets every event since the start (the first read's joins
+    /// included), later calls those from then on.
     pub fn events(&self) -> broadcast::Receiver<MemberEvent> {
-        self.events.subscribe()
+        let first = self.first_receiver.lock().ok().and_then(|mut first| first.take());
+        first.unwrap_or_else(|| self.events.subscribe())
     }
 
     /// The live nodes as last read (by node id).
@@ -336,9 +411,10 @@ impl MembershipHandle {
     }
 
     /// True while this node's last heartbeat was accepted and has not expired by the local
-    /// monotonic clock (sent + remaining).
+    /// boot clock (sent + remaining: never later than the store's expiry; a suspended or paused
+    /// process finds it false when it resumes).
     pub fn is_registered(&self) -> bool {
-        *self.registered.borrow()
+        self.registered.borrow().is_some_and(|until| BootInstant::now() < until)
     }
 
     /// Stops heartbeating and leaves the cluster now (bounded by the query timeout), so others
@@ -349,16 +425,11 @@ impl MembershipHandle {
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        let (cluster, node_id, incarnation) =
-            (&self.membership.cluster, &self.membership.node_id, &self.membership.incarnation);
-        match self
-            .membership
-            .call(|client| async move { store::leave(&**client, cluster, node_id, incarnation).await })
-            .await
-        {
+        match self.membership.leave().await {
             Ok(left) => left,
             Err(error) => {
-                warn!(cluster = %cluster, node_id = %node_id, %error, "could not leave; the node expires after its ttl");
+                let (cluster, node_id) = (&self.membership.cluster, &self.membership.node_id);
+                warn!(%cluster, %node_id, %error, "could not leave; the node expires after its ttl");
                 false
             }
         }
@@ -376,49 +447,42 @@ async fn run(
     node: Membership,
     events: broadcast::Sender<MemberEvent>,
     members: watch::Sender<Vec<Node>>,
-    registered: watch::Sender<bool>,
+    registered: watch::Sender<Option<BootInstant>>,
     stop: CancellationToken,
 ) {
     let live_nodes = metrics::gauge!(LIVE_NODES, "cluster" => node.cluster.clone());
     let failures = metrics::counter!(HEARTBEAT_FAILURES, "cluster" => node.cluster.clone());
-    failures.absolute(0);
+    // Exported at 0 from the start, without resetting another node's count of this cluster.
+    failures.increment(0);
     // The known incarnation of every live node: node id -> the node as last read.
     let mut known: BTreeMap<String, Node> = BTreeMap::new();
-    let mut registered_until: Option<Instant> = None;
     let mut in_conflict = false;
     loop {
         // Heartbeat.
         let sent = Instant::now();
-        let (cluster, node_id, incarnation) = (&node.cluster, &node.node_id, &node.incarnation);
-        let (name, metadata, ttl) = (&node.name, &node.metadata, node.ttl);
-        let beat = node
-            .call(|client| async move {
-                store::heartbeat(&**client, (cluster, node_id, incarnation), name, ttl, metadata).await
-            })
-            .await;
-        match beat {
+        let boot_sent = BootInstant::now();
+        match node.heartbeat().await {
             Ok(beat) if beat.ok => {
-                registered_until = Some(sent + beat.remaining);
+                registered.send_replace(Some(boot_sent + beat.remaining));
                 in_conflict = false;
             }
             Ok(_) => {
                 failures.increment(1);
+                registered.send_replace(None);
                 if !in_conflict {
                     warn!(cluster = %node.cluster, node_id = %node.node_id, "another live process holds this node id");
                     let _ = events.send(MemberEvent::IdentityConflict { node_id: node.node_id.clone() });
                 }
                 in_conflict = true;
-                registered_until = None;
             }
             Err(error) => {
                 failures.increment(1);
                 warn!(cluster = %node.cluster, node_id = %node.node_id, %error, "heartbeat failed");
             }
         }
-        registered.send_replace(registered_until.is_some_and(|until| Instant::now() < until));
 
         // Read the live nodes and report the differences.
-        match node.call(|client| async move { store::members(&**client, cluster).await }).await {
+        match node.members().await {
             Ok(live) => {
                 let now_live: BTreeMap<String, Node> =
                     live.into_iter().map(|member| (member.node_id.clone(), member)).collect();
@@ -440,20 +504,11 @@ async fn run(
             Err(error) => debug!(cluster = %node.cluster, %error, "could not read the members"),
         }
 
-        // Up to 20 % early, never late; the registration view lapses at its deadline meanwhile.
+        // Up to 20 % early, never late.
         let jitter = node.heartbeat_interval.mul_f64(0.2 * rand::rng().random::<f64>());
-        let next = sent + node.heartbeat_interval - jitter;
-        let lapse = registered_until.filter(|until| *until < next);
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep_until(next) => {}
-            () = async { if let Some(at) = lapse { tokio::time::sleep_until(at).await } else { std::future::pending().await } } => {
-                registered.send_replace(false);
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep_until(next) => {}
-                }
-            }
+            () = tokio::time::sleep_until(sent + node.heartbeat_interval - jitter) => {}
         }
     }
 }

@@ -563,7 +563,7 @@ fn spawn_watchdog(
 }
 
 /// Cancels whatever the connection is running and removes it from the pool.
-fn discard(client: Object) {
+pub(crate) fn discard(client: Object) {
     let cancel = client.cancel_token();
     drop(Object::take(client));
     tokio::spawn(async move {

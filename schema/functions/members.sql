@@ -16,7 +16,8 @@ END
 $$;
 
 -- Registers or refreshes node `node_id_` of `cluster_` for `ttl`, as process `incarnation_`.
--- ok = false (and nothing changes) while another incarnation holds the id live: two processes
+-- ok = false (and nothing changes; incarnation is null then) while another incarnation holds
+-- the id live: two processes
 -- configured with one node id never both count as live. A node that was not live (new, left,
 -- or expired, this incarnation's own included) joins anew: started_at is now.
 -- metadata_ is a JSON object of at most 8 KiB, as text.
@@ -48,20 +49,26 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
-    INSERT INTO fencing.nodes AS n (cluster, node_id, incarnation, name, started_at, heartbeat_at, expires_at, metadata)
-    VALUES (cluster_, node_id_, incarnation_, name_, clock_timestamp(), clock_timestamp(), clock_timestamp() + ttl, meta)
-    ON CONFLICT (cluster, node_id) DO NOTHING;
-    IF FOUND THEN
-        SELECT * INTO held FROM fencing.nodes n WHERE n.cluster = cluster_ AND n.node_id = node_id_;
-        RETURN (true, held.incarnation, held.started_at, held.expires_at,
-                fencing.remaining_ms(held.expires_at, clock_timestamp()))::fencing.heartbeat_result;
-    END IF;
-
-    SELECT * INTO held FROM fencing.nodes n WHERE n.cluster = cluster_ AND n.node_id = node_id_ FOR UPDATE;
+    -- A heartbeat nobody may lose in a crash: the process acts on it as registered.
+    PERFORM fencing.commit_durably();
+    LOOP
+        INSERT INTO fencing.nodes (cluster, node_id, incarnation, name, started_at, heartbeat_at, expires_at, metadata)
+        VALUES (cluster_, node_id_, incarnation_, name_, clock_timestamp(), clock_timestamp(), clock_timestamp() + ttl, meta)
+        ON CONFLICT (cluster, node_id) DO NOTHING;
+        IF FOUND THEN
+            SELECT * INTO held FROM fencing.nodes n WHERE n.cluster = cluster_ AND n.node_id = node_id_;
+            RETURN (true, held.incarnation, held.started_at, held.expires_at,
+                    fencing.remaining_ms(held.expires_at, clock_timestamp()))::fencing.heartbeat_result;
+        END IF;
+        SELECT * INTO held FROM fencing.nodes n WHERE n.cluster = cluster_ AND n.node_id = node_id_ FOR UPDATE;
+        -- Gone between the two (another node's cleanup): insert again.
+        EXIT WHEN FOUND;
+    END LOOP;
     -- After the lock: the clock the decision is made on.
     now_ := clock_timestamp();
     IF held.expires_at > now_ AND held.incarnation <> incarnation_ THEN
-        RETURN (false, held.incarnation, held.started_at, held.expires_at,
+        -- Who holds it is not said: the incarnation is what leave and heartbeat check.
+        RETURN (false, NULL, held.started_at, held.expires_at,
                 fencing.remaining_ms(held.expires_at, now_))::fencing.heartbeat_result;
     END IF;
     UPDATE fencing.nodes n
@@ -73,8 +80,12 @@ BEGIN
            metadata     = meta
      WHERE n.cluster = cluster_ AND n.node_id = node_id_
     RETURNING * INTO held;
-    -- Long-gone nodes of this cluster: a day after they expired.
-    DELETE FROM fencing.nodes n WHERE n.cluster = cluster_ AND n.expires_at < now_ - interval '1 day';
+    -- Other nodes of this cluster gone for a day; rows another heartbeat holds are left alone.
+    DELETE FROM fencing.nodes n
+     WHERE (n.cluster, n.node_id) IN (
+               SELECT o.cluster, o.node_id FROM fencing.nodes o
+                WHERE o.cluster = cluster_ AND o.node_id <> node_id_ AND o.expires_at < now_ - interval '1 day'
+                  FOR UPDATE SKIP LOCKED);
     RETURN (true, held.incarnation, held.started_at, held.expires_at,
             fencing.remaining_ms(held.expires_at, now_))::fencing.heartbeat_result;
 END

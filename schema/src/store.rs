@@ -592,8 +592,8 @@ pub async fn list_audit(client: &impl GenericClient, limit: i64) -> Result<Vec<A
 pub struct Heartbeat {
     /// False when another live incarnation holds the node id (nothing changed then).
     pub ok: bool,
-    /// The incarnation that holds the node id: the caller's when `ok`.
-    pub incarnation: String,
+    /// The caller's incarnation when `ok`; `None` when refused (who holds the id is not said).
+    pub incarnation: Option<String>,
     /// When the holding incarnation joined.
     pub started_at: SystemTime,
     /// When the node expires by the store's clock unless it heartbeats again.

@@ -17,7 +17,7 @@ const RENEW: Duration = Duration::from_millis(900);
 const MARGIN: Duration = Duration::from_millis(300);
 const QUERY_TIMEOUT: Duration = Duration::from_millis(900);
 
-fn pool(url: &str) -> Pool {
+pub(crate) fn pool(url: &str) -> Pool {
     let config: tokio_postgres::Config = url.parse().unwrap();
     let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager).max_size(2).build().unwrap()

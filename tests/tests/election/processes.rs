@@ -405,3 +405,55 @@ async fn a_follower_exports_every_election_series_at_zero_from_start_up() {
         assert!(text.lines().any(|l| l == series), "missing {series:?} in:\n{text}");
     }
 }
+
+/// Three elector processes that are also nodes of one cluster: every node hears the other two
+/// join; a killed node is heard leaving by the others within its registration ttl plus one
+/// heartbeat (measured on the store's clock from the kill); a node paused past its ttl is heard
+/// leaving, and after it resumes, joining again as a new incarnation (a later `started_ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_processes_hear_a_killed_node_leave_and_a_paused_one_come_back_as_a_new_incarnation() {
+    const HEARTBEAT_MS: u64 = 300;
+    const TTL_MS: u64 = 1500;
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let node = |id: &str| {
+        let flags = ["--cluster", "workers", "--node-id", id, "--heartbeat-ms", "300", "--registration-ttl-ms", "1500"];
+        ElectorProcess::spawn_with(&db.url(), KEY, id, Timing::FAST, &flags).unwrap()
+    };
+    let (mut n1, mut n2, mut n3) = (node("n1"), node("n2"), node("n3"));
+    let joined = |id: &'static str| move |line: &Value| event(line) == "node_joined" && line["node"] == id;
+    let left = |id: &'static str| move |line: &Value| event(line) == "node_left" && line["node"] == id;
+    let mut n2_start = 0;
+    for process in [&mut n1, &mut n2, &mut n3] {
+        let mut heard = std::collections::BTreeSet::new();
+        while heard.len() < 3 {
+            let line = process.wait_for("three joins", |line| event(line) == "node_joined").await.unwrap();
+            if line["node"] == "n2" {
+                n2_start = int(&line, "started_ms");
+            }
+            heard.insert(line["node"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+
+    let killed_at = store_now(&client).await;
+    n3.signal(Signal::SIGKILL).unwrap();
+    for process in [&mut n1, &mut n2] {
+        process.wait_for("n3 left", left("n3")).await.unwrap();
+    }
+    // Heard by then on the store's clock: the row expired at most one ttl after the kill (its
+    // last heartbeat came before it), and each observer reads once per heartbeat; plus a second
+    // for scheduling on a loaded machine.
+    let heard = store_now(&client).await.duration_since(killed_at).unwrap_or_default();
+    let bound = Duration::from_millis(TTL_MS + HEARTBEAT_MS + 1000);
+    assert!(heard <= bound, "n3's leave was heard {heard:?} after the kill, more than {bound:?}");
+
+    // Paused past its ttl: heard leaving; resumed: a new incarnation, heard joining.
+    n2.signal(Signal::SIGSTOP).unwrap();
+    n1.wait_for("n2 left", left("n2")).await.unwrap();
+    n2.signal(Signal::SIGCONT).unwrap();
+    let back = n1.wait_for("n2 back", joined("n2")).await.unwrap();
+    assert!(int(&back, "started_ms") > n2_start, "n2 came back as a new incarnation: {back} after {n2_start}");
+    let members = store::members(&client, "workers").await.unwrap();
+    let ids: Vec<&str> = members.iter().map(|member| member.node_id.as_str()).collect();
+    assert_eq!(ids, ["n1", "n2"]);
+}

@@ -9,7 +9,12 @@ use tokio_postgres::Client;
 const BEAT: &str =
     "SELECT ok, incarnation, started_at FROM fencing.heartbeat($1, $2, $3, 'name', $4::text::interval, '{}')";
 
-async fn beat(client: &Client, node: &str, incarnation: &str, ttl: &str) -> (bool, String, std::time::SystemTime) {
+async fn beat(
+    client: &Client,
+    node: &str,
+    incarnation: &str,
+    ttl: &str,
+) -> (bool, Option<String>, std::time::SystemTime) {
     let row = client.query_one(BEAT, &[&"c", &node, &incarnation, &ttl]).await.unwrap();
     (row.get(0), row.get(1), row.get(2))
 }
@@ -27,7 +32,8 @@ async fn a_live_node_id_is_held_by_one_incarnation_and_a_node_back_after_expiry_
     // Another process configured with the same id: refused while the first is live.
     let before = snapshot(&client, "SELECT * FROM fencing.nodes").await;
     let (ok, holder, started) = beat(&client, "n", "inc-2", "10 seconds").await;
-    assert_eq!((ok, holder.as_str(), started), (false, "inc-1", first_start));
+    // Refused, and the holder's incarnation (what leave checks) is not given away.
+    assert_eq!((ok, holder, started), (false, None, first_start));
     assert_eq!(snapshot(&client, "SELECT * FROM fencing.nodes").await, before, "a refused heartbeat changes nothing");
     // The first keeps its start while it heartbeats.
     let (ok, _, started) = beat(&client, "n", "inc-1", "10 seconds").await;
@@ -41,7 +47,7 @@ async fn a_live_node_id_is_held_by_one_incarnation_and_a_node_back_after_expiry_
     assert!(live(&client).await.is_empty());
     // Now the second may take the id: a new incarnation, started now.
     let (ok, holder, started) = beat(&client, "n", "inc-2", "10 seconds").await;
-    assert!(ok && holder == "inc-2" && started > first_start);
+    assert!(ok && holder.as_deref() == Some("inc-2") && started > first_start);
     // A node that expired (a paused process) and heartbeats again joins anew, even as itself.
     let (_, _, short_start) = beat(&client, "m", "inc-3", "100 milliseconds").await;
     client.batch_execute("SELECT pg_sleep(0.3)").await.unwrap();
@@ -56,17 +62,21 @@ async fn bad_membership_input_is_refused_and_changes_nothing() {
     let db = TestDb::new().await;
     let client = db.connect().await;
     beat(&client, "n", "inc-1", "10 seconds").await;
+    // A node id nobody holds ("fresh"): only the bad argument can be why a call is refused.
     let cases = [
-        ("SELECT fencing.heartbeat('', 'n', 'i', 'x', '1 second', '{}')", "cluster"),
+        ("SELECT fencing.heartbeat('', 'fresh', 'i', 'x', '1 second', '{}')", "cluster"),
         ("SELECT fencing.heartbeat('c', NULL, 'i', 'x', '1 second', '{}')", "node id"),
-        ("SELECT fencing.heartbeat('c', 'n', '', 'x', '1 second', '{}')", "incarnation"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', repeat('x', 300), '1 second', '{}')", "node name"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '0 seconds', '{}')", "ttl"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '2 hours', '{}')", "ttl"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', 'not json')", "not JSON"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', '[1]')", "JSON object"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', NULL)", "JSON object"),
-        ("SELECT fencing.heartbeat('c', 'n', 'i', 'x', '1 second', '{\"a\":\"' || repeat('x', 9000) || '\"}')", "8192"),
+        ("SELECT fencing.heartbeat('c', 'fresh', '', 'x', '1 second', '{}')", "incarnation"),
+        ("SELECT fencing.heartbeat('c', 'fresh', 'i', repeat('x', 300), '1 second', '{}')", "node name"),
+        ("SELECT fencing.heartbeat('c', 'fresh', 'i', 'x', '0 seconds', '{}')", "ttl"),
+        ("SELECT fencing.heartbeat('c', 'fresh', 'i', 'x', '2 hours', '{}')", "ttl"),
+        ("SELECT fencing.heartbeat('c', 'fresh', 'i', 'x', '1 second', 'not json')", "not JSON"),
+        ("SELECT fencing.heartbeat('c', 'fresh', 'i', 'x', '1 second', '[1]')", "JSON object"),
+        ("SELECT fencing.heartbeat('c', 'fresh', 'i', 'x', '1 second', NULL)", "JSON object"),
+        (
+            "SELECT fencing.heartbeat('c', 'fresh', 'i', 'x', '1 second', '{\"a\":\"' || repeat('x', 9000) || '\"}')",
+            "8192",
+        ),
         ("SELECT fencing.leave('c', '', 'inc-1')", "node id"),
         ("SELECT * FROM fencing.members(NULL)", "cluster"),
     ];
@@ -77,4 +87,35 @@ async fn bad_membership_input_is_refused_and_changes_nothing() {
         assert!(message(&error).contains(fragment), "{sql}: {:?} lacks {fragment:?}", message(&error));
         assert_eq!(snapshot(&client, "SELECT * FROM fencing.nodes").await, before, "{sql} changed the nodes");
     }
+    // The same call with good arguments registers "fresh": the cases above failed only on theirs.
+    let ok: bool = client
+        .query_one("SELECT ok FROM fencing.heartbeat('c', 'fresh', 'i', 'x', '1 second', '{}')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok);
+}
+
+#[tokio::test]
+async fn nodes_gone_for_a_day_are_removed_by_the_next_heartbeat_but_never_the_caller() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "old", "inc-o", "10 seconds").await;
+    beat(&client, "me", "inc-m", "10 seconds").await;
+    // Both expired more than a day ago (as a store clock far ahead would see them).
+    client
+        .batch_execute("UPDATE fencing.nodes SET expires_at = clock_timestamp() - interval '2 days', started_at = clock_timestamp() - interval '3 days'")
+        .await
+        .unwrap();
+    let (ok, _, started) = beat(&client, "me", "inc-m", "10 seconds").await;
+    assert!(ok, "the caller's own old row is reused, not deleted under it");
+    assert!(started > std::time::SystemTime::now() - std::time::Duration::from_secs(60), "and it joined anew");
+    let rows: Vec<String> = client
+        .query("SELECT node_id FROM fencing.nodes ORDER BY node_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, ["me"], "the node gone for a day was removed");
 }
