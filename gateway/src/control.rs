@@ -46,6 +46,9 @@ pub struct ControlState {
     pub readiness: Arc<Cached<Result<i32, Problem>>>,
     /// The count of refusals inside Postgres for `/metrics`, likewise.
     pub sql_refusals: Arc<Cached<Option<i64>>>,
+    /// Membership calls in flight at once: at most all but one of the control pool's
+    /// connections, so heartbeats can never take the connection a lease renewal needs.
+    pub membership_calls: Arc<tokio::sync::Semaphore>,
 }
 
 /// A value computed by one caller at a time: callers that arrive while a computation is under
@@ -96,6 +99,9 @@ pub fn router(state: ControlState) -> Router {
         .route("/v1/leases/{key}/release", post(release))
         .route("/v1/leases/{key}", get(get_lease))
         .route("/v1/fences/{resource}", get(get_fence))
+        .route("/v1/clusters/{cluster}/nodes", get(list_nodes))
+        .route("/v1/clusters/{cluster}/nodes/{node}/heartbeat", post(heartbeat))
+        .route("/v1/clusters/{cluster}/nodes/{node}/leave", post(leave))
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -583,4 +589,261 @@ async fn readyz(State(state): State<ControlState>) -> Response {
 
 async fn not_found() -> Response {
     Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", "no such control endpoint").into_response()
+}
+
+/// The shortest registration ttl a node may ask for over HTTP: a heartbeat per 100 ms would
+/// only load the store.
+const MIN_NODE_TTL: Duration = Duration::from_secs(1);
+
+/// Counts one membership call (`fencing_member_operations_total{op,result}`).
+fn count_member(op: &'static str, result: &'static str) {
+    metrics::counter!(names::MEMBER_OPERATIONS, "op" => op, "result" => result).increment(1);
+}
+
+/// 422 for a name the store cannot take: empty, longer than 256 characters, or with a NUL.
+fn check_member_name(what: &str, value: &str) -> Result<(), Problem> {
+    if value.is_empty() || value.chars().count() > 256 || value.contains('\0') {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-argument",
+            "Invalid argument",
+            &format!("{what} must be 1 to 256 characters, without NUL"),
+        ));
+    }
+    Ok(())
+}
+
+impl ControlState {
+    /// Runs one membership call within the membership share of the control pool (503 when
+    /// no share frees up within the fence-check timeout), counting it.
+    async fn member_call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T, Problem>
+    where
+        F: FnOnce(Object) -> Fut,
+        Fut: Future<Output = (Object, Result<T, fencing_schema::Error>)>,
+    {
+        let wait = self.config.database.fence_check_timeout;
+        let Ok(Ok(_permit)) = tokio::time::timeout(wait, Arc::clone(&self.membership_calls).acquire_owned()).await
+        else {
+            count_member(op, "error");
+            return Err(unavailable("too many membership calls at once; retry"));
+        };
+        let answer = self.with_client(call).await;
+        match &answer {
+            Ok(_) => {}
+            Err(problem) if problem.status() == StatusCode::UNPROCESSABLE_ENTITY => count_member(op, "invalid"),
+            Err(_) => count_member(op, "error"),
+        }
+        answer
+    }
+}
+
+/// A node's heartbeat through the control API: its process's incarnation (kept by the store as
+/// `<client>/<incarnation>` with clients, like a lease owner), how long it stays live, and
+/// what others see of it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatRequest {
+    incarnation: String,
+    ttl_ms: u64,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    metadata: Option<serde_json::Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaveRequest {
+    incarnation: String,
+}
+
+/// A cluster's checks: the caller may use it (the clients' lease globs name clusters too; 403)
+/// and its name fits (422).
+fn may_use_cluster(caller: &Caller, cluster: &str) -> Result<(), Problem> {
+    check_member_name("a cluster name", cluster)?;
+    if caller.may_use(cluster) {
+        return Ok(());
+    }
+    Err(forbidden(&format!(
+        "client {:?} may not use cluster {cluster:?} (a client's lease globs name the clusters it may use)",
+        caller.name()
+    ))
+    .with("cluster", json!(cluster)))
+}
+
+/// 422 unless the incarnation, as the store keeps it (`<client>/<incarnation>` with clients),
+/// is 1 to 256 characters without NUL.
+fn check_incarnation(caller: &Caller, incarnation: &str) -> Result<(), Problem> {
+    if incarnation.is_empty() {
+        return check_member_name("incarnation", incarnation);
+    }
+    check_member_name("incarnation (with the client's name and a slash)", &caller.store_owner(incarnation))
+}
+
+fn member_json(member: &store::Member) -> Value {
+    json!({
+        "node_id": member.node_id,
+        "name": member.name,
+        "started_at": rfc3339(member.started_at),
+        "heartbeat_at": rfc3339(member.heartbeat_at),
+        "expires_at": rfc3339(member.expires_at),
+        "remaining_ms": millis(member.remaining),
+        "metadata": serde_json::from_str::<Value>(&member.metadata).unwrap_or(Value::Null),
+    })
+}
+
+async fn heartbeat(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path((cluster, node)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(problem) = may_use_cluster(&caller, &cluster).and_then(|()| json_body(&headers)) {
+        count_member("heartbeat", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
+        return problem.into_response();
+    }
+    let request: HeartbeatRequest = match parse(&body).and_then(|request: HeartbeatRequest| {
+        check_incarnation(&caller, &request.incarnation)?;
+        check_member_name("a node id", &node)?;
+        check_member_name("a node name", request.name.as_deref().unwrap_or(&node))?;
+        Ok(request)
+    }) {
+        Ok(request) => request,
+        Err(problem) => {
+            count_member("heartbeat", "invalid");
+            return problem.into_response();
+        }
+    };
+    let ttl = match state.check_ttl(request.ttl_ms).and_then(|ttl| {
+        if ttl < MIN_NODE_TTL {
+            return Err(Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "ttl-out-of-bounds",
+                "ttl out of bounds",
+                &format!("a node's ttl_ms must be at least {}, got {}", millis(MIN_NODE_TTL), request.ttl_ms),
+            ));
+        }
+        Ok(ttl)
+    }) {
+        Ok(ttl) => ttl,
+        Err(problem) => {
+            count_member("heartbeat", "invalid");
+            return problem.into_response();
+        }
+    };
+    let metadata = Value::Object(request.metadata.unwrap_or_default()).to_string();
+    let name = request.name.unwrap_or_else(|| node.clone());
+    let incarnation = caller.store_owner(&request.incarnation);
+    let (call_cluster, call_node) = (cluster.clone(), node.clone());
+    let beat = state
+        .member_call("heartbeat", |client| async move {
+            let result =
+                store::heartbeat(&**client, (&call_cluster, &call_node, &incarnation), &name, ttl, &metadata).await;
+            (client, result)
+        })
+        .await;
+    match &beat {
+        Ok(beat) if beat.ok => count_member("heartbeat", "ok"),
+        Ok(_) => count_member("heartbeat", "conflict"),
+        Err(_) => {}
+    }
+    match beat {
+        Ok(beat) if beat.ok => axum::Json(json!({
+            "cluster": cluster,
+            "node_id": node,
+            "started_at": rfc3339(beat.started_at),
+            "expires_at": rfc3339(beat.expires_at),
+            "remaining_ms": millis(beat.remaining),
+            "ttl_ms": millis(ttl),
+        }))
+        .into_response(),
+        Ok(beat) => Problem::new(
+            StatusCode::CONFLICT,
+            "node-id-in-use",
+            "Node id in use",
+            "another live process holds this node id; it joins once that one leaves or expires",
+        )
+        .with("cluster", json!(cluster))
+        .with("node_id", json!(node))
+        .with("expires_at", json!(rfc3339(beat.expires_at)))
+        .into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn leave(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path((cluster, node)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(problem) = may_use_cluster(&caller, &cluster).and_then(|()| json_body(&headers)) {
+        count_member("leave", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
+        return problem.into_response();
+    }
+    let request: LeaveRequest = match parse(&body).and_then(|request: LeaveRequest| {
+        check_incarnation(&caller, &request.incarnation)?;
+        check_member_name("a node id", &node)?;
+        Ok(request)
+    }) {
+        Ok(request) => request,
+        Err(problem) => {
+            count_member("leave", "invalid");
+            return problem.into_response();
+        }
+    };
+    let incarnation = caller.store_owner(&request.incarnation);
+    let (call_cluster, call_node) = (cluster.clone(), node.clone());
+    let left = state
+        .member_call("leave", |client| async move {
+            let result = store::leave(&**client, &call_cluster, &call_node, &incarnation).await;
+            (client, result)
+        })
+        .await;
+    match &left {
+        Ok(true) => count_member("leave", "ok"),
+        Ok(false) => count_member("leave", "conflict"),
+        Err(_) => {}
+    }
+    match left {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => Problem::new(
+            StatusCode::CONFLICT,
+            "not-member",
+            "Not this node's incarnation",
+            "the node is not live under this incarnation (it left, expired, or another process holds it)",
+        )
+        .with("cluster", json!(cluster))
+        .with("node_id", json!(node))
+        .into_response(),
+        Err(problem) => problem.into_response(),
+    }
+}
+
+async fn list_nodes(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(cluster): Path<String>,
+) -> Response {
+    if let Err(problem) = may_use_cluster(&caller, &cluster) {
+        count_member("list", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
+        return problem.into_response();
+    }
+    let call_cluster = cluster.clone();
+    let members = state
+        .member_call("list", |client| async move {
+            let result = store::members(&**client, &call_cluster).await;
+            (client, result)
+        })
+        .await;
+    match members {
+        Ok(members) => {
+            count_member("list", "ok");
+            axum::Json(json!({ "cluster": cluster, "nodes": members.iter().map(member_json).collect::<Vec<_>>() }))
+                .into_response()
+        }
+        Err(problem) => problem.into_response(),
+    }
 }

@@ -120,6 +120,9 @@ pub async fn run(
         readiness: Arc::default(),
         sql_refusals: Arc::default(),
         named_keys: Arc::new(metrics::named_keys(&config)),
+        membership_calls: Arc::new(tokio::sync::Semaphore::new(
+            config.database.control_pool_size.saturating_sub(1).max(1),
+        )),
     });
     let body_read_timeout = config.proxy.body_read_timeout;
     let clients = config.clients.clone();

@@ -14,6 +14,8 @@ pub const WRITE_DURATION: &str = "fencing_write_duration_seconds";
 pub const CHECK_DURATION: &str = "fencing_check_duration_seconds";
 /// Counter `{op, result}`: lease API operations.
 pub const LEASE_OPERATIONS: &str = "fencing_lease_operations_total";
+/// Counter `{op, result}`: membership calls through the control API (heartbeat, leave, list).
+pub const MEMBER_OPERATIONS: &str = "fencing_member_operations_total";
 /// Counter `{key}`: new leadership periods granted through this gateway's lease API.
 pub const LEASE_TRANSITIONS: &str = "fencing_lease_transitions_total";
 /// Counter `{kind}`: fence decisions that could not be made (timeout, error).
@@ -73,6 +75,7 @@ fn describe() {
     metrics::describe_histogram!(WRITE_DURATION, Unit::Seconds, "Fenced writes, from arrival to response head");
     metrics::describe_histogram!(CHECK_DURATION, Unit::Seconds, "Fence decisions in Postgres");
     metrics::describe_counter!(LEASE_OPERATIONS, "Lease API operations by operation and result");
+    metrics::describe_counter!(MEMBER_OPERATIONS, "Membership calls through the control API by operation and result");
     metrics::describe_counter!(LEASE_TRANSITIONS, "New leadership periods granted through this gateway");
     metrics::describe_counter!(STORE_ERRORS, "Fence decisions that could not be made, by kind");
     metrics::describe_gauge!(INFLIGHT_WRITES, "Fenced writes being decided or forwarded");
@@ -199,6 +202,11 @@ pub fn register_known(config: &crate::config::Config) {
     for op in ["acquire", "renew", "release"] {
         for result in ["ok", "conflict", "invalid", "forbidden", "error"] {
             metrics::counter!(LEASE_OPERATIONS, "op" => op, "result" => result).absolute(0);
+        }
+    }
+    for op in ["heartbeat", "leave", "list"] {
+        for result in ["ok", "conflict", "invalid", "forbidden", "error"] {
+            metrics::counter!(MEMBER_OPERATIONS, "op" => op, "result" => result).absolute(0);
         }
     }
     for key in named_keys(config).into_iter().chain([OTHER_KEY.to_owned()]) {

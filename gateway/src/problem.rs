@@ -239,6 +239,11 @@ pub fn forbidden(detail: &str) -> Problem {
 }
 
 impl Problem {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// A problem with `type`, `title`, `status` and `detail`.
     pub fn new(status: StatusCode, kind: &str, title: &str, detail: &str) -> Problem {
         let mut body = serde_json::Map::new();

@@ -51,6 +51,15 @@ BEGIN
 
     -- A heartbeat nobody may lose in a crash: the process acts on it as registered.
     PERFORM fencing.commit_durably();
+    -- A cluster holds at most 1000 live nodes: a caller cannot grow it without bound.
+    IF NOT EXISTS (SELECT 1 FROM fencing.nodes n
+                    WHERE n.cluster = cluster_ AND n.node_id = node_id_ AND n.expires_at > clock_timestamp())
+       AND (SELECT count(*) FROM (SELECT 1 FROM fencing.nodes n
+                                   WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp()
+                                   LIMIT 1000) live) >= 1000 THEN
+        RAISE EXCEPTION 'fencing: cluster % has 1000 live nodes, the most it may have', cluster_
+            USING ERRCODE = '22023';
+    END IF;
     LOOP
         INSERT INTO fencing.nodes (cluster, node_id, incarnation, name, started_at, heartbeat_at, expires_at, metadata)
         VALUES (cluster_, node_id_, incarnation_, name_, clock_timestamp(), clock_timestamp(), clock_timestamp() + ttl, meta)
@@ -105,7 +114,7 @@ BEGIN
 END
 $$;
 
--- The live nodes of `cluster_`, by node id.
+-- The live nodes of `cluster_`, by node id (at most 1000, all a cluster may have).
 CREATE OR REPLACE FUNCTION fencing.members(cluster_ text)
 RETURNS TABLE (node_id text, name text, started_at timestamptz, heartbeat_at timestamptz,
                expires_at timestamptz, remaining_ms bigint, metadata text)
@@ -117,6 +126,7 @@ BEGIN
                fencing.remaining_ms(n.expires_at, clock_timestamp()), n.metadata::text
           FROM fencing.nodes n
          WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp()
-         ORDER BY n.node_id;
+         ORDER BY n.node_id
+         LIMIT 1000;
 END
 $$;

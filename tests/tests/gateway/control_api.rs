@@ -195,3 +195,106 @@ async fn the_gateway_exports_its_view_of_each_configured_lease() {
     }
     assert!(released_seen, "the released lease still shows a holder");
 }
+
+/// Cluster membership over HTTP, for processes in any language: heartbeats register and
+/// refresh nodes, the list shows the live ones with their metadata, one live incarnation per
+/// node id (the holder is never named), leave ends a node at once, bad input changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_heartbeat_list_and_leave_through_the_control_api() {
+    let setup = Setup::new().await;
+    let control = setup.gateway.control;
+    let call = |method: Method, path: &'static str, body: &'static str| async move {
+        send(control, method, path, &[JSON], body).await.unwrap()
+    };
+    let beat = call(
+        Method::POST,
+        "/v1/clusters/workers/nodes/n1/heartbeat",
+        r#"{"incarnation":"p1","ttl_ms":30000,"metadata":{"zone":"a"}}"#,
+    )
+    .await;
+    assert_eq!(beat.status, StatusCode::OK, "{}", beat.json());
+    assert!(beat.json()["remaining_ms"].as_u64().is_some_and(|ms| ms > 25_000 && ms <= 30_000), "{}", beat.json());
+    let started = beat.json()["started_at"].clone();
+    let again = call(
+        Method::POST,
+        "/v1/clusters/workers/nodes/n1/heartbeat",
+        r#"{"incarnation":"p1","ttl_ms":30000,"metadata":{"zone":"a"}}"#,
+    )
+    .await;
+    assert_eq!((again.status, &again.json()["started_at"]), (StatusCode::OK, &started), "a refresh keeps the start");
+    call(Method::POST, "/v1/clusters/workers/nodes/n2/heartbeat", r#"{"incarnation":"p2","ttl_ms":30000}"#).await;
+
+    let listed = call(Method::GET, "/v1/clusters/workers/nodes", "").await;
+    assert_eq!(listed.status, StatusCode::OK);
+    let nodes = listed.json()["nodes"].as_array().cloned().unwrap_or_default();
+    let ids: Vec<&str> = nodes.iter().filter_map(|node| node["node_id"].as_str()).collect();
+    assert_eq!(ids, ["n1", "n2"]);
+    assert_eq!(nodes[0]["metadata"]["zone"], "a", "{}", listed.json());
+
+    // Another process with n1's id: refused, and not told which incarnation holds it.
+    let taken =
+        call(Method::POST, "/v1/clusters/workers/nodes/n1/heartbeat", r#"{"incarnation":"p9","ttl_ms":30000}"#).await;
+    assert_eq!(taken.status, StatusCode::CONFLICT);
+    assert!(taken.json()["type"].as_str().is_some_and(|t| t.ends_with("node-id-in-use")), "{}", taken.json());
+    assert!(
+        !String::from_utf8_lossy(&taken.body).contains("p1"),
+        "the holder's incarnation leaked: {}",
+        String::from_utf8_lossy(&taken.body)
+    );
+    let not_it = call(Method::POST, "/v1/clusters/workers/nodes/n1/leave", r#"{"incarnation":"p9"}"#).await;
+    assert_eq!(not_it.status, StatusCode::CONFLICT);
+
+    // Bad input: each refused, nothing changes.
+    let before =
+        fencing_tests::snapshot(&setup.db.connect().await, "SELECT * FROM fencing.nodes ORDER BY node_id").await;
+    for (path, body, status) in [
+        (
+            "/v1/clusters/workers/nodes/n3/heartbeat",
+            r#"{"incarnation":"p3","ttl_ms":1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "/v1/clusters/workers/nodes/n3/heartbeat",
+            r#"{"incarnation":"","ttl_ms":30000}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "/v1/clusters/workers/nodes/n3/heartbeat",
+            r#"{"incarnation":"p3","ttl_ms":30000,"metadata":[1]}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "/v1/clusters/workers/nodes/n3/heartbeat",
+            r#"{"incarnation":"p3","ttl_ms":30000,"extra":1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        ("/v1/clusters/workers/nodes/n3/heartbeat", r#"{"incarnation":"p3""#, StatusCode::BAD_REQUEST),
+    ] {
+        let reply = call(Method::POST, path, body).await;
+        assert_eq!(reply.status, status, "{body}: {}", String::from_utf8_lossy(&reply.body));
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"), "{body}");
+    }
+    let untyped = send(
+        control,
+        Method::POST,
+        "/v1/clusters/workers/nodes/n3/heartbeat",
+        &[],
+        r#"{"incarnation":"p3","ttl_ms":30000}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(untyped.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let after =
+        fencing_tests::snapshot(&setup.db.connect().await, "SELECT * FROM fencing.nodes ORDER BY node_id").await;
+    assert_eq!(after, before, "bad input changed the nodes");
+
+    // Leave: gone from the list at once.
+    let left = call(Method::POST, "/v1/clusters/workers/nodes/n1/leave", r#"{"incarnation":"p1"}"#).await;
+    assert_eq!(left.status, StatusCode::NO_CONTENT);
+    let listed = call(Method::GET, "/v1/clusters/workers/nodes", "").await;
+    let ids: Vec<String> = listed.json()["nodes"]
+        .as_array()
+        .map(|nodes| nodes.iter().filter_map(|node| node["node_id"].as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, ["n2"]);
+}

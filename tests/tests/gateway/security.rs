@@ -507,3 +507,52 @@ async fn an_unrequested_101_from_an_upstream_is_not_relayed() {
         assert!(answer.header("upgrade").is_none());
     }
 }
+
+/// Membership over HTTP with clients: a client may use only the clusters its lease globs name,
+/// and another client cannot make its node leave (incarnations are kept per client, like
+/// lease owners); without a token nothing is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_nodes_are_its_own_and_clusters_follow_its_lease_globs() {
+    let s = secured().await;
+    let control = s.gateway.control;
+    let (billing, other, reader) = (bearer(BILLING), bearer(OTHER), bearer(READER));
+    let call = |token: String, method: Method, path: &'static str, body: &'static str| async move {
+        send(control, method, path, &[JSON, ("authorization", &token)], body).await.unwrap()
+    };
+    let beat = r#"{"incarnation":"p1","ttl_ms":30000}"#;
+    let joined = call(billing.clone(), Method::POST, "/v1/clusters/billing-workers/nodes/n1/heartbeat", beat).await;
+    assert_eq!(joined.status, StatusCode::OK, "{}", joined.json());
+    // A cluster outside the client's globs, for a write and for a read.
+    let outside = call(reader.clone(), Method::POST, "/v1/clusters/billing-workers/nodes/n2/heartbeat", beat).await;
+    assert_eq!((outside.status, problem_type(&outside).ends_with("forbidden")), (StatusCode::FORBIDDEN, true));
+    let outside = call(billing.clone(), Method::GET, "/v1/clusters/payments/nodes", "").await;
+    assert_eq!(outside.status, StatusCode::FORBIDDEN);
+    // Another client allowed the same cluster, with the same incarnation string: not billing's node.
+    let hijack =
+        call(other.clone(), Method::POST, "/v1/clusters/billing-workers/nodes/n1/leave", r#"{"incarnation":"p1"}"#)
+            .await;
+    assert_eq!(hijack.status, StatusCode::CONFLICT);
+    let hijack = call(other.clone(), Method::POST, "/v1/clusters/billing-workers/nodes/n1/heartbeat", beat).await;
+    assert_eq!(hijack.status, StatusCode::CONFLICT);
+    let listed = call(other, Method::GET, "/v1/clusters/billing-workers/nodes", "").await;
+    assert_eq!(listed.json()["nodes"].as_array().map(Vec::len), Some(1), "{}", listed.json());
+    // Leaving a cluster outside the globs: 403 before anything is looked at.
+    let outside =
+        call(reader, Method::POST, "/v1/clusters/billing-workers/nodes/n1/leave", r#"{"incarnation":"p1"}"#).await;
+    assert_eq!(outside.status, StatusCode::FORBIDDEN);
+    // A NUL in a name: 422, not a dropped connection and a 503.
+    let nul = call(billing.clone(), Method::POST, "/v1/clusters/billing-workers/nodes/n%00/heartbeat", beat).await;
+    assert_eq!(nul.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", nul.json());
+    // No token (or a wrong one): 401, nothing registered.
+    let anonymous =
+        send(control, Method::POST, "/v1/clusters/billing-workers/nodes/n9/heartbeat", &[JSON], beat).await.unwrap();
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    let wrong =
+        call(bearer("not-a-token"), Method::POST, "/v1/clusters/billing-workers/nodes/n9/heartbeat", beat).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let nodes: i64 = s.db.connect().await.query_one("SELECT count(*) FROM fencing.nodes", &[]).await.unwrap().get(0);
+    assert_eq!(nodes, 1, "only billing's n1 was ever registered");
+    let left =
+        call(billing, Method::POST, "/v1/clusters/billing-workers/nodes/n1/leave", r#"{"incarnation":"p1"}"#).await;
+    assert_eq!(left.status, StatusCode::NO_CONTENT);
+}

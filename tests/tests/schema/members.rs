@@ -119,3 +119,28 @@ async fn nodes_gone_for_a_day_are_removed_by_the_next_heartbeat_but_never_the_ca
         .collect();
     assert_eq!(rows, ["me"], "the node gone for a day was removed");
 }
+
+#[tokio::test]
+async fn a_cluster_holds_at_most_1000_live_nodes() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "SELECT fencing.heartbeat('big', 'n' || i, 'inc', 'x', '1 minute', '{}') FROM generate_series(1, 1000) i",
+        )
+        .await
+        .unwrap();
+    let before = snapshot(&client, "SELECT node_id, started_at FROM fencing.nodes ORDER BY node_id").await;
+    let error = client
+        .batch_execute("SELECT fencing.heartbeat('big', 'one-more', 'inc', 'x', '1 minute', '{}')")
+        .await
+        .expect_err("the 1001st");
+    assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{error}");
+    assert!(message(&error).contains("1000 live nodes"), "{}", message(&error));
+    assert_eq!(snapshot(&client, "SELECT node_id, started_at FROM fencing.nodes ORDER BY node_id").await, before);
+    // A live node still refreshes, and another cluster is not affected.
+    client.batch_execute("SELECT fencing.heartbeat('big', 'n1', 'inc', 'x', '1 minute', '{}')").await.unwrap();
+    client.batch_execute("SELECT fencing.heartbeat('small', 'n1', 'inc', 'x', '1 minute', '{}')").await.unwrap();
+    let listed: i64 = client.query_one("SELECT count(*) FROM fencing.members('big')", &[]).await.unwrap().get(0);
+    assert_eq!(listed, 1000);
+}
