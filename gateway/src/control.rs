@@ -680,6 +680,27 @@ fn check_incarnation(caller: &Caller, incarnation: &str) -> Result<(), Problem> 
     check_member_name("incarnation (with the client's name and a slash)", &caller.store_owner(incarnation))
 }
 
+/// A membership POST's checks, in order: the cluster (403, 422), the JSON content type (415),
+/// the body (400, 422), the node id and `check` (422); a refusal is counted under `op`.
+fn member_post<T: DeserializeOwned>(
+    op: &'static str,
+    caller: &Caller,
+    (cluster, node): (&str, &str),
+    headers: &HeaderMap,
+    body: &Bytes,
+    check: impl FnOnce(&T) -> Result<(), Problem>,
+) -> Result<T, Problem> {
+    let checked = may_use_cluster(caller, cluster).and_then(|()| json_body(headers)).and_then(|()| {
+        let request = parse(body)?;
+        check_member_name("a node id", node)?;
+        check(&request)?;
+        Ok(request)
+    });
+    checked.inspect_err(|problem| {
+        count_member(op, if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
+    })
+}
+
 fn member_json(member: &store::Member) -> Value {
     json!({
         "node_id": member.node_id,
@@ -699,22 +720,14 @@ async fn heartbeat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(problem) = may_use_cluster(&caller, &cluster).and_then(|()| json_body(&headers)) {
-        count_member("heartbeat", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
-        return problem.into_response();
-    }
-    let request: HeartbeatRequest = match parse(&body).and_then(|request: HeartbeatRequest| {
-        check_incarnation(&caller, &request.incarnation)?;
-        check_member_name("a node id", &node)?;
-        check_member_name("a node name", request.name.as_deref().unwrap_or(&node))?;
-        Ok(request)
-    }) {
-        Ok(request) => request,
-        Err(problem) => {
-            count_member("heartbeat", "invalid");
-            return problem.into_response();
-        }
-    };
+    let request =
+        match member_post("heartbeat", &caller, (&cluster, &node), &headers, &body, |request: &HeartbeatRequest| {
+            check_incarnation(&caller, &request.incarnation)?;
+            check_member_name("a node name", request.name.as_deref().unwrap_or(&node))
+        }) {
+            Ok(request) => request,
+            Err(problem) => return problem.into_response(),
+        };
     let ttl = match state.check_ttl(request.ttl_ms).and_then(|ttl| {
         if ttl < MIN_NODE_TTL {
             return Err(Problem::new(
@@ -779,20 +792,11 @@ async fn leave(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(problem) = may_use_cluster(&caller, &cluster).and_then(|()| json_body(&headers)) {
-        count_member("leave", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
-        return problem.into_response();
-    }
-    let request: LeaveRequest = match parse(&body).and_then(|request: LeaveRequest| {
-        check_incarnation(&caller, &request.incarnation)?;
-        check_member_name("a node id", &node)?;
-        Ok(request)
+    let request = match member_post("leave", &caller, (&cluster, &node), &headers, &body, |request: &LeaveRequest| {
+        check_incarnation(&caller, &request.incarnation)
     }) {
         Ok(request) => request,
-        Err(problem) => {
-            count_member("leave", "invalid");
-            return problem.into_response();
-        }
+        Err(problem) => return problem.into_response(),
     };
     let incarnation = caller.store_owner(&request.incarnation);
     let (call_cluster, call_node) = (cluster.clone(), node.clone());
