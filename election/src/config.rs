@@ -262,13 +262,17 @@ fn validate(elector: &Elector) -> Result<(), Error> {
 
 /// Host name, process id and a random part: one value per process incarnation.
 fn default_owner() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+    let host =
+        kernel_host_name().or_else(|| std::env::var("HOSTNAME").ok()).unwrap_or_else(|| "unknown-host".to_owned());
+    unique_owner(&format!("{host}-{}", std::process::id()))
+}
+
+/// The host name the kernel reports, when it has one.
+pub(crate) fn kernel_host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "unknown-host".to_owned());
-    unique_owner(&format!("{host}-{}", std::process::id()))
 }
 
 /// `prefix`, `#`, and a random part: one value per elector incarnation.

@@ -363,11 +363,7 @@ impl MembershipBuilder {
 fn process_node_id() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
     ID.get_or_init(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|name| name.trim().to_owned())
-            .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| "unknown-host".to_owned());
+        let host = crate::config::kernel_host_name().unwrap_or_else(|| "unknown-host".to_owned());
         let host: String = host.chars().take(200).collect();
         format!("{host}-{}", std::process::id())
     })

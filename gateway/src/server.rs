@@ -79,22 +79,21 @@ struct Worker {
 }
 
 /// A connection's place: its permit under the listener's cap, and its count on its thread.
-struct Slot {
-    permit: Option<OwnedSemaphorePermit>,
-    load: Arc<AtomicUsize>,
-}
+type Slot = (OwnedSemaphorePermit, Counted);
 
-impl Slot {
-    /// Takes the permit out, to be carried to another thread; the count on this one drops
-    /// with the slot.
-    fn release(mut self) -> Option<OwnedSemaphorePermit> {
-        self.permit.take()
+/// One open connection in a thread's count, taken off when dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(load: &Arc<AtomicUsize>) -> Counted {
+        load.fetch_add(1, Ordering::Relaxed);
+        Counted(Arc::clone(load))
     }
 }
 
-impl Drop for Slot {
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.load.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -154,23 +153,21 @@ pub async fn serve_on_threads(
                 return;
             }
         };
-        let mut message = Some((stream, Some(permit)));
+        let mut message = Some((stream, permit));
         // The least loaded thread that still serves; a thread that stopped (it cannot, short of
         // a bug) is skipped from then on, and the connection closed when none is left.
-        while let Some((stream, Some(permit))) = message.take() {
+        while let Some((stream, permit)) = message.take() {
             let Some(index) = (0..workers.len()).min_by_key(|&index| workers[index].load.load(Ordering::Relaxed))
             else {
                 error!(listener = name, %remote, "no proxy thread is serving; connection closed");
                 return;
             };
-            let worker = &workers[index];
-            worker.load.fetch_add(1, Ordering::Relaxed);
-            let slot = Slot { permit: Some(permit), load: Arc::clone(&worker.load) };
-            if let Err(returned) = worker.connections.send((stream, remote, slot)) {
-                let (stream, _, slot) = returned.0;
+            let slot = (permit, Counted::new(&workers[index].load));
+            if let Err(returned) = workers[index].connections.send((stream, remote, slot)) {
+                let (stream, _, (permit, _counted)) = returned.0;
                 error!(listener = name, thread = index, "a proxy thread stopped serving; its share goes to the others");
                 stopped.push(workers.swap_remove(index));
-                message = Some((stream, slot.release()));
+                message = Some((stream, permit));
             }
         }
     })
