@@ -63,11 +63,14 @@
 //! - `runtime`: the background task.
 //! - [`membership`]: cluster membership: every process heartbeats its node row and hears nodes
 //!   join and leave ([`membership::Membership`]).
+//! - [`daemons`]: background work units the cluster's leader assigns to live nodes, through
+//!   the fence, with an acknowledged lifecycle ([`daemons::Daemons`]).
 //! - [`metrics`]: the names of the metrics it records.
 //! - [`Error`]: this crate's one error type.
 
 pub mod clock;
 pub mod config;
+pub mod daemons;
 mod error;
 pub mod membership;
 pub mod metrics;

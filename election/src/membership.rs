@@ -135,6 +135,11 @@ impl Membership {
         &self.node_id
     }
 
+    /// This start's incarnation (empty before [`Membership::start`]).
+    pub(crate) fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
     /// The cluster.
     pub fn cluster(&self) -> &str {
         &self.cluster
@@ -148,6 +153,11 @@ impl Membership {
     /// How long the node stays live after a heartbeat.
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The longest one heartbeat or read may take.
+    pub fn query_timeout(&self) -> Duration {
+        self.query_timeout
     }
 
     /// Refuses a leader lease ttl that is not markedly longer than the heartbeat interval (at
@@ -188,7 +198,7 @@ impl Membership {
 
     /// A pooled connection whose server gives up at `deadline` too, so a heartbeat nobody
     /// waits for never commits late (the limits are reset before it goes back to the pool).
-    async fn connection(&self, deadline: Instant) -> Result<deadpool_postgres::Object, String> {
+    pub(crate) async fn connection(&self, deadline: Instant) -> Result<deadpool_postgres::Object, String> {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => return Err(format!("get a connection: {error}")),
@@ -235,7 +245,7 @@ impl Membership {
 
     /// The answer, or why there is none; a connection whose call failed at the store or was
     /// abandoned is cancelled and dropped from the pool, so no later call queues behind it.
-    async fn finish<T>(
+    pub(crate) async fn finish<T>(
         &self,
         client: deadpool_postgres::Object,
         answer: Result<Result<T, fencing_schema::Error>, tokio::time::error::Elapsed>,
@@ -387,6 +397,16 @@ impl MembershipHandle {
     /// This node's id.
     pub fn node_id(&self) -> &str {
         &self.membership.node_id
+    }
+
+    /// The running node's configuration, its incarnation included.
+    pub(crate) fn config(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// Until when this node is registered, on the boot clock.
+    pub(crate) fn registration(&self) -> watch::Receiver<Option<BootInstant>> {
+        self.registered.clone()
     }
 
     /// Events: the first call gets every event since the start (the first read's joins

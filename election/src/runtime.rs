@@ -124,6 +124,11 @@ impl ElectorHandle {
         self.shared.leadership.borrow().clone().filter(Leadership::is_valid)
     }
 
+    /// Every leadership period as it starts and ends, for the daemons' leader pass.
+    pub(crate) fn leadership_watch(&self) -> watch::Receiver<Option<Leadership>> {
+        self.shared.leadership.subscribe()
+    }
+
     /// The term to stamp writes with, if this process leads right now.
     pub fn current_term(&self) -> Option<i64> {
         self.leadership().map(|leadership| leadership.term())

@@ -113,6 +113,10 @@ impl FencingToken {
     /// The request header the gateway reads the token from.
     pub const HEADER: &'static str = "Fencing-Token";
 
+    pub(crate) fn new(term: i64) -> FencingToken {
+        FencingToken(term)
+    }
+
     /// The term.
     pub fn term(self) -> i64 {
         self.0

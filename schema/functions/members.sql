@@ -86,7 +86,9 @@ BEGIN
            started_at   = CASE WHEN held.expires_at > now_ THEN n.started_at ELSE now_ END,
            heartbeat_at = now_,
            expires_at   = now_ + ttl,
-           metadata     = meta
+           metadata     = meta,
+           -- A node that joins anew offers its daemons anew (fencing.assignments).
+           daemons      = CASE WHEN held.expires_at > now_ THEN n.daemons ELSE '{}' END
      WHERE n.cluster = cluster_ AND n.node_id = node_id_
     RETURNING * INTO held;
     -- Other nodes of this cluster gone for a day; rows another heartbeat holds are left alone.

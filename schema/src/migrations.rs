@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 4, name: "functions", sql: include_str!("../migrations/0004_functions.sql") },
     Migration { version: 5, name: "grants", sql: include_str!("../migrations/0005_grants.sql") },
     Migration { version: 6, name: "members", sql: include_str!("../migrations/0006_members.sql") },
+    Migration { version: 7, name: "daemons", sql: include_str!("../migrations/0007_daemons.sql") },
 ];
 
 macro_rules! repeatable {
@@ -56,6 +57,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "advance_fence",
     "bind",
     "checks",
+    "daemons",
     "force_release",
     "gate",
     "gate_lease",
@@ -76,7 +78,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 6;
+pub const LATEST_VERSION: i32 = 7;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -681,3 +681,171 @@ pub async fn members(client: &impl GenericClient, cluster: &str) -> Result<Vec<M
         })
         .collect()
 }
+
+/// One change a leader's reconcile pass made (`fencing.reconcile_daemons`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonChange {
+    /// The daemon.
+    pub daemon: String,
+    /// The assignment's generation.
+    pub generation: i64,
+    /// `assigning`, `revoking` or `deleted` (the assignment ended).
+    pub state: String,
+    /// The node of the assignment.
+    pub node_id: String,
+    /// Why: `rebalance` for a revocation; `node_expired`, `ack_timeout`, `drain_timeout` for an
+    /// end; for an assignment, why the previous one ended (none for a daemon's first).
+    pub reason: Option<String>,
+}
+
+/// One assignment of a node, as `fencing.assignments` returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The daemon.
+    pub daemon: String,
+    /// The assignment's generation: the daemon's fencing token while it runs.
+    pub generation: i64,
+    /// `assigning`, `active` or `revoking`.
+    pub state: String,
+    /// Time left until the acknowledge or drain deadline, by the store's clock; none while active.
+    pub remaining: Option<Duration>,
+}
+
+/// One daemon of a cluster, as `fencing.daemon_states` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonState {
+    /// The daemon.
+    pub daemon: String,
+    /// `unassigned`, `assigning`, `active` or `revoking`.
+    pub state: String,
+    /// The current (or last) assignment's generation.
+    pub generation: i64,
+    /// The node it is assigned to.
+    pub node_id: Option<String>,
+    /// The term of the leader that last changed it.
+    pub term: i64,
+    /// Why the last assignment ended or is being revoked.
+    pub reason: Option<String>,
+    /// When it last changed.
+    pub changed_at: SystemTime,
+    /// Time left until the acknowledge or drain deadline; none otherwise.
+    pub remaining: Option<Duration>,
+}
+
+/// Calls `fencing.reconcile_daemons(cluster, lease_key, owner, term, ack_timeout, drain_timeout)`:
+/// the leader's pass, refused ([`Error::Refused`]) unless `owner` holds the lease at `term`.
+pub async fn reconcile_daemons(
+    client: &impl GenericClient,
+    cluster: &str,
+    lease: (&str, &str, i64),
+    ack_timeout: Duration,
+    drain_timeout: Duration,
+) -> Result<Vec<DaemonChange>, Error> {
+    let (lease_key, owner, term) = lease;
+    let rows = client
+        .query(
+            "SELECT daemon, generation, state, node_id, reason
+               FROM fencing.reconcile_daemons($1, $2, $3, $4, $5::bigint * interval '1 millisecond',
+                                              $6::bigint * interval '1 millisecond')",
+            &[&cluster, &lease_key, &owner, &term, &ttl_ms(ack_timeout), &ttl_ms(drain_timeout)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DaemonChange {
+                daemon: row.try_get("daemon").map_err(Error::Store)?,
+                generation: row.try_get("generation").map_err(Error::Store)?,
+                state: row.try_get("state").map_err(Error::Store)?,
+                node_id: row.try_get("node_id").map_err(Error::Store)?,
+                reason: row.try_get("reason").map_err(Error::Store)?,
+            })
+        })
+        .collect()
+}
+
+/// Calls `fencing.assignments(cluster, node_id, incarnation, offered)`: records the daemons the
+/// node offers and returns its assignments (none unless it is live as `incarnation`).
+pub async fn assignments(
+    client: &impl GenericClient,
+    node: (&str, &str, &str),
+    offered: &[&str],
+) -> Result<Vec<Assignment>, Error> {
+    let (cluster, node_id, incarnation) = node;
+    let rows = client
+        .query(
+            "SELECT daemon, generation, state, remaining_ms FROM fencing.assignments($1, $2, $3, $4)",
+            &[&cluster, &node_id, &incarnation, &offered],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(Assignment {
+                daemon: row.try_get("daemon").map_err(Error::Store)?,
+                generation: row.try_get("generation").map_err(Error::Store)?,
+                state: row.try_get("state").map_err(Error::Store)?,
+                remaining: row.try_get::<_, Option<i64>>("remaining_ms").map_err(Error::Store)?.map(ms),
+            })
+        })
+        .collect()
+}
+
+/// Calls `fencing.ack_daemon(cluster, node_id, incarnation, daemon, generation)`: how long the
+/// daemon waited for a node when acknowledged, `None` when refused (the node must not start it).
+pub async fn ack_daemon(
+    client: &impl GenericClient,
+    node: (&str, &str, &str),
+    daemon: &str,
+    generation: i64,
+) -> Result<Option<Duration>, Error> {
+    let (cluster, node_id, incarnation) = node;
+    let row = client
+        .query_one(
+            "SELECT fencing.ack_daemon($1, $2, $3, $4, $5)",
+            &[&cluster, &node_id, &incarnation, &daemon, &generation],
+        )
+        .await?;
+    Ok(row.try_get::<_, Option<i64>>(0).map_err(Error::Store)?.map(ms))
+}
+
+/// Calls `fencing.daemon_stopped(cluster, node_id, incarnation, daemon, generation)`: whether
+/// the assignment ended (drained after a revocation, or given back).
+pub async fn daemon_stopped(
+    client: &impl GenericClient,
+    node: (&str, &str, &str),
+    daemon: &str,
+    generation: i64,
+) -> Result<bool, Error> {
+    let (cluster, node_id, incarnation) = node;
+    let row = client
+        .query_one(
+            "SELECT fencing.daemon_stopped($1, $2, $3, $4, $5)",
+            &[&cluster, &node_id, &incarnation, &daemon, &generation],
+        )
+        .await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
+/// Calls `fencing.daemon_states(cluster)`: every daemon of the cluster, by name.
+pub async fn daemon_states(client: &impl GenericClient, cluster: &str) -> Result<Vec<DaemonState>, Error> {
+    let rows = client
+        .query(
+            "SELECT daemon, state, generation, node_id, term, reason, changed_at, remaining_ms
+               FROM fencing.daemon_states($1)",
+            &[&cluster],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DaemonState {
+                daemon: row.try_get("daemon").map_err(Error::Store)?,
+                state: row.try_get("state").map_err(Error::Store)?,
+                generation: row.try_get("generation").map_err(Error::Store)?,
+                node_id: row.try_get("node_id").map_err(Error::Store)?,
+                term: row.try_get("term").map_err(Error::Store)?,
+                reason: row.try_get("reason").map_err(Error::Store)?,
+                changed_at: row.try_get("changed_at").map_err(Error::Store)?,
+                remaining: row.try_get::<_, Option<i64>>("remaining_ms").map_err(Error::Store)?.map(ms),
+            })
+        })
+        .collect()
+}

@@ -57,26 +57,40 @@ impl ElectorProcess {
 
     /// As [`ElectorProcess::spawn`], with more arguments (`--metrics-listen ADDR`).
     pub fn spawn_with(url: &str, key: &str, owner: &str, timing: Timing, extra: &[&str]) -> Result<ElectorProcess> {
-        let mut child = Command::new(workspace_example("elector")?)
-            .args(extra)
-            .args(["--database-url", url, "--key", key, "--owner", owner])
-            .args(["--ttl-ms", &timing.ttl_ms.to_string(), "--renew-ms", &timing.renew_ms.to_string()])
-            .args(["--margin-ms", &timing.margin_ms.to_string()])
-            .args([
-                "--query-timeout-ms",
-                &timing.query_timeout_ms.to_string(),
-                "--tick-ms",
-                &timing.tick_ms.to_string(),
-            ])
+        let mut args: Vec<String> = extra.iter().map(|arg| (*arg).to_owned()).collect();
+        for (flag, value) in [
+            ("--database-url", url.to_owned()),
+            ("--key", key.to_owned()),
+            ("--owner", owner.to_owned()),
+            ("--ttl-ms", timing.ttl_ms.to_string()),
+            ("--renew-ms", timing.renew_ms.to_string()),
+            ("--margin-ms", timing.margin_ms.to_string()),
+            ("--query-timeout-ms", timing.query_timeout_ms.to_string()),
+            ("--tick-ms", timing.tick_ms.to_string()),
+        ] {
+            args.extend([flag.to_owned(), value]);
+        }
+        ElectorProcess::spawn_example("elector", owner, &args)
+    }
+
+    /// Starts the daemon node example (`election/examples/daemon_node.rs`) with `args`.
+    pub fn spawn_daemon_node(node_id: &str, args: &[String]) -> Result<ElectorProcess> {
+        ElectorProcess::spawn_example("daemon_node", node_id, args)
+    }
+
+    fn spawn_example(example: &str, owner: &str, args: &[String]) -> Result<ElectorProcess> {
+        let mut child = Command::new(workspace_example(example)?)
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("spawn the elector example")?;
+            .with_context(|| format!("spawn the {example} example"))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
         let (sender, lines) = mpsc::unbounded_channel();
+        let name = example.to_owned();
         tokio::spawn(async move {
             let mut reader = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = reader.next_line().await {
@@ -87,7 +101,7 @@ impl ElectorProcess {
                         }
                     }
                     Err(error) => {
-                        eprintln!("elector printed a line that is not JSON ({error}): {line}")
+                        eprintln!("{name} printed a line that is not JSON ({error}): {line}")
                     }
                 }
             }

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod daemons;
 mod in_process;
 mod membership;
 mod processes;

@@ -7,6 +7,7 @@
 mod audit;
 mod bad_input;
 mod binding;
+mod daemons;
 mod decide_on_one_version;
 mod drivers;
 mod durability;

@@ -1,0 +1,697 @@
+//! Daemons: named background work units (an outbox processor, a compactor) that the leader of
+//! a cluster assigns to its live nodes, each running on one node at a time.
+//!
+//! Every process registers the daemons it can run and is both a node of the cluster
+//! ([`crate::membership`]) and a candidate for its leader ([`crate::Elector`]). On every
+//! heartbeat:
+//! - the leader runs one pass (`fencing.reconcile_daemons`): it assigns daemons without a node
+//!   to the least-loaded live node that offers them, ends the assignments of nodes that stopped
+//!   heartbeating, forces the assignments whose acknowledge or drain deadline passed, and
+//!   revokes one daemon from the busiest node when another holds two fewer (bounded churn);
+//! - every node reads its assignments, acknowledges new ones and only then starts them, drains
+//!   revoked ones and confirms when they stopped.
+//!
+//! An assignment goes Assigning -> Active -> Revoking -> Deleted. The leader's changes carry
+//! its term and are admitted through the fence of the cluster's assignments (the resource
+//! `fencing.daemons/<cluster>`, bound to the leader's lease): a leader that lost its lease, or
+//! was succeeded while paused, changes nothing. Each assignment has a new generation, which is
+//! the daemon's fencing token for its own writes ([`DaemonContext::fencing_token`]).
+//!
+//! # At most one running instance, and its bound
+//!
+//! A node starts a daemon only after the store accepted its acknowledgement, which it refuses
+//! after the acknowledge deadline or once the leader moved the assignment on. A node stops
+//! (cancels) its daemons when the store says their assignment ended or moved, when their drain
+//! deadline passes (the store's deadline, counted from when the node read it, so never later
+//! than the store's), and when its own registration lapses on its boot clock (never later than
+//! the store's expiry, after which the leader reassigns). So a daemon that returns when its
+//! [`DaemonContext::cancellation_token`] is cancelled never runs on two live nodes at once.
+//! The exceptions are a daemon that keeps running past its cancellation (it is force-reassigned
+//! after the drain timeout and runs on two nodes until it returns) and a paused process
+//! (SIGSTOP, a long GC-like stall) that resumes inside a daemon's code before its runner
+//! cancels it. Writes made with the daemon's fencing token are safe in both cases: once the new
+//! assignment's first write is admitted, the old generation's writes are refused.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fencing_election::Elector;
+//! use fencing_election::daemons::Daemons;
+//! use fencing_election::membership::Membership;
+//!
+//! # async fn example(pool: deadpool_postgres::Pool) -> Result<(), fencing_election::Error> {
+//! let node = Membership::builder(pool.clone(), "billing").build()?;
+//! let elector = Elector::builder(pool, "billing-leader").ttl(Duration::from_secs(60)).build()?;
+//! let daemons = Daemons::builder(node, elector)
+//!     .daemon("outbox", |daemon| async move {
+//!         while !daemon.is_draining() {
+//!             // Write with daemon.fencing_token() (the Fencing-Token header through the gateway).
+//!             tokio::time::sleep(Duration::from_secs(1)).await;
+//!         }
+//!     })
+//!     .build()?
+//!     .start();
+//! // ...
+//! daemons.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencing_schema::store::{self, Assignment};
+use rand::Rng;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::clock::BootInstant;
+use crate::membership::{Membership, MembershipHandle};
+use crate::{Elector, ElectorHandle, Error, FencingToken, Leadership};
+
+/// How long a node has to acknowledge an assignment unless set.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a node has to drain a revoked daemon unless set.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most daemons one process registers.
+pub const MAX_DAEMONS: usize = 100;
+/// The longest acknowledge or drain timeout.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Gauge `{cluster, state}`: daemons by state (`unassigned`, `assigning`, `active`,
+/// `revoking`), as the leader last read them; 0 on every other process.
+pub const DAEMONS: &str = "daemons";
+/// Counter `{cluster, reason}`: assignments the leader ended or revoked: `node_expired`,
+/// `ack_timeout`, `drain_timeout` (forced) and `rebalance`.
+pub const REASSIGNMENTS: &str = "daemon_reassignments_total";
+/// Histogram `{cluster}`: seconds from a daemon needing a node to a node acknowledging it.
+pub const ASSIGN_SECONDS: &str = "daemon_assign_seconds";
+/// Gauge `{cluster}`: daemons running in this process.
+pub const RUNNING: &str = "daemons_running";
+
+const STATES: [&str; 4] = ["unassigned", "assigning", "active", "revoking"];
+const REASONS: [&str; 4] = ["node_expired", "ack_timeout", "drain_timeout", "rebalance"];
+
+/// What a running daemon gets: its assignment's fencing token, a drain signal and a
+/// cancellation token.
+#[derive(Debug, Clone)]
+pub struct DaemonContext {
+    name: Arc<str>,
+    generation: i64,
+    cancel: CancellationToken,
+    drain: CancellationToken,
+    registration: watch::Receiver<Option<BootInstant>>,
+}
+
+impl DaemonContext {
+    /// The daemon's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The assignment's generation: it grows with every assignment of this daemon.
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+
+    /// The token for this instance's own writes (the generation): present it on every write
+    /// (the `Fencing-Token` header through the gateway, or `fencing.admit` in SQL) on a resource
+    /// of this daemon's own, so a previous instance that is still running is refused once this
+    /// one wrote.
+    pub fn fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.generation)
+    }
+
+    /// Cancelled when the daemon must stop now: its drain deadline passed, its assignment ended
+    /// elsewhere, or this node's registration lapsed. Return promptly.
+    pub fn cancellation_token(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Cancelled when the daemon should finish the work in hand and return: it was revoked or
+    /// the process shuts down (and with the cancellation token).
+    pub fn drain_token(&self) -> &CancellationToken {
+        &self.drain
+    }
+
+    /// True once it should drain.
+    pub fn is_draining(&self) -> bool {
+        self.drain.is_cancelled()
+    }
+
+    /// True while this instance may act: not cancelled, and this node's registration not
+    /// lapsed on the boot clock (a process resumed after a pause finds it false at once, before
+    /// its runner had a chance to cancel it). Check it immediately before every action others
+    /// can see; fence the action itself with [`DaemonContext::fencing_token`].
+    pub fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && self.registration.borrow().is_some_and(|until| BootInstant::now() < until)
+    }
+}
+
+type Running = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+type DaemonFn = Arc<dyn Fn(DaemonContext) -> Running + Send + Sync>;
+
+/// A node's daemons and its leader candidacy, configured; [`Daemons::start`] runs them.
+pub struct Daemons {
+    membership: Membership,
+    elector: Elector,
+    daemons: BTreeMap<String, DaemonFn>,
+    ack_timeout: Duration,
+    drain_timeout: Duration,
+}
+
+impl fmt::Debug for Daemons {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Daemons")
+            .field("membership", &self.membership)
+            .field("elector", &self.elector)
+            .field("daemons", &self.daemons.keys().collect::<Vec<_>>())
+            .field("ack_timeout", &self.ack_timeout)
+            .field("drain_timeout", &self.drain_timeout)
+            .finish()
+    }
+}
+
+/// Settings for [`Daemons`].
+#[must_use]
+pub struct DaemonsBuilder {
+    membership: Membership,
+    elector: Elector,
+    daemons: Vec<(String, DaemonFn)>,
+    ack_timeout: Duration,
+    drain_timeout: Duration,
+}
+
+impl Daemons {
+    /// Starts configuring daemons for this process's node `membership` of a cluster, whose
+    /// leader is elected by `elector` (the lease's key names the cluster's leadership: one key
+    /// per cluster).
+    pub fn builder(membership: Membership, elector: Elector) -> DaemonsBuilder {
+        DaemonsBuilder {
+            membership,
+            elector,
+            daemons: Vec::new(),
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
+
+    /// Starts the node, the elector and the daemons' task on the current Tokio runtime.
+    pub fn start(self) -> DaemonsHandle {
+        let membership = self.membership.start();
+        let elector = self.elector.start();
+        let cluster = membership.config().cluster().to_owned();
+        let (running_tx, running) = watch::channel(Vec::new());
+        let stop = CancellationToken::new();
+        let runner = Runner {
+            node: membership.config().clone(),
+            registration: membership.registration(),
+            leadership: elector.leadership_watch(),
+            lease_key: elector.key().to_owned(),
+            owner: elector.owner().to_owned(),
+            offered: self.daemons.keys().cloned().collect(),
+            daemons: self.daemons,
+            ack_timeout: self.ack_timeout,
+            drain_timeout: self.drain_timeout,
+            wake: Arc::new(Notify::new()),
+            running: running_tx,
+            led: false,
+            instances: BTreeMap::new(),
+        };
+        for state in STATES {
+            metrics::gauge!(DAEMONS, "cluster" => cluster.clone(), "state" => state).set(0.0);
+        }
+        for reason in REASONS {
+            metrics::counter!(REASSIGNMENTS, "cluster" => cluster.clone(), "reason" => reason).increment(0);
+        }
+        metrics::gauge!(RUNNING, "cluster" => cluster).set(0.0);
+        let task = tokio::spawn(runner.run(stop.clone()));
+        DaemonsHandle { membership: Some(membership), elector: Some(elector), running, stop, task: Some(task) }
+    }
+}
+
+impl DaemonsBuilder {
+    /// Registers daemon `name`: `run` is called with a fresh [`DaemonContext`] each time this
+    /// node is assigned the daemon, and the daemon runs until the returned future completes.
+    /// Return when [`DaemonContext::drain_token`] is cancelled (finishing the work in hand), and
+    /// at once when [`DaemonContext::cancellation_token`] is. A daemon that returns early gives
+    /// its assignment back; the leader assigns it again, to another node when there is one.
+    pub fn daemon<F, Fut>(mut self, name: impl Into<String>, run: F) -> Self
+    where
+        F: Fn(DaemonContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let run: DaemonFn = Arc::new(move |context| Box::pin(run(context)));
+        self.daemons.push((name.into(), run));
+        self
+    }
+
+    /// How long a node has, by the store's clock, to acknowledge an assignment before the
+    /// leader gives the daemon to another node. Default 30 s; at least two heartbeat
+    /// intervals (a node reads its assignments once per interval).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// How long a node has, by the store's clock, to drain a revoked daemon before the leader
+    /// forces it onto another node. Default 60 s; at least one heartbeat interval.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings: the first that cannot work is the error.
+    pub fn build(self) -> Result<Daemons, Error> {
+        let invalid = |message: String| Err(Error::InvalidSetting(message));
+        self.membership.check_leader_ttl(self.elector.ttl())?;
+        if self.membership.cluster().chars().count() > 240 {
+            return invalid("a cluster with daemons has a name of at most 240 characters".to_owned());
+        }
+        if self.daemons.is_empty() || self.daemons.len() > MAX_DAEMONS {
+            return invalid(format!("register 1 to {MAX_DAEMONS} daemons, got {}", self.daemons.len()));
+        }
+        let mut daemons = BTreeMap::new();
+        for (name, run) in self.daemons {
+            if name.is_empty() || name.chars().count() > 256 || name.contains('\0') {
+                return invalid(format!("daemon name {name:?} must be 1 to 256 characters, without NUL"));
+            }
+            if daemons.insert(name.clone(), run).is_some() {
+                return invalid(format!("daemon {name:?} is registered twice"));
+            }
+        }
+        let interval = self.membership.heartbeat_interval();
+        if self.ack_timeout < interval * 2 || self.ack_timeout > MAX_TIMEOUT {
+            return invalid(format!(
+                "ack timeout ({:?}) must be at least two heartbeat intervals ({:?}) and at most {MAX_TIMEOUT:?}",
+                self.ack_timeout,
+                interval * 2
+            ));
+        }
+        if self.drain_timeout < interval || self.drain_timeout > MAX_TIMEOUT {
+            return invalid(format!(
+                "drain timeout ({:?}) must be at least one heartbeat interval ({interval:?}) and at most \
+                 {MAX_TIMEOUT:?}",
+                self.drain_timeout
+            ));
+        }
+        Ok(Daemons {
+            membership: self.membership,
+            elector: self.elector,
+            daemons,
+            ack_timeout: self.ack_timeout,
+            drain_timeout: self.drain_timeout,
+        })
+    }
+}
+
+/// Running daemons: the node, the elector, and which daemons run here.
+#[derive(Debug)]
+pub struct DaemonsHandle {
+    membership: Option<MembershipHandle>,
+    elector: Option<ElectorHandle>,
+    running: watch::Receiver<Vec<(String, i64)>>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Runner>>,
+}
+
+impl DaemonsHandle {
+    /// This process's node.
+    pub fn membership(&self) -> Option<&MembershipHandle> {
+        self.membership.as_ref()
+    }
+
+    /// This process's elector.
+    pub fn elector(&self) -> Option<&ElectorHandle> {
+        self.elector.as_ref()
+    }
+
+    /// The daemons running in this process, with their generations, by name.
+    pub fn running(&self) -> Vec<(String, i64)> {
+        self.running.borrow().clone()
+    }
+
+    /// Watches the daemons running in this process.
+    pub fn watch_running(&self) -> watch::Receiver<Vec<(String, i64)>> {
+        self.running.clone()
+    }
+
+    /// Drains every daemon running here (each bounded by the drain timeout, then cancelled),
+    /// gives their assignments back, releases the lease if this process leads, and leaves the
+    /// cluster.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take()
+            && let Ok(runner) = task.await
+        {
+            runner.drain_all().await;
+        }
+        if let Some(elector) = self.elector.take() {
+            elector.shutdown().await;
+        }
+        if let Some(membership) = self.membership.take() {
+            membership.shutdown().await;
+        }
+    }
+}
+
+impl Drop for DaemonsHandle {
+    /// Stops the task without draining: the daemons are cancelled and their assignments end
+    /// when the node expires.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl fmt::Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner")
+            .field("cluster", &self.node.cluster())
+            .field("node_id", &self.node.node_id())
+            .field("running", &self.instances.iter().map(|(name, i)| (name, i.generation)).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Runner {
+    /// Instances not drained (the handle was dropped) are cancelled, not left running.
+    fn drop(&mut self) {
+        for instance in self.instances.values() {
+            instance.cancel.cancel();
+        }
+    }
+}
+
+/// One instance of a daemon running in this process.
+struct Instance {
+    generation: i64,
+    cancel: CancellationToken,
+    drain: CancellationToken,
+    task: JoinHandle<()>,
+    /// When it must have stopped, once revoked.
+    drain_deadline: Option<Instant>,
+}
+
+/// Wakes the runner when an instance ends, even by a panic.
+struct WakeOnDrop(Arc<Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+
+struct Runner {
+    node: Membership,
+    registration: watch::Receiver<Option<BootInstant>>,
+    leadership: watch::Receiver<Option<Leadership>>,
+    lease_key: String,
+    owner: String,
+    daemons: BTreeMap<String, DaemonFn>,
+    offered: Vec<String>,
+    ack_timeout: Duration,
+    drain_timeout: Duration,
+    wake: Arc<Notify>,
+    running: watch::Sender<Vec<(String, i64)>>,
+    /// Whether the last pass ran as leader (its gauges are zeroed when it stops leading).
+    led: bool,
+    instances: BTreeMap<String, Instance>,
+}
+
+impl Runner {
+    fn node_key(&self) -> (&str, &str, &str) {
+        (self.node.cluster(), self.node.node_id(), self.node.incarnation())
+    }
+
+    async fn run(mut self, stop: CancellationToken) -> Runner {
+        loop {
+            let started = Instant::now();
+            self.reap().await;
+            self.leader_pass().await;
+            self.node_pass().await;
+            self.publish();
+
+            // The next heartbeat (up to 20 % early), a drain deadline or the registration's end,
+            // whichever comes first; an instance that ends wakes it too.
+            let interval = self.node.heartbeat_interval();
+            let mut until = started + interval - interval.mul_f64(0.2 * rand::rng().random::<f64>());
+            for instance in self.instances.values() {
+                if let Some(deadline) = instance.drain_deadline.filter(|_| !instance.cancel.is_cancelled()) {
+                    until = until.min(deadline);
+                }
+            }
+            if let Some(registered) = *self.registration.borrow() {
+                until = until.min(Instant::now() + registered.saturating_duration_since(BootInstant::now()));
+            }
+            tokio::select! {
+                () = stop.cancelled() => return self,
+                () = tokio::time::sleep_until(until) => {}
+                () = self.wake.notified() => {}
+                _ = self.registration.changed() => {}
+            }
+        }
+    }
+
+    fn registered(&self) -> bool {
+        self.registration.borrow().is_some_and(|until| BootInstant::now() < until)
+    }
+
+    fn publish(&self) {
+        let running: Vec<(String, i64)> =
+            self.instances.iter().map(|(name, instance)| (name.clone(), instance.generation)).collect();
+        metrics::gauge!(RUNNING, "cluster" => self.node.cluster().to_owned()).set(running.len() as f64);
+        self.running.send_if_modified(|old| {
+            let changed = *old != running;
+            *old = running;
+            changed
+        });
+    }
+
+    /// Instances that ended: their assignments are given back (drained when revoked).
+    async fn reap(&mut self) {
+        let ended: Vec<String> = self
+            .instances
+            .iter()
+            .filter(|(_, instance)| instance.task.is_finished())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in ended {
+            let Some(instance) = self.instances.remove(&name) else { continue };
+            self.stopped(&name, instance.generation).await;
+        }
+    }
+
+    /// Tells the store an instance stopped; a failure is retried by a later pass, which finds
+    /// the assignment with no instance here.
+    async fn stopped(&self, name: &str, generation: i64) {
+        let deadline = Instant::now() + self.node.query_timeout();
+        let result = match self.node.connection(deadline).await {
+            Ok(client) => {
+                let answer =
+                    timeout_at(deadline, store::daemon_stopped(&**client, self.node_key(), name, generation)).await;
+                self.node.finish(client, answer, deadline).await
+            }
+            Err(error) => Err(error),
+        };
+        match result {
+            Ok(true) => {
+                info!(cluster = %self.node.cluster(), daemon = %name, generation, "daemon stopped; assignment ended")
+            }
+            Ok(false) => debug!(daemon = %name, generation, "daemon stopped; its assignment had already ended"),
+            Err(error) => warn!(daemon = %name, generation, %error, "could not end the assignment; retrying"),
+        }
+    }
+
+    /// The leader's pass, while this process leads.
+    async fn leader_pass(&mut self) {
+        let cluster = self.node.cluster().to_owned();
+        let period = self.leadership.borrow().clone().filter(Leadership::is_valid);
+        let Some(period) = period else {
+            if std::mem::take(&mut self.led) {
+                for state in STATES {
+                    metrics::gauge!(DAEMONS, "cluster" => cluster.clone(), "state" => state).set(0.0);
+                }
+            }
+            return;
+        };
+        let deadline = Instant::now() + self.node.query_timeout();
+        let client = match self.node.connection(deadline).await {
+            Ok(client) => client,
+            Err(error) => return warn!(%cluster, %error, "leader pass: no connection"),
+        };
+        // Checked just before the write; the store decides with the term either way.
+        let Ok(term) = period.check() else { return };
+        let answer = timeout_at(
+            deadline,
+            store::reconcile_daemons(
+                &**client,
+                &cluster,
+                (&self.lease_key, &self.owner, term),
+                self.ack_timeout,
+                self.drain_timeout,
+            ),
+        )
+        .await;
+        let changes = match self.node.finish(client, answer, deadline).await {
+            Ok(changes) => changes,
+            Err(error) => return warn!(%cluster, term, %error, "leader pass refused or failed"),
+        };
+        self.led = true;
+        for change in &changes {
+            info!(%cluster, term, daemon = %change.daemon, generation = change.generation, node = %change.node_id,
+                  state = %change.state, reason = change.reason.as_deref().unwrap_or(""), "daemon assignment changed");
+            let counted = match change.state.as_str() {
+                "deleted" | "revoking" => change.reason.as_deref().filter(|reason| REASONS.contains(reason)),
+                _ => None,
+            };
+            if let Some(reason) = counted {
+                metrics::counter!(REASSIGNMENTS, "cluster" => cluster.clone(), "reason" => reason.to_owned())
+                    .increment(1);
+            }
+        }
+        // The gauges, from a read after the pass.
+        let deadline = Instant::now() + self.node.query_timeout();
+        if let Ok(client) = self.node.connection(deadline).await {
+            let answer = timeout_at(deadline, store::daemon_states(&**client, &cluster)).await;
+            if let Ok(states) = self.node.finish(client, answer, deadline).await {
+                for state in STATES {
+                    let count = states.iter().filter(|daemon| daemon.state == state).count();
+                    metrics::gauge!(DAEMONS, "cluster" => cluster.clone(), "state" => state).set(count as f64);
+                }
+            }
+        }
+    }
+
+    /// The node's pass: act on this node's assignments.
+    async fn node_pass(&mut self) {
+        let now = Instant::now();
+        if !self.registered() {
+            // The leader may reassign them once the store sees this node expire: stop them first.
+            for (name, instance) in &self.instances {
+                if !instance.cancel.is_cancelled() {
+                    warn!(daemon = %name, "this node's registration lapsed; cancelling the daemon");
+                    instance.cancel.cancel();
+                }
+            }
+            return;
+        }
+        for (name, instance) in &self.instances {
+            if instance.drain_deadline.is_some_and(|deadline| deadline <= now) && !instance.cancel.is_cancelled() {
+                warn!(daemon = %name, generation = instance.generation, "drain deadline passed; cancelling the daemon");
+                instance.cancel.cancel();
+            }
+        }
+        let sent = Instant::now();
+        let deadline = sent + self.node.query_timeout();
+        let offered: Vec<&str> = self.offered.iter().map(String::as_str).collect();
+        let assignments = match self.node.connection(deadline).await {
+            Ok(client) => {
+                let answer = timeout_at(deadline, store::assignments(&**client, self.node_key(), &offered)).await;
+                self.node.finish(client, answer, deadline).await
+            }
+            Err(error) => Err(error),
+        };
+        let assignments = match assignments {
+            Ok(assignments) => assignments,
+            Err(error) => return debug!(%error, "could not read this node's assignments"),
+        };
+        let by_name: BTreeMap<&str, &Assignment> =
+            assignments.iter().map(|assignment| (assignment.daemon.as_str(), assignment)).collect();
+        for (name, instance) in &mut self.instances {
+            match by_name.get(name.as_str()) {
+                Some(assignment) if assignment.generation == instance.generation => {
+                    if assignment.state == "revoking" && instance.drain_deadline.is_none() {
+                        let left = assignment.remaining.unwrap_or_default();
+                        info!(daemon = %name, generation = instance.generation, ?left, "daemon revoked; draining");
+                        instance.drain.cancel();
+                        instance.drain_deadline = Some(sent + left);
+                    }
+                }
+                _ => {
+                    if !instance.cancel.is_cancelled() {
+                        warn!(daemon = %name, generation = instance.generation, "assignment moved on; cancelling the daemon");
+                        instance.cancel.cancel();
+                    }
+                }
+            }
+        }
+        for assignment in &assignments {
+            if self.instances.contains_key(&assignment.daemon) {
+                // Running (or an older instance still stopping: it is acknowledged once gone).
+                continue;
+            }
+            let known = self.daemons.get(&assignment.daemon).cloned();
+            match (assignment.state.as_str(), known) {
+                ("assigning", Some(run)) => self.acknowledge(assignment, run).await,
+                // Not running here (it ended, an acknowledgement's answer was lost, or this
+                // process does not have it): give it back.
+                _ => self.stopped(&assignment.daemon, assignment.generation).await,
+            }
+        }
+    }
+
+    async fn acknowledge(&mut self, assignment: &Assignment, run: DaemonFn) {
+        let (name, generation) = (assignment.daemon.as_str(), assignment.generation);
+        let deadline = Instant::now() + self.node.query_timeout();
+        let acked = match self.node.connection(deadline).await {
+            Ok(client) => {
+                let answer =
+                    timeout_at(deadline, store::ack_daemon(&**client, self.node_key(), name, generation)).await;
+                self.node.finish(client, answer, deadline).await
+            }
+            Err(error) => Err(error),
+        };
+        let waited = match acked {
+            Ok(Some(waited)) => waited,
+            Ok(None) => return debug!(daemon = %name, generation, "acknowledgement refused; not starting"),
+            Err(error) => return warn!(daemon = %name, generation, %error, "acknowledgement failed; not starting"),
+        };
+        metrics::histogram!(ASSIGN_SECONDS, "cluster" => self.node.cluster().to_owned()).record(waited.as_secs_f64());
+        info!(cluster = %self.node.cluster(), daemon = %name, generation, "daemon acknowledged; starting");
+        let cancel = CancellationToken::new();
+        let drain = cancel.child_token();
+        let context = DaemonContext {
+            name: Arc::from(name),
+            generation,
+            cancel: cancel.clone(),
+            drain: drain.clone(),
+            registration: self.registration.clone(),
+        };
+        let running = run(context);
+        let wake = WakeOnDrop(Arc::clone(&self.wake));
+        let task = tokio::spawn(async move {
+            let _wake = wake;
+            running.await;
+        });
+        self.instances.insert(name.to_owned(), Instance { generation, cancel, drain, task, drain_deadline: None });
+    }
+
+    /// On shutdown: drain every instance (bounded by the drain timeout, then cancelled and,
+    /// after one more drain timeout, aborted) and give their assignments back.
+    async fn drain_all(mut self) {
+        for instance in self.instances.values() {
+            instance.drain.cancel();
+        }
+        let deadline = Instant::now() + self.drain_timeout;
+        let instances = std::mem::take(&mut self.instances);
+        for (name, mut instance) in instances {
+            if timeout_at(deadline, &mut instance.task).await.is_err() {
+                warn!(daemon = %name, "daemon did not drain in time; cancelling it");
+                instance.cancel.cancel();
+                if timeout_at(deadline + self.drain_timeout, &mut instance.task).await.is_err() {
+                    warn!(daemon = %name, "daemon did not stop when cancelled; aborting it");
+                    instance.task.abort();
+                    continue;
+                }
+            }
+            self.stopped(&name, instance.generation).await;
+        }
+        self.publish();
+    }
+}

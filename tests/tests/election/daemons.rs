@@ -1,0 +1,443 @@
+//! Daemons as real processes: three nodes of the daemon node example share five daemons; nodes
+//! are killed, paused, never acknowledge, drain slowly and join. Every test ends with the
+//! history check: the fenced ticks of each daemon never go back to an older generation, each
+//! daemon ran on one node at a time outside the documented bound, and the leader's assignment
+//! writes never go back to an older term.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use fencing_schema::store;
+use fencing_tests::pg::TestDb;
+use fencing_tests::process::{ElectorProcess, event};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use tokio_postgres::Client;
+
+const CLUSTER: &str = "workers";
+const KEY: &str = "workers-leader";
+const HEARTBEAT_MS: u64 = 300;
+const REGISTRATION_TTL_MS: u64 = 1200;
+const LEADER_TTL_MS: u64 = 1500;
+const ACK_MS: u64 = 900;
+const DRAIN_MS: u64 = 900;
+/// One pass's queries and process scheduling on a loaded two-core machine.
+const SLACK_MS: u64 = 700;
+/// How long any wait for a placement may take.
+const WAIT: Duration = Duration::from_secs(40);
+
+async fn prepare(client: &Client) {
+    client
+        .batch_execute(
+            "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
+             CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);",
+        )
+        .await
+        .unwrap();
+}
+
+fn node(url: &str, id: &str, extra: &[&str]) -> ElectorProcess {
+    let mut args: Vec<String> = [
+        ("--database-url", url),
+        ("--cluster", CLUSTER),
+        ("--key", KEY),
+        ("--node-id", id),
+        ("--daemons", "5"),
+        ("--heartbeat-ms", &HEARTBEAT_MS.to_string()),
+        ("--registration-ttl-ms", &REGISTRATION_TTL_MS.to_string()),
+        ("--ttl-ms", &LEADER_TTL_MS.to_string()),
+        ("--ack-ms", &ACK_MS.to_string()),
+        ("--drain-ms", &DRAIN_MS.to_string()),
+        ("--tick-ms", "100"),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()])
+    .collect();
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    ElectorProcess::spawn_daemon_node(id, &args).unwrap()
+}
+
+async fn store_now(client: &Client) -> SystemTime {
+    client.query_one("SELECT clock_timestamp()", &[]).await.unwrap().get(0)
+}
+
+/// Node id -> the daemons active on it (only when every daemon is active).
+type Placement = BTreeMap<String, Vec<String>>;
+
+async fn placement(client: &Client) -> Option<Placement> {
+    let states = store::daemon_states(client, CLUSTER).await.unwrap();
+    if states.len() != 5 || states.iter().any(|daemon| daemon.state != "active") {
+        return None;
+    }
+    let mut placement = Placement::new();
+    for daemon in states {
+        placement.entry(daemon.node_id.unwrap_or_default()).or_default().push(daemon.daemon);
+    }
+    Some(placement)
+}
+
+fn loads(placement: &Placement) -> Vec<usize> {
+    let mut loads: Vec<usize> = placement.values().map(Vec::len).collect();
+    loads.sort_unstable();
+    loads
+}
+
+/// Waits until every daemon is active and `wanted` holds.
+async fn wait_for_placement(client: &Client, what: &str, wanted: impl Fn(&Placement) -> bool) -> Placement {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(placement) = placement(client).await
+            && wanted(&placement)
+        {
+            return placement;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let states = store::daemon_states(client, CLUSTER).await.unwrap();
+            panic!("no {what} within {WAIT:?}: {states:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One step of an assignment, from `fencing.daemon_history`.
+#[derive(Debug, Clone)]
+struct Step {
+    id: i64,
+    daemon: String,
+    generation: i64,
+    node_id: String,
+    state: String,
+    reason: Option<String>,
+    term: i64,
+    at: SystemTime,
+}
+
+async fn history(client: &Client) -> Vec<Step> {
+    let rows = client
+        .query(
+            "SELECT id, daemon, generation, node_id, state, reason, term, at FROM fencing.daemon_history
+              WHERE cluster = $1 ORDER BY id",
+            &[&CLUSTER],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|row| Step {
+            id: row.get(0),
+            daemon: row.get(1),
+            generation: row.get(2),
+            node_id: row.get(3),
+            state: row.get(4),
+            reason: row.get(5),
+            term: row.get(6),
+            at: row.get(7),
+        })
+        .collect()
+}
+
+fn after(later: SystemTime, earlier: SystemTime) -> Duration {
+    later.duration_since(earlier).unwrap_or_default()
+}
+
+/// The independent check over what the store recorded:
+/// - per daemon, the fenced ticks (admitted with the instance's generation) never go back to
+///   an older generation: two instances' fenced effects never interleave;
+/// - per daemon, no instance ran (its unfenced run records) after a later instance's first run,
+///   except an instance whose assignment was forced after the drain timeout, for at most
+///   `slow_drain` plus a tick, and one record of an instance on a node in `paused` (a process
+///   resumed in the middle of an action), whose assignment ended when the node expired;
+/// - the leader-made steps (assignments, revocations, forced ends) never go back to an older
+///   term.
+async fn check_history(client: &Client, slow_drain: Duration, paused: &[&str]) {
+    let ticks = client.query("SELECT daemon, generation FROM daemon_ticks ORDER BY id", &[]).await.unwrap();
+    let mut newest: BTreeMap<String, i64> = BTreeMap::new();
+    for row in &ticks {
+        let (daemon, generation): (String, i64) = (row.get(0), row.get(1));
+        let seen = newest.entry(daemon.clone()).or_insert(generation);
+        assert!(generation >= *seen, "{daemon}: an admitted tick of generation {generation} after one of {seen}");
+        *seen = generation;
+    }
+    assert!(!ticks.is_empty(), "the daemons ran");
+
+    let steps = history(client).await;
+    let ended = |daemon: &str, generation: i64| {
+        steps
+            .iter()
+            .find(|s| s.daemon == daemon && s.generation == generation && s.state == "deleted")
+            .and_then(|s| s.reason.clone())
+    };
+    let runs = client
+        .query(
+            "SELECT daemon, generation, min(node_id), min(at), max(at), array_agg(at ORDER BY at)
+               FROM daemon_runs GROUP BY daemon, generation ORDER BY daemon, min(at)",
+            &[],
+        )
+        .await
+        .unwrap();
+    type Run = (String, i64, String, SystemTime, SystemTime, Vec<SystemTime>);
+    let runs: Vec<Run> = runs.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))).collect();
+    for (index, (daemon, generation, node_id, _, last, times)) in runs.iter().enumerate() {
+        for (other, later, _, first, _, _) in &runs[index + 1..] {
+            if other != daemon || later <= generation || last < first {
+                continue;
+            }
+            let late = times.iter().filter(|at| *at >= first).count();
+            let reason = ended(daemon, *generation);
+            let overlap = after(*last, *first);
+            let allowed = match reason.as_deref() {
+                Some("drain_timeout") => overlap <= slow_drain + Duration::from_millis(200),
+                Some("node_expired") => paused.contains(&node_id.as_str()) && late <= 1,
+                _ => false,
+            };
+            assert!(
+                allowed,
+                "{daemon}: generation {generation} on {node_id} ran {overlap:?} ({late} records) after generation \
+                 {later} started; its assignment ended with {reason:?}"
+            );
+        }
+    }
+
+    let mut term = 0;
+    for step in steps.iter().filter(|s| {
+        matches!(s.state.as_str(), "assigning" | "revoking")
+            || matches!(s.reason.as_deref(), Some("node_expired" | "ack_timeout" | "drain_timeout"))
+    }) {
+        assert!(step.term >= term, "a leader step with term {} after term {term}: {step:?}", step.term);
+        term = step.term;
+    }
+}
+
+async fn lease(client: &Client) -> store::LeaseRow {
+    store::get_lease(client, KEY).await.unwrap().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_spread_evenly_a_joining_node_gets_one_move_and_a_killed_nodes_daemons_move_within_ttl_and_a_heartbeat()
+{
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    prepare(&client).await;
+    let mut processes = BTreeMap::new();
+    processes.insert("n1", node(&db.url(), "n1", &[]));
+    processes.insert("n2", node(&db.url(), "n2", &[]));
+    wait_for_placement(&client, "2 + 3 on two nodes", |p| loads(p) == [2, 3]).await;
+
+    // A third node joins: one move (3-2-0 -> 2-2-1), no more.
+    let joined = history(&client).await.len();
+    processes.insert("n3", node(&db.url(), "n3", &[]));
+    let even = wait_for_placement(&client, "1 + 2 + 2 on three nodes", |p| loads(p) == [1, 2, 2]).await;
+    tokio::time::sleep(Duration::from_millis(3 * HEARTBEAT_MS)).await;
+    let moves: Vec<Step> = history(&client).await.split_off(joined);
+    let rebalances = moves.iter().filter(|s| s.state == "revoking").count();
+    assert_eq!(rebalances, 1, "one bounded move for one joining node: {moves:#?}");
+    assert!(moves.iter().filter(|s| s.state == "revoking").all(|s| s.reason.as_deref() == Some("rebalance")));
+
+    // Kill a node that holds two daemons and does not lead.
+    let leader = lease(&client).await.owner;
+    let (victim, daemons) = even
+        .iter()
+        .find(|(id, daemons)| daemons.len() == 2 && !leader.starts_with(id.as_str()))
+        .map(|(id, daemons)| (id.clone(), daemons.clone()))
+        .unwrap();
+    let before = history(&client).await.len();
+    let killed_at = store_now(&client).await;
+    processes[victim.as_str()].signal(Signal::SIGKILL).unwrap();
+    let survivors = wait_for_placement(&client, "the victim's daemons elsewhere", |p| !p.contains_key(&victim)).await;
+    assert_eq!(loads(&survivors), [2, 3]);
+    // Moved (assigned to another node) within the registration ttl plus one heartbeat of the
+    // kill, on the store's clock: the victim's row expired at most one ttl after the kill (its
+    // last heartbeat came before it), and the leader passes once per heartbeat.
+    let bound = Duration::from_millis(REGISTRATION_TTL_MS + HEARTBEAT_MS + SLACK_MS);
+    let steps = history(&client).await.split_off(before);
+    for daemon in &daemons {
+        let moved = steps
+            .iter()
+            .find(|s| &s.daemon == daemon && s.state == "assigning" && s.node_id != victim)
+            .unwrap_or_else(|| panic!("{daemon} not reassigned: {steps:#?}"));
+        let took = after(moved.at, killed_at);
+        assert!(took <= bound, "{daemon} moved {took:?} after the kill, more than {bound:?}");
+        assert!(steps.iter().any(|s| &s.daemon == daemon && s.reason.as_deref() == Some("node_expired")), "{steps:#?}");
+    }
+    check_history(&client, Duration::ZERO, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leaders_assignment_writes_are_fenced_by_the_new_leaders_term() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    prepare(&client).await;
+    let mut n1 = node(&db.url(), "n1", &[]);
+    n1.wait_for("n1 elected", |l| event(l) == "elected").await.unwrap();
+    let mut processes = BTreeMap::new();
+    processes.insert("n2", node(&db.url(), "n2", &[]));
+    processes.insert("n3", node(&db.url(), "n3", &[]));
+    wait_for_placement(&client, "1 + 2 + 2", |p| loads(p) == [1, 2, 2]).await;
+    let old = lease(&client).await;
+    assert!(old.owner.starts_with("n1"), "{old:?}");
+
+    n1.signal(Signal::SIGSTOP).unwrap();
+    // A new leader, and n1's daemons on the other two nodes.
+    let moved = wait_for_placement(&client, "n1's daemons moved", |p| !p.contains_key("n1")).await;
+    assert_eq!(loads(&moved), [2, 3]);
+    let new = lease(&client).await;
+    assert!(new.term > old.term && !new.owner.starts_with("n1"), "{old:?} -> {new:?}");
+
+    // The zombie's pass, sent with what it held: refused, nothing changed.
+    let before = fencing_tests::snapshot(&client, "SELECT * FROM fencing.daemons ORDER BY daemon").await;
+    let refused = store::reconcile_daemons(
+        &client,
+        CLUSTER,
+        (KEY, &old.owner, old.term),
+        Duration::from_millis(ACK_MS),
+        Duration::from_millis(DRAIN_MS),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(refused, fencing_schema::Error::Refused { .. }), "{refused:?}");
+    assert_eq!(fencing_tests::snapshot(&client, "SELECT * FROM fencing.daemons ORDER BY daemon").await, before);
+
+    // Resumed: it learns it lost, writes nothing with its old term, and rejoins as a node.
+    n1.signal(Signal::SIGCONT).unwrap();
+    n1.wait_for("n1 lost", |l: &Value| event(l) == "lost").await.unwrap();
+    wait_for_placement(&client, "1 + 2 + 2 again", |p| loads(p) == [1, 2, 2]).await;
+    let old_term = old.term;
+    let first_new = history(&client).await.into_iter().find(|s| s.term > old_term).unwrap();
+    let late_old: Vec<Step> = history(&client)
+        .await
+        .into_iter()
+        .filter(|s| s.id > first_new.id && s.term == old_term && s.state == "assigning")
+        .collect();
+    assert!(late_old.is_empty(), "the old term assigned after the new one: {late_old:#?}");
+    check_history(&client, Duration::ZERO, &["n1"]).await;
+    drop(processes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_acknowledges_is_bypassed_after_the_ack_timeout() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    prepare(&client).await;
+    // A live node that offers every daemon and never acknowledges: heartbeats from this test.
+    let mute_client = db.connect().await;
+    let names = ["d1", "d2", "d3", "d4", "d5"];
+    let mute = tokio::spawn(async move {
+        loop {
+            mute_client
+                .query_one(
+                    "SELECT ok FROM fencing.heartbeat('workers', 'mute', 'mute-1', 'mute', interval '1200 ms', '{}')",
+                    &[],
+                )
+                .await
+                .unwrap();
+            store::assignments(&mute_client, (CLUSTER, "mute", "mute-1"), &names).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(2 * HEARTBEAT_MS)).await;
+    let _n1 = node(&db.url(), "n1", &[]);
+    let _n2 = node(&db.url(), "n2", &[]);
+
+    // Every daemon ends up active on n1 or n2, each assignment to the mute node forced away
+    // after the acknowledge timeout (and never back by a rebalance).
+    wait_for_placement(&client, "all on n1 and n2", |p| !p.contains_key("mute") && loads(p) == [2, 3]).await;
+    mute.abort();
+    let steps = history(&client).await;
+    let to_mute: Vec<&Step> = steps.iter().filter(|s| s.node_id == "mute").collect();
+    assert!(to_mute.iter().any(|s| s.state == "assigning"), "the mute node was assigned work: {steps:#?}");
+    assert!(to_mute.iter().all(|s| s.state != "active"), "{to_mute:#?}");
+    let bound = Duration::from_millis(ACK_MS + HEARTBEAT_MS + SLACK_MS);
+    for assigned in to_mute.iter().filter(|s| s.state == "assigning") {
+        let Some(forced) = steps
+            .iter()
+            .find(|s| s.daemon == assigned.daemon && s.generation == assigned.generation && s.state == "deleted")
+        else {
+            panic!("{assigned:?} never ended: {steps:#?}");
+        };
+        assert_eq!(forced.reason.as_deref(), Some("ack_timeout"), "{forced:?}");
+        let waited = after(forced.at, assigned.at);
+        assert!(waited >= Duration::from_millis(ACK_MS), "forced early: {waited:?}");
+        assert!(waited <= bound, "forced {waited:?} after the assignment, more than {bound:?}");
+        let next = steps
+            .iter()
+            .find(|s| s.daemon == assigned.daemon && s.generation == assigned.generation + 1)
+            .unwrap_or_else(|| panic!("{assigned:?} never reassigned"));
+        assert!(next.node_id != "mute" && next.at == forced.at, "bypassed in the same pass: {next:?}");
+    }
+    check_history(&client, Duration::ZERO, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_drainer_is_forced_after_the_drain_timeout_and_its_late_writes_are_refused() {
+    const SLOW_MS: u64 = 2500;
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    prepare(&client).await;
+    let slow = ["--slow-drain-ms", "2500"];
+    let mut processes = BTreeMap::new();
+    processes.insert("n1", node(&db.url(), "n1", &slow));
+    processes.insert("n2", node(&db.url(), "n2", &slow));
+    wait_for_placement(&client, "2 + 3", |p| loads(p) == [2, 3]).await;
+    let before = history(&client).await.len();
+    processes.insert("n3", node(&db.url(), "n3", &slow));
+    wait_for_placement(&client, "1 + 2 + 2", |p| loads(p) == [1, 2, 2]).await;
+
+    let steps = history(&client).await.split_off(before);
+    let revoked = steps.iter().find(|s| s.state == "revoking").unwrap();
+    let forced = steps
+        .iter()
+        .find(|s| s.daemon == revoked.daemon && s.generation == revoked.generation && s.state == "deleted")
+        .unwrap();
+    assert_eq!(forced.reason.as_deref(), Some("drain_timeout"), "{steps:#?}");
+    let waited = after(forced.at, revoked.at);
+    let bound = Duration::from_millis(DRAIN_MS + HEARTBEAT_MS + SLACK_MS);
+    assert!(waited >= Duration::from_millis(DRAIN_MS) && waited <= bound, "forced after {waited:?}");
+    let next = steps.iter().find(|s| s.daemon == revoked.daemon && s.generation == revoked.generation + 1).unwrap();
+    assert_eq!((next.node_id.as_str(), next.at), ("n3", forced.at), "{next:?}");
+
+    // The slow instance went on running past the drain timeout, and its fenced ticks were
+    // refused once the new instance wrote.
+    let old = processes.get_mut(revoked.node_id.as_str()).unwrap();
+    let daemon = revoked.daemon.clone();
+    let generation = revoked.generation;
+    old.wait_for("the slow instance's refused tick", |l| {
+        event(l) == "tick_refused" && l["daemon"] == daemon.as_str() && l["generation"] == generation
+    })
+    .await
+    .unwrap();
+    old.wait_for("the slow instance stopped", |l| {
+        event(l) == "daemon_stopped" && l["daemon"] == daemon.as_str() && l["generation"] == generation
+    })
+    .await
+    .unwrap();
+    check_history(&client, Duration::from_millis(SLOW_MS + 100), &[]).await;
+}
+
+/// The history check itself, on planted records: it fails on two instances of one daemon at
+/// once, and on an older generation's fenced tick after a newer one's.
+#[tokio::test]
+async fn the_history_check_catches_an_overlap_and_an_older_generations_tick() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    prepare(&client).await;
+    let planted = [
+        // Generation 1 on n1 still running half a second after generation 2 started on n2, and
+        // its assignment was not forced after a drain timeout.
+        "INSERT INTO daemon_runs (daemon, generation, node_id, at) VALUES
+             ('d1', 1, 'n1', now()), ('d1', 1, 'n1', now() + interval '1 s'), ('d1', 2, 'n2', now() + interval '500 ms');
+         INSERT INTO daemon_ticks (daemon, generation, node_id, at) VALUES ('d1', 1, 'n1', now())",
+        // An admitted tick of generation 1 after one of generation 2.
+        "INSERT INTO daemon_ticks (daemon, generation, node_id, at) VALUES
+             ('d1', 2, 'n2', now()), ('d1', 1, 'n1', now() + interval '1 s')",
+    ];
+    for plant in planted {
+        client.batch_execute("TRUNCATE daemon_runs, daemon_ticks").await.unwrap();
+        client.batch_execute(plant).await.unwrap();
+        let url = db.url();
+        let checked = tokio::spawn(async move {
+            let client = fencing_tests::pg::connect(&url).await;
+            check_history(&client, Duration::ZERO, &[]).await;
+        })
+        .await;
+        assert!(checked.is_err_and(|error| error.is_panic()), "the check missed: {plant}");
+    }
+}

@@ -1,0 +1,313 @@
+//! Daemon assignments in SQL: `fencing.reconcile_daemons`, `fencing.assignments`,
+//! `fencing.ack_daemon`, `fencing.daemon_stopped`, each driven by the session that would break
+//! its rule: a zombie leader, a forged term, a late or foreign acknowledgement.
+
+use std::time::Duration;
+
+use fencing_schema::{SQLSTATE_INVALID_ARGUMENT, store};
+use fencing_tests::pg::TestDb;
+use fencing_tests::{message, snapshot, sqlstate};
+use tokio_postgres::Client;
+
+const CLUSTER: &str = "c";
+const LEASE: &str = "c-leader";
+const DAEMONS: &str = "SELECT daemon, state, generation, node_id, term FROM fencing.daemons ORDER BY daemon";
+
+async fn beat(client: &Client, node: &str, incarnation: &str) {
+    let ok: bool = client
+        .query_one(
+            "SELECT ok FROM fencing.heartbeat($1, $2, $3, $2, interval '10 seconds', '{}')",
+            &[&CLUSTER, &node, &incarnation],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok, "{node} heartbeats");
+}
+
+/// Offers `daemons` as node `node` and returns its assignments as (daemon, generation, state).
+async fn offer(client: &Client, node: &str, incarnation: &str, daemons: &[&str]) -> Vec<(String, i64, String)> {
+    store::assignments(client, (CLUSTER, node, incarnation), daemons)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.daemon, a.generation, a.state))
+        .collect()
+}
+
+async fn reconcile(client: &Client, owner: &str, term: i64) -> Result<Vec<store::DaemonChange>, fencing_schema::Error> {
+    store::reconcile_daemons(
+        client,
+        CLUSTER,
+        (LEASE, owner, term),
+        Duration::from_millis(300),
+        Duration::from_millis(300),
+    )
+    .await
+}
+
+async fn ack(client: &Client, node: &str, incarnation: &str, daemon: &str, generation: i64) -> bool {
+    store::ack_daemon(client, (CLUSTER, node, incarnation), daemon, generation).await.unwrap().is_some()
+}
+
+#[tokio::test]
+async fn daemons_spread_over_the_nodes_that_offer_them_and_start_only_once_acknowledged() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "n1", "i1").await;
+    beat(&client, "n2", "i2").await;
+    offer(&client, "n1", "i1", &["a", "b", "c"]).await;
+    offer(&client, "n2", "i2", &["a", "b", "c", "only-n2"]).await;
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(10)).await.unwrap().term.unwrap();
+
+    let changes = reconcile(&client, "leader", term).await.unwrap();
+    assert_eq!(changes.len(), 4, "{changes:?}");
+    assert!(changes.iter().all(|c| c.state == "assigning" && c.generation == 1), "{changes:?}");
+    let n1 = offer(&client, "n1", "i1", &["a", "b", "c"]).await;
+    let n2 = offer(&client, "n2", "i2", &["a", "b", "c", "only-n2"]).await;
+    assert_eq!(n1.len() + n2.len(), 4);
+    assert!(n1.len() == 2 && n2.len() == 2, "least loaded first: {n1:?} {n2:?}");
+    assert!(n2.iter().any(|(daemon, ..)| daemon == "only-n2"), "only a node that offers it runs it: {n2:?}");
+
+    // Another node cannot acknowledge n1's assignment, nor n1 another incarnation's or generation's.
+    let (daemon, generation, _) = n1[0].clone();
+    assert!(!ack(&client, "n2", "i2", &daemon, generation).await);
+    assert!(!ack(&client, "n1", "not-i1", &daemon, generation).await);
+    assert!(!ack(&client, "n1", "i1", &daemon, generation + 1).await);
+    assert!(ack(&client, "n1", "i1", &daemon, generation).await);
+    assert!(!ack(&client, "n1", "i1", &daemon, generation).await, "acknowledged once");
+    let states = snapshot(&client, DAEMONS).await;
+    assert!(states.iter().any(|row| row.contains(&daemon) && row.contains("active")), "{states:?}");
+}
+
+#[tokio::test]
+async fn a_zombie_or_forged_leader_changes_no_assignment() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "n1", "i1").await;
+    offer(&client, "n1", "i1", &["a", "b"]).await;
+    let old = store::acquire(&client, LEASE, "old", Duration::from_millis(200)).await.unwrap().term.unwrap();
+    reconcile(&client, "old", old).await.unwrap();
+    client.batch_execute("SELECT pg_sleep(0.3)").await.unwrap();
+    let new = store::acquire(&client, LEASE, "new", Duration::from_secs(10)).await.unwrap().term.unwrap();
+    assert!(new > old);
+    beat(&client, "n2", "i2").await;
+    offer(&client, "n2", "i2", &["a", "b"]).await;
+
+    let before = snapshot(&client, DAEMONS).await;
+    let history = snapshot(&client, "SELECT * FROM fencing.daemon_history").await;
+    // The old leader, paused past its lease and resumed: its term is stale.
+    for (owner, term, why) in [
+        ("old", old, "a zombie leader's term"),
+        ("old", new, "the current term presented by a non-holder"),
+        ("new", old, "the holder with an old term"),
+        ("new", new + 1, "a future term"),
+    ] {
+        let refused = reconcile(&client, owner, term).await.unwrap_err();
+        assert!(matches!(refused, fencing_schema::Error::Refused { .. }), "{why}: {refused:?}");
+        assert_eq!(snapshot(&client, DAEMONS).await, before, "{why} changed an assignment");
+        assert_eq!(snapshot(&client, "SELECT * FROM fencing.daemon_history").await, history, "{why}");
+    }
+    // The holder's own pass goes through, and every row it touches carries its term.
+    let changes = reconcile(&client, "new", new).await.unwrap();
+    assert!(!changes.is_empty());
+    let terms: Vec<i64> = client
+        .query("SELECT term FROM fencing.daemons WHERE state <> 'active'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(terms.iter().all(|term| *term == new), "{terms:?}");
+    // A lease held past its store expiry is no leadership either.
+    client.batch_execute("UPDATE fencing.leases SET expires_at = clock_timestamp() - interval '1 ms'").await.unwrap();
+    let expired = reconcile(&client, "new", new).await.unwrap_err();
+    assert!(matches!(expired, fencing_schema::Error::Refused { .. }), "{expired:?}");
+    // And the fence of the assignments cannot be bound to another lease.
+    let other = store::acquire(&client, "other-lease", "x", Duration::from_secs(10)).await.unwrap().term.unwrap();
+    let error = client
+        .query(
+            "SELECT * FROM fencing.reconcile_daemons($1, 'other-lease', 'x', $2, interval '1 s', interval '1 s')",
+            &[&CLUSTER, &other],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{}", message(&error));
+}
+
+#[tokio::test]
+async fn an_unacknowledged_or_undrained_assignment_is_forced_to_another_node_after_its_deadline() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "n1", "i1").await;
+    offer(&client, "n1", "i1", &["a"]).await;
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(30)).await.unwrap().term.unwrap();
+    reconcile(&client, "leader", term).await.unwrap();
+    beat(&client, "n2", "i2").await;
+    offer(&client, "n2", "i2", &["a"]).await;
+    // n1 never acknowledges: before the deadline nothing moves, after it the next goes to n2.
+    assert!(reconcile(&client, "leader", term).await.unwrap().is_empty());
+    client.batch_execute("SELECT pg_sleep(0.35)").await.unwrap();
+    assert!(!ack(&client, "n1", "i1", "a", 1).await, "an acknowledgement after the deadline is refused");
+    let changes = reconcile(&client, "leader", term).await.unwrap();
+    let summary: Vec<(String, String, Option<String>)> =
+        changes.iter().map(|c| (c.state.clone(), c.node_id.clone(), c.reason.clone())).collect();
+    assert_eq!(
+        summary,
+        [
+            ("deleted".to_owned(), "n1".to_owned(), Some("ack_timeout".to_owned())),
+            ("assigning".to_owned(), "n2".to_owned(), Some("ack_timeout".to_owned())),
+        ]
+    );
+    assert!(ack(&client, "n2", "i2", "a", 2).await);
+    // n1 cannot end n2's assignment with its old generation.
+    assert!(!store::daemon_stopped(&client, (CLUSTER, "n1", "i1"), "a", 1).await.unwrap());
+
+    // A node joins: n2 holds 1, n3 holds 0 -> no move (a difference of one is balanced).
+    beat(&client, "n3", "i3").await;
+    offer(&client, "n3", "i3", &["a", "b", "c"]).await;
+    offer(&client, "n2", "i2", &["a", "b", "c"]).await;
+    // b to n3 (0 against n2's 1), c to n2 (a tie, by node id); a stays on n2: n1 timed out on
+    // it, so no rebalance moves it back there.
+    reconcile(&client, "leader", term).await.unwrap();
+    for (node, incarnation, offers) in
+        [("n1", "i1", &["a"][..]), ("n2", "i2", &["a", "b", "c"]), ("n3", "i3", &["a", "b", "c"])]
+    {
+        for (daemon, generation, state) in offer(&client, node, incarnation, offers).await {
+            if state == "assigning" {
+                assert!(ack(&client, node, incarnation, &daemon, generation).await);
+            }
+        }
+    }
+    assert!(
+        reconcile(&client, "leader", term).await.unwrap().is_empty(),
+        "balanced: {:?}",
+        snapshot(&client, DAEMONS).await
+    );
+
+    // Revoked and not drained by the deadline: forced elsewhere, and the node's late
+    // confirmation changes nothing.
+    client.batch_execute("UPDATE fencing.nodes SET daemons = '{}' WHERE node_id = 'n1'").await.unwrap();
+    let holder: String =
+        client.query_one("SELECT node_id FROM fencing.daemons WHERE daemon = 'a'", &[]).await.unwrap().get(0);
+    client
+        .batch_execute(&format!(
+            "UPDATE fencing.daemons SET state = 'revoking', deadline = clock_timestamp() + interval '100 ms'
+              WHERE daemon = 'a' AND node_id = '{holder}'"
+        ))
+        .await
+        .unwrap();
+    client.batch_execute("SELECT pg_sleep(0.15)").await.unwrap();
+    let changes = reconcile(&client, "leader", term).await.unwrap();
+    assert!(
+        changes.iter().any(|c| c.daemon == "a" && c.reason.as_deref() == Some("drain_timeout") && c.state == "deleted"),
+        "{changes:?}"
+    );
+    let next: String =
+        client.query_one("SELECT node_id FROM fencing.daemons WHERE daemon = 'a'", &[]).await.unwrap().get(0);
+    assert_ne!(next, holder, "forced to another node");
+}
+
+#[tokio::test]
+async fn a_joining_node_gets_work_by_one_bounded_move_at_a_time_and_a_dead_nodes_work_moves() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let names = ["d1", "d2", "d3", "d4", "d5"];
+    beat(&client, "n1", "i1").await;
+    offer(&client, "n1", "i1", &names).await;
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(30)).await.unwrap().term.unwrap();
+    let settle = async |nodes: &[(&str, &str)]| {
+        for _ in 0..10 {
+            let changes = reconcile(&client, "leader", term).await.unwrap();
+            for (node, incarnation) in nodes {
+                for (daemon, generation, state) in offer(&client, node, incarnation, &names).await {
+                    match state.as_str() {
+                        "assigning" => assert!(ack(&client, node, incarnation, &daemon, generation).await),
+                        "revoking" => assert!(
+                            store::daemon_stopped(&client, (CLUSTER, node, incarnation), &daemon, generation)
+                                .await
+                                .unwrap()
+                        ),
+                        _ => {}
+                    }
+                }
+            }
+            if changes.is_empty() {
+                return;
+            }
+        }
+        panic!("no steady state: {:?}", snapshot(&client, DAEMONS).await);
+    };
+    settle(&[("n1", "i1")]).await;
+    beat(&client, "n2", "i2").await;
+    beat(&client, "n3", "i3").await;
+    offer(&client, "n2", "i2", &names).await;
+    offer(&client, "n3", "i3", &names).await;
+    settle(&[("n1", "i1"), ("n2", "i2"), ("n3", "i3")]).await;
+    let loads: Vec<i64> = client
+        .query("SELECT count(*) FROM fencing.daemons GROUP BY node_id ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(loads, [1, 2, 2]);
+    // From 5-0-0 to 2-2-1 takes three moves: only the rebalance revocations needed, one per pass.
+    let moves: i64 = client
+        .query_one("SELECT count(*) FROM fencing.daemon_history WHERE state = 'revoking' AND reason = 'rebalance'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(moves, 3);
+
+    // n3 stops heartbeating: its daemons move on the first pass after it expired.
+    client.batch_execute("UPDATE fencing.nodes SET expires_at = clock_timestamp() WHERE node_id = 'n3'").await.unwrap();
+    let changes = reconcile(&client, "leader", term).await.unwrap();
+    let ended = changes.iter().filter(|c| c.state == "deleted" && c.reason.as_deref() == Some("node_expired")).count();
+    let assigned = changes.iter().filter(|c| c.state == "assigning").count();
+    assert!(ended >= 1 && ended == assigned, "{changes:?}");
+    assert!(changes.iter().filter(|c| c.state == "assigning").all(|c| c.node_id != "n3"));
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_a_node_not_live_as_itself_sees_nothing() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "n1", "i1").await;
+    let many: Vec<String> = (0..101).map(|i| format!("d{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let long = "x".repeat(257);
+    for (offered, why) in [(many, "101 daemons"), (vec![""], "an empty name"), (vec![long.as_str()], "a long name")] {
+        let error =
+            client.query("SELECT * FROM fencing.assignments('c', 'n1', 'i1', $1)", &[&offered]).await.unwrap_err();
+        assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{why}: {}", message(&error));
+    }
+    let error = client.query("SELECT * FROM fencing.assignments('c', 'n1', 'i1', NULL)", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT));
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(10)).await.unwrap().term.unwrap();
+    for (ack_timeout, drain_timeout) in [("0 s", "1 s"), ("1 s", "-1 s"), ("2 hours", "1 s")] {
+        let error = client
+            .query(
+                "SELECT * FROM fencing.reconcile_daemons('c', $1, 'leader', $2, $3::text::interval, $4::text::interval)",
+                &[&LEASE, &term, &ack_timeout, &drain_timeout],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{ack_timeout} {drain_timeout}");
+    }
+    let long_cluster = "c".repeat(241);
+    let error = client
+        .query(
+            "SELECT * FROM fencing.reconcile_daemons($1, $2, 'leader', $3, interval '1 s', interval '1 s')",
+            &[&long_cluster, &LEASE, &term],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{}", message(&error));
+    // Another incarnation of n1 (a second process with the same id) records no offer and sees
+    // no assignment.
+    assert!(offer(&client, "n1", "other", &["a"]).await.is_empty());
+    let offered: Vec<String> =
+        client.query_one("SELECT daemons FROM fencing.nodes WHERE node_id = 'n1'", &[]).await.unwrap().get(0);
+    assert!(offered.is_empty(), "{offered:?}");
+}
