@@ -28,6 +28,11 @@ use fencing_election::{Elector, Event};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_postgres::NoTls;
 
+const USAGE: &str = "usage: daemon_node --database-url URL --cluster NAME --node-id ID [--key LEASE] [--daemons 5] \
+                     [--heartbeat-ms 15000] [--registration-ttl-ms 90000] [--ttl-ms 60000] [--ack-ms 30000] \
+                     [--drain-ms 60000] [--tick-ms 100] [--slow-drain-ms 0] (create the tables daemon_runs and \
+                     daemon_ticks (daemon text, generation bigint, node_id text, at timestamptz) first)";
+
 struct Args {
     database_url: String,
     cluster: String,
@@ -60,6 +65,9 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.to_owned());
+        }
         let value = words.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let ms = || value.parse::<u64>().map(Duration::from_millis).map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {

@@ -86,14 +86,14 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Gauge `{cluster, state}`: daemons by state (`unassigned`, `assigning`, `active`,
 /// `revoking`), as the leader last read them; 0 on every other process.
-pub const DAEMONS: &str = "daemons";
+pub const DAEMONS: &str = "election_daemons";
 /// Counter `{cluster, reason}`: assignments the leader ended or revoked: `node_expired`,
 /// `ack_timeout`, `drain_timeout` (forced) and `rebalance`.
-pub const REASSIGNMENTS: &str = "daemon_reassignments_total";
+pub const REASSIGNMENTS: &str = "election_daemon_reassignments_total";
 /// Histogram `{cluster}`: seconds from a daemon needing a node to a node acknowledging it.
-pub const ASSIGN_SECONDS: &str = "daemon_assign_seconds";
+pub const ASSIGN_SECONDS: &str = "election_daemon_assign_seconds";
 /// Gauge `{cluster}`: daemons running in this process.
-pub const RUNNING: &str = "daemons_running";
+pub const RUNNING: &str = "election_daemons_running";
 
 const STATES: [&str; 4] = ["unassigned", "assigning", "active", "revoking"];
 const REASONS: [&str; 4] = ["node_expired", "ack_timeout", "drain_timeout", "rebalance"];

@@ -204,7 +204,7 @@ pub fn register_known(config: &crate::config::Config) {
             metrics::counter!(LEASE_OPERATIONS, "op" => op, "result" => result).absolute(0);
         }
     }
-    for op in ["heartbeat", "leave", "list"] {
+    for op in ["heartbeat", "leave", "list", "assignments", "ack", "stopped", "reconcile", "daemons"] {
         for result in ["ok", "conflict", "invalid", "forbidden", "error"] {
             metrics::counter!(MEMBER_OPERATIONS, "op" => op, "result" => result).absolute(0);
         }

@@ -31,7 +31,7 @@ fn promtool(args: &[&str]) -> String {
 #[test]
 fn alerting_rules_are_valid_and_pass_their_promtool_unit_tests() {
     let checked = promtool(&["check", "rules", "alerts.yml"]);
-    assert!(checked.contains("SUCCESS: 7 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "alerts_test.yml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
@@ -61,15 +61,23 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         fencing_election::metrics::TERM,
         fencing_election::metrics::RENEW_FAILURES,
         fencing_election::metrics::LEASE_REMAINING_SECONDS,
+        gateway_metrics::MEMBER_OPERATIONS,
+        fencing_election::membership::LIVE_NODES,
+        fencing_election::membership::HEARTBEAT_FAILURES,
+        fencing_election::daemons::DAEMONS,
+        fencing_election::daemons::REASSIGNMENTS,
+        fencing_election::daemons::ASSIGN_SECONDS,
+        fencing_election::daemons::RUNNING,
     ]
     .into_iter()
     .collect()
 }
 
-/// The metric names in a PromQL expression: words starting with `fencing_` or `election_`.
+/// The metric names in a PromQL expression: words starting with `fencing_`, `election_` or
+/// `membership_`.
 fn metric_names(expr: &str) -> Vec<String> {
     expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .filter(|word| word.starts_with("fencing_") || word.starts_with("election_"))
+        .filter(|word| ["fencing_", "election_", "membership_"].iter().any(|prefix| word.starts_with(prefix)))
         .map(|word| word.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count").to_owned())
         .collect()
 }
@@ -102,9 +110,16 @@ fn dashboard_panels_query_only_exported_metrics_through_the_datasource_variable(
             }
         }
     }
-    for required in
-        ["fencing_writes_total", "election_term", "election_renew_failures_total", "fencing_check_duration_seconds"]
-    {
+    for required in [
+        "fencing_writes_total",
+        "election_term",
+        "election_renew_failures_total",
+        "fencing_check_duration_seconds",
+        "membership_live_nodes",
+        "election_daemons",
+        "election_daemon_reassignments_total",
+        "election_daemon_assign_seconds",
+    ] {
         assert!(used.contains(required), "no panel shows {required}");
     }
     let rules = std::fs::read_to_string(dashboards_dir().join("alerts.yml")).unwrap();

@@ -298,3 +298,123 @@ async fn nodes_heartbeat_list_and_leave_through_the_control_api() {
         .unwrap_or_default();
     assert_eq!(ids, ["n2"]);
 }
+
+#[tokio::test]
+async fn daemons_offer_reconcile_acknowledge_and_stop_through_the_control_api() {
+    let setup = Setup::new().await;
+    let control = setup.gateway.control;
+    let call = |method: Method, path: String, body: String| async move {
+        send(control, method, &path, &[JSON], &body).await.unwrap()
+    };
+    for (node, incarnation) in [("n1", "p1"), ("n2", "p2")] {
+        let beat = call(
+            Method::POST,
+            format!("/v1/clusters/workers/nodes/{node}/heartbeat"),
+            format!(r#"{{"incarnation":"{incarnation}","ttl_ms":30000}}"#),
+        )
+        .await;
+        assert_eq!(beat.status, StatusCode::OK);
+        let offered = call(
+            Method::POST,
+            format!("/v1/clusters/workers/nodes/{node}/assignments"),
+            format!(r#"{{"incarnation":"{incarnation}","daemons":["d1","d2"]}}"#),
+        )
+        .await;
+        assert_eq!(offered.status, StatusCode::OK, "{}", offered.json());
+        assert_eq!(offered.json()["assignments"], serde_json::json!([]));
+    }
+    let lease = call(
+        Method::POST,
+        "/v1/leases/workers-leader/acquire".to_owned(),
+        r#"{"owner":"L","ttl_ms":30000}"#.to_owned(),
+    )
+    .await;
+    let term = lease.json()["term"].as_i64().unwrap();
+    let reconcile = |owner: &'static str, term: i64| {
+        call(
+            Method::POST,
+            "/v1/clusters/workers/reconcile".to_owned(),
+            format!(
+                r#"{{"lease":"workers-leader","owner":"{owner}","term":{term},"ack_timeout_ms":30000,"drain_timeout_ms":30000}}"#
+            ),
+        )
+    };
+    let pass = reconcile("L", term).await;
+    assert_eq!(pass.status, StatusCode::OK, "{}", pass.json());
+    assert_eq!(pass.json()["changes"].as_array().map(Vec::len), Some(2), "{}", pass.json());
+
+    // A zombie or forged leader: refused, nothing changes.
+    let db = setup.db.connect().await;
+    let before = fencing_tests::snapshot(&db, "SELECT * FROM fencing.daemons ORDER BY daemon").await;
+    for (owner, presented) in [("L", term + 1), ("M", term)] {
+        let refused = reconcile(owner, presented).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{owner} {presented}: {}", refused.json());
+        assert!(refused.json()["type"].as_str().is_some_and(|t| t.ends_with("not-leader")));
+    }
+    assert_eq!(fencing_tests::snapshot(&db, "SELECT * FROM fencing.daemons ORDER BY daemon").await, before);
+
+    let mine = call(
+        Method::POST,
+        "/v1/clusters/workers/nodes/n1/assignments".to_owned(),
+        r#"{"incarnation":"p1","daemons":["d1","d2"]}"#.to_owned(),
+    )
+    .await;
+    let assignment = mine.json()["assignments"][0].clone();
+    assert_eq!(assignment["state"], "assigning", "{}", mine.json());
+    let daemon = assignment["daemon"].as_str().unwrap().to_owned();
+    let generation = assignment["generation"].as_i64().unwrap();
+    let step = |node: &'static str, incarnation: &'static str, op: &'static str, generation: i64| {
+        call(
+            Method::POST,
+            format!("/v1/clusters/workers/nodes/{node}/assignments/{daemon}/{op}"),
+            format!(r#"{{"incarnation":"{incarnation}","generation":{generation}}}"#),
+        )
+    };
+    // Only n1's own incarnation acknowledges n1's assignment, once.
+    for (node, incarnation, presented) in [("n1", "p9", generation), ("n2", "p2", generation), ("n1", "p1", 99)] {
+        let refused = step(node, incarnation, "ack", presented).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{node} {incarnation} {presented}");
+        assert!(refused.json()["type"].as_str().is_some_and(|t| t.ends_with("assignment-moved")));
+    }
+    let acked = step("n1", "p1", "ack", generation).await;
+    assert_eq!(acked.status, StatusCode::OK, "{}", acked.json());
+    assert_eq!(acked.json()["fencing_token"], generation);
+    assert_eq!(step("n1", "p1", "ack", generation).await.status, StatusCode::CONFLICT, "acknowledged once");
+
+    // Bad input: refused with problem+json, nothing changes.
+    let before = fencing_tests::snapshot(&db, "SELECT * FROM fencing.daemons ORDER BY daemon").await;
+    let many: Vec<String> = (0..101).map(|i| format!("\"d{i}\"")).collect();
+    for (path, body) in [
+        (
+            "/v1/clusters/workers/nodes/n1/assignments".to_owned(),
+            format!(r#"{{"incarnation":"p1","daemons":[{}]}}"#, many.join(",")),
+        ),
+        ("/v1/clusters/workers/nodes/n1/assignments".to_owned(), r#"{"incarnation":"p1","daemons":[""]}"#.to_owned()),
+        (
+            format!("/v1/clusters/workers/nodes/n1/assignments/{daemon}/ack"),
+            r#"{"incarnation":"p1","generation":0}"#.to_owned(),
+        ),
+        (
+            format!("/v1/clusters/workers/nodes/n1/assignments/{daemon}/stopped"),
+            r#"{"incarnation":"p1","generation":1,"x":1}"#.to_owned(),
+        ),
+        (
+            "/v1/clusters/workers/reconcile".to_owned(),
+            format!(
+                r#"{{"lease":"workers-leader","owner":"L","term":{term},"ack_timeout_ms":0,"drain_timeout_ms":1}}"#
+            ),
+        ),
+    ] {
+        let reply = call(Method::POST, path.clone(), body.clone()).await;
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{path} {body}: {}", reply.json());
+        assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+    }
+    assert_eq!(fencing_tests::snapshot(&db, "SELECT * FROM fencing.daemons ORDER BY daemon").await, before);
+
+    // Stopped: the assignment ends, and the list shows it waiting for a node.
+    assert_eq!(step("n1", "p1", "stopped", generation).await.status, StatusCode::NO_CONTENT);
+    let listed = call(Method::GET, "/v1/clusters/workers/daemons".to_owned(), String::new()).await;
+    let states = listed.json()["daemons"].as_array().cloned().unwrap_or_default();
+    let state = states.iter().find(|d| d["daemon"] == daemon.as_str()).unwrap();
+    assert_eq!((state["state"].as_str(), state["reason"].as_str()), (Some("unassigned"), Some("released")));
+}

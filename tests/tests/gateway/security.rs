@@ -556,3 +556,70 @@ async fn a_clients_nodes_are_its_own_and_clusters_follow_its_lease_globs() {
         call(billing, Method::POST, "/v1/clusters/billing-workers/nodes/n1/leave", r#"{"incarnation":"p1"}"#).await;
     assert_eq!(left.status, StatusCode::NO_CONTENT);
 }
+
+#[tokio::test]
+async fn a_clients_assignments_are_its_own_and_its_leader_pass_needs_its_own_lease() {
+    let s = secured().await;
+    let control = s.gateway.control;
+    let (billing, other, reader) = (bearer(BILLING), bearer(OTHER), bearer(READER));
+    let call = |token: String, method: Method, path: String, body: String| async move {
+        send(control, method, &path, &[JSON, ("authorization", &token)], &body).await.unwrap()
+    };
+    let post = |token: String, path: &str, body: &str| call(token, Method::POST, path.to_owned(), body.to_owned());
+    let joined = post(
+        billing.clone(),
+        "/v1/clusters/billing-workers/nodes/n1/heartbeat",
+        r#"{"incarnation":"p1","ttl_ms":30000}"#,
+    )
+    .await;
+    assert_eq!(joined.status, StatusCode::OK);
+    let offer = r#"{"incarnation":"p1","daemons":["outbox"]}"#;
+    assert_eq!(
+        post(billing.clone(), "/v1/clusters/billing-workers/nodes/n1/assignments", offer).await.status,
+        StatusCode::OK
+    );
+    let lease = post(billing.clone(), "/v1/leases/billing-leader/acquire", r#"{"owner":"L","ttl_ms":30000}"#).await;
+    let term = lease.json()["term"].as_i64().unwrap();
+    let pass = |owner: &str| {
+        format!(
+            r#"{{"lease":"billing-leader","owner":"{owner}","term":{term},"ack_timeout_ms":30000,"drain_timeout_ms":30000}}"#
+        )
+    };
+    // Outside the client's globs: 403 for the cluster and for the lease.
+    let outside = post(reader.clone(), "/v1/clusters/billing-workers/reconcile", &pass("L")).await;
+    assert_eq!(outside.status, StatusCode::FORBIDDEN);
+    let outside = post(reader.clone(), "/v1/clusters/billing-workers/nodes/n1/assignments", offer).await;
+    assert_eq!(outside.status, StatusCode::FORBIDDEN);
+    let outside = call(reader, Method::GET, "/v1/clusters/billing-workers/daemons".to_owned(), String::new()).await;
+    assert_eq!(outside.status, StatusCode::FORBIDDEN);
+    // Another client allowed the cluster and the lease, presenting billing's owner and term:
+    // its owner is "other/L", which holds nothing.
+    let forged = post(other.clone(), "/v1/clusters/billing-workers/reconcile", &pass("L")).await;
+    assert_eq!(forged.status, StatusCode::CONFLICT, "{}", forged.json());
+    let db = s.db.connect().await;
+    let assigned: i64 =
+        db.query_one("SELECT count(*) FROM fencing.daemons WHERE state <> 'unassigned'", &[]).await.unwrap().get(0);
+    assert_eq!(assigned, 0, "a forged pass assigned work");
+    let pass_ok = post(billing.clone(), "/v1/clusters/billing-workers/reconcile", &pass("L")).await;
+    assert_eq!(pass_ok.status, StatusCode::OK, "{}", pass_ok.json());
+    // Another client with billing's node id and incarnation string cannot see, acknowledge or
+    // end billing's assignment.
+    let theirs = post(other.clone(), "/v1/clusters/billing-workers/nodes/n1/assignments", offer).await;
+    assert_eq!(theirs.json()["assignments"], serde_json::json!([]), "{}", theirs.json());
+    for op in ["ack", "stopped"] {
+        let hijack = post(
+            other.clone(),
+            &format!("/v1/clusters/billing-workers/nodes/n1/assignments/outbox/{op}"),
+            r#"{"incarnation":"p1","generation":1}"#,
+        )
+        .await;
+        assert_eq!(hijack.status, StatusCode::CONFLICT, "{op}: {}", hijack.json());
+    }
+    let acked = post(
+        billing,
+        "/v1/clusters/billing-workers/nodes/n1/assignments/outbox/ack",
+        r#"{"incarnation":"p1","generation":1}"#,
+    )
+    .await;
+    assert_eq!(acked.status, StatusCode::OK, "{}", acked.json());
+}
