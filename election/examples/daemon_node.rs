@@ -4,7 +4,8 @@
 //! cargo run -p fencing-election --example daemon_node -- \
 //!     --database-url postgres://postgres@127.0.0.1:5432/app --cluster workers --node-id n1 \
 //!     [--key workers-leader] [--daemons 5] [--heartbeat-ms 15000] [--registration-ttl-ms 90000] \
-//!     [--ttl-ms 60000] [--ack-ms 30000] [--drain-ms 60000] [--tick-ms 100] [--slow-drain-ms 0]
+//!     [--ttl-ms 60000] [--ack-ms 30000] [--drain-ms 60000] [--tick-ms 100] [--slow-drain-ms 0] \
+//!     [--query-timeout-ms N] [--metrics-listen 127.0.0.1:9464]
 //! ```
 //!
 //! It registers daemons `d1` .. `dN`. Each running daemon, every tick, records one row in
@@ -30,7 +31,8 @@ use tokio_postgres::NoTls;
 
 const USAGE: &str = "usage: daemon_node --database-url URL --cluster NAME --node-id ID [--key LEASE] [--daemons 5] \
                      [--heartbeat-ms 15000] [--registration-ttl-ms 90000] [--ttl-ms 60000] [--ack-ms 30000] \
-                     [--drain-ms 60000] [--tick-ms 100] [--slow-drain-ms 0] (create the tables daemon_runs and \
+                     [--drain-ms 60000] [--tick-ms 100] [--slow-drain-ms 0] [--query-timeout-ms N] \
+                     [--metrics-listen 127.0.0.1:9464] (create the tables daemon_runs and \
                      daemon_ticks (daemon text, generation bigint, node_id text, at timestamptz) first)";
 
 struct Args {
@@ -46,6 +48,8 @@ struct Args {
     drain: Option<Duration>,
     tick: Duration,
     slow_drain: Duration,
+    query_timeout: Option<Duration>,
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -62,6 +66,8 @@ fn parse_args() -> Result<Args, String> {
         drain: None,
         tick: Duration::from_millis(100),
         slow_drain: Duration::ZERO,
+        query_timeout: None,
+        metrics_listen: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
@@ -83,6 +89,8 @@ fn parse_args() -> Result<Args, String> {
             "--drain-ms" => args.drain = Some(ms()?),
             "--tick-ms" => args.tick = ms()?,
             "--slow-drain-ms" => args.slow_drain = ms()?,
+            "--query-timeout-ms" => args.query_timeout = Some(ms()?),
+            "--metrics-listen" => args.metrics_listen = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -151,55 +159,69 @@ async fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    let built = Membership::builder(pool.clone(), args.cluster.clone())
+    if let Some(address) = args.metrics_listen {
+        // The membership and daemon metrics (and the election's), for Prometheus; histograms
+        // with buckets, as the dashboard's quantiles need.
+        let buckets = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(address)
+            .set_buckets(&buckets)
+            .and_then(|builder| builder.install());
+        if let Err(error) = installed {
+            eprintln!("daemon_node: --metrics-listen {address}: {error}");
+            return ExitCode::from(70);
+        }
+    }
+    let mut node = Membership::builder(pool.clone(), args.cluster.clone())
         .node_id(args.node_id.clone())
         .heartbeat_interval(args.heartbeat)
-        .ttl(args.registration_ttl)
-        .build()
-        .and_then(|node| {
-            let key = args.key.clone().unwrap_or_else(|| format!("{}-leader", args.cluster));
-            let elector = Elector::builder(pool.clone(), key).owner(args.node_id.clone()).ttl(args.ttl).build()?;
-            let mut builder = Daemons::builder(node, elector);
-            for index in 1..=args.daemons {
-                let (pool, node_id, tick_every, slow) =
-                    (pool.clone(), args.node_id.clone(), args.tick, args.slow_drain);
-                builder = builder.daemon(format!("d{index}"), move |daemon| {
-                    let (pool, node_id) = (pool.clone(), node_id.clone());
-                    async move {
-                        println!("{}", line("daemon_started", &daemon));
-                        let mut stop_at = None;
-                        loop {
-                            // A slow drainer goes on past its cancellation; a well-behaved one
-                            // acts only while valid.
-                            if daemon.is_valid() || (daemon.is_draining() && !slow.is_zero()) {
-                                match tick(&pool, &daemon, &node_id).await {
-                                    Ok(true) => {}
-                                    Ok(false) => println!("{}", line("tick_refused", &daemon)),
-                                    Err(error) => eprintln!("daemon_node: {}: tick: {error}", daemon.name()),
-                                }
-                            } else if daemon.cancellation_token().is_cancelled() {
+        .ttl(args.registration_ttl);
+    if let Some(query_timeout) = args.query_timeout {
+        node = node.query_timeout(query_timeout);
+    }
+    let built = node.build().and_then(|node| {
+        let key = args.key.clone().unwrap_or_else(|| format!("{}-leader", args.cluster));
+        let elector = Elector::builder(pool.clone(), key).owner(args.node_id.clone()).ttl(args.ttl).build()?;
+        let mut builder = Daemons::builder(node, elector);
+        for index in 1..=args.daemons {
+            let (pool, node_id, tick_every, slow) = (pool.clone(), args.node_id.clone(), args.tick, args.slow_drain);
+            builder = builder.daemon(format!("d{index}"), move |daemon| {
+                let (pool, node_id) = (pool.clone(), node_id.clone());
+                async move {
+                    println!("{}", line("daemon_started", &daemon));
+                    let mut stop_at = None;
+                    loop {
+                        // A slow drainer goes on past its cancellation; a well-behaved one
+                        // acts only while valid.
+                        if daemon.is_valid() || (daemon.is_draining() && !slow.is_zero()) {
+                            match tick(&pool, &daemon, &node_id).await {
+                                Ok(true) => {}
+                                Ok(false) => println!("{}", line("tick_refused", &daemon)),
+                                Err(error) => eprintln!("daemon_node: {}: tick: {error}", daemon.name()),
+                            }
+                        } else if daemon.cancellation_token().is_cancelled() {
+                            break;
+                        }
+                        if daemon.is_draining() {
+                            let until = *stop_at.get_or_insert_with(|| tokio::time::Instant::now() + slow);
+                            if tokio::time::Instant::now() >= until {
                                 break;
                             }
-                            if daemon.is_draining() {
-                                let until = *stop_at.get_or_insert_with(|| tokio::time::Instant::now() + slow);
-                                if tokio::time::Instant::now() >= until {
-                                    break;
-                                }
-                            }
-                            tokio::time::sleep(tick_every).await;
                         }
-                        println!("{}", line("daemon_stopped", &daemon));
+                        tokio::time::sleep(tick_every).await;
                     }
-                });
-            }
-            if let Some(ack) = args.ack {
-                builder = builder.ack_timeout(ack);
-            }
-            if let Some(drain) = args.drain {
-                builder = builder.drain_timeout(drain);
-            }
-            builder.build()
-        });
+                    println!("{}", line("daemon_stopped", &daemon));
+                }
+            });
+        }
+        if let Some(ack) = args.ack {
+            builder = builder.ack_timeout(ack);
+        }
+        if let Some(drain) = args.drain {
+            builder = builder.drain_timeout(drain);
+        }
+        builder.build()
+    });
     let daemons = match built {
         Ok(daemons) => daemons,
         Err(error) => {

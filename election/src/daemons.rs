@@ -20,20 +20,25 @@
 //! # At most one running instance, and its bound
 //!
 //! A node starts a daemon only after the store accepted its acknowledgement, which it refuses
-//! after the acknowledge deadline or once the leader moved the assignment on. A node stops
-//! (cancels) its daemons when the store says their assignment ended or moved, when their drain
-//! deadline passes (the store's deadline, counted from when the node read it, so never later
-//! than the store's), and when its own registration lapses on its boot clock (never later than
-//! the store's expiry, after which the leader reassigns). So a daemon that returns when its
-//! [`DaemonContext::cancellation_token`] is cancelled never runs on two live nodes at once.
-//! The exceptions are a daemon that keeps running past its cancellation (it is force-reassigned
-//! after the drain timeout and runs on two nodes until it returns) and a paused process
-//! (SIGSTOP, a long GC-like stall) that resumes inside a daemon's code before its runner
-//! cancels it. Writes made with the daemon's fencing token are safe in both cases: once the new
-//! assignment's first write is admitted, the old generation's writes are refused.
+//! after the acknowledge deadline or once the leader moved the assignment on. Each instance has
+//! a watchdog task that cancels it, whatever the node's runner is doing (it may be waiting for
+//! the store), half a heartbeat interval before either store deadline: the drain deadline of a
+//! revocation (which starts when the node reads it: a node that never heard of a revocation is
+//! not forced, it keeps the daemon until it expires) and its node's expiry (its registration on
+//! the boot clock: the last accepted heartbeat's send instant plus the time the store gave it).
+//! The instance is cancelled at once when its node joined anew (a new incarnation: the store
+//! ended its assignments) and when the store says the assignment moved on. The leader forces an
+//! assignment only once the store deadline passed. So a daemon that returns within half a
+//! heartbeat interval of its [`DaemonContext::cancellation_token`] being cancelled never runs on
+//! two live nodes at once. The exceptions are a daemon that keeps running longer (after the
+//! drain timeout or its node's expiry it is assigned elsewhere, and runs on two nodes until it
+//! returns) and a paused process (SIGSTOP, a long stall) that resumes in the middle of an action
+//! ([`DaemonContext::is_valid`] reads the boot clock, so at most the action in flight). Writes
+//! made with the daemon's fencing token are safe in both cases: once the new assignment's first
+//! write is admitted, the old generation's writes are refused.
 //!
 //! ```no_run
-//! use std::time::Duration;
+//! use std::time::{Duration, SystemTime};
 //! use fencing_election::Elector;
 //! use fencing_election::daemons::Daemons;
 //! use fencing_election::membership::Membership;
@@ -61,7 +66,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use fencing_schema::store::{self, Assignment};
 use rand::Rng;
@@ -72,7 +77,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::clock::BootInstant;
-use crate::membership::{Membership, MembershipHandle};
+use crate::membership::{Membership, MembershipHandle, Registration};
 use crate::{Elector, ElectorHandle, Error, FencingToken, Leadership};
 
 /// How long a node has to acknowledge an assignment unless set.
@@ -83,6 +88,8 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_DAEMONS: usize = 100;
 /// The longest acknowledge or drain timeout.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The shortest acknowledge or drain timeout (the store refuses shorter ones).
+pub const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Gauge `{cluster, state}`: daemons by state (`unassigned`, `assigning`, `active`,
 /// `revoking`), as the leader last read them; 0 on every other process.
@@ -106,7 +113,11 @@ pub struct DaemonContext {
     generation: i64,
     cancel: CancellationToken,
     drain: CancellationToken,
-    registration: watch::Receiver<Option<BootInstant>>,
+    registration: watch::Receiver<Option<Registration>>,
+    /// The node incarnation (its start in the store) this instance was acknowledged by.
+    node_started: SystemTime,
+    /// How long before the registration's end the instance stops being valid.
+    margin: Duration,
 }
 
 impl DaemonContext {
@@ -145,12 +156,14 @@ impl DaemonContext {
         self.drain.is_cancelled()
     }
 
-    /// True while this instance may act: not cancelled, and this node's registration not
-    /// lapsed on the boot clock (a process resumed after a pause finds it false at once, before
-    /// its runner had a chance to cancel it). Check it immediately before every action others
-    /// can see; fence the action itself with [`DaemonContext::fencing_token`].
+    /// True while this instance may act: not cancelled, this node still the incarnation that
+    /// acknowledged it (not expired and joined anew), and its registration more than half a
+    /// heartbeat interval from running out on the boot clock (a process resumed after a pause
+    /// finds it false at once, before its runner had a chance to cancel it). Check it
+    /// immediately before every action others can see; fence the action itself with
+    /// [`DaemonContext::fencing_token`].
     pub fn is_valid(&self) -> bool {
-        !self.cancel.is_cancelled() && self.registration.borrow().is_some_and(|until| BootInstant::now() < until)
+        !self.cancel.is_cancelled() && !valid_for(*self.registration.borrow(), self.node_started, self.margin).is_zero()
     }
 }
 
@@ -220,6 +233,7 @@ impl Daemons {
             ack_timeout: self.ack_timeout,
             drain_timeout: self.drain_timeout,
             wake: Arc::new(Notify::new()),
+            margin: membership.config().heartbeat_interval() / 2,
             running: running_tx,
             led: false,
             instances: BTreeMap::new(),
@@ -294,6 +308,9 @@ impl DaemonsBuilder {
                 interval * 2
             ));
         }
+        if self.ack_timeout < MIN_TIMEOUT || self.drain_timeout < MIN_TIMEOUT {
+            return invalid(format!("ack and drain timeouts must be at least {MIN_TIMEOUT:?}"));
+        }
         if self.drain_timeout < interval || self.drain_timeout > MAX_TIMEOUT {
             return invalid(format!(
                 "drain timeout ({:?}) must be at least one heartbeat interval ({interval:?}) and at most \
@@ -342,18 +359,21 @@ impl DaemonsHandle {
         self.running.clone()
     }
 
-    /// Drains every daemon running here (each bounded by the drain timeout, then cancelled),
-    /// gives their assignments back, releases the lease if this process leads, and leaves the
-    /// cluster.
+    /// Stops leading (the lease is released, so another node takes over the leader's pass at
+    /// once), drains every daemon running here (each cancelled at its drain deadline: the
+    /// store's, for a revoked one, else the drain timeout from now; aborted one drain timeout
+    /// later), gives their assignments back, and leaves the cluster.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        if let Some(task) = self.task.take()
-            && let Ok(runner) = task.await
-        {
-            runner.drain_all().await;
-        }
+        let runner = match self.task.take() {
+            Some(task) => task.await.ok(),
+            None => None,
+        };
         if let Some(elector) = self.elector.take() {
             elector.shutdown().await;
+        }
+        if let Some(runner) = runner {
+            runner.drain_all().await;
         }
         if let Some(membership) = self.membership.take() {
             membership.shutdown().await;
@@ -367,6 +387,106 @@ impl Drop for DaemonsHandle {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// How long an instance acknowledged by incarnation `started` may still act: until its
+/// registration's end less `margin`, and not at all once the node is another incarnation.
+fn valid_for(registration: Option<Registration>, started: SystemTime, margin: Duration) -> Duration {
+    match registration {
+        Some(registration) if registration.started_at == started => registration
+            .until
+            .checked_sub(margin)
+            .map_or(Duration::ZERO, |end| end.saturating_duration_since(BootInstant::now())),
+        _ => Duration::ZERO,
+    }
+}
+
+/// One instance of a daemon running in this process.
+struct Instance {
+    generation: i64,
+    /// The node incarnation that acknowledged it.
+    node_started: SystemTime,
+    cancel: CancellationToken,
+    drain: CancellationToken,
+    task: JoinHandle<()>,
+    /// When its watchdog cancels it, once revoked (or on shutdown).
+    drain_deadline: watch::Sender<Option<Instant>>,
+}
+
+/// Wakes the runner when an instance ends, even by a panic.
+struct WakeOnDrop(Arc<Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+
+/// Cancels one instance the moment it must stop, whatever the runner is doing (it may be
+/// waiting for the store): at its drain deadline, when its node's registration comes within
+/// the margin of its end, or when the node is another incarnation.
+async fn watchdog(
+    name: Arc<str>,
+    cancel: CancellationToken,
+    mut registration: watch::Receiver<Option<Registration>>,
+    mut drain_deadline: watch::Receiver<Option<Instant>>,
+    started: SystemTime,
+    margin: Duration,
+) {
+    loop {
+        let left = valid_for(*registration.borrow_and_update(), started, margin);
+        let now = Instant::now();
+        let mut until = now + left;
+        let mut why = "this node's registration lapsed, or it joined anew";
+        if let Some(deadline) = *drain_deadline.borrow_and_update()
+            && deadline < until
+        {
+            until = deadline;
+            why = "its drain deadline passed";
+        }
+        if until <= now {
+            if !cancel.is_cancelled() {
+                warn!(daemon = %name, "cancelling the daemon: {why}");
+                cancel.cancel();
+            }
+            return;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep_until(until) => {}
+            changed = registration.changed() => {
+                if changed.is_err() {
+                    // The node stopped: nothing vouches for the registration any more.
+                    cancel.cancel();
+                    return;
+                }
+            }
+            changed = drain_deadline.changed() => {
+                if changed.is_err() {
+                    return; // the instance is gone
+                }
+            }
+        }
+    }
+}
+
+struct Runner {
+    node: Membership,
+    registration: watch::Receiver<Option<Registration>>,
+    leadership: watch::Receiver<Option<Leadership>>,
+    lease_key: String,
+    owner: String,
+    daemons: BTreeMap<String, DaemonFn>,
+    offered: Vec<String>,
+    ack_timeout: Duration,
+    drain_timeout: Duration,
+    wake: Arc<Notify>,
+    /// An instance stops being valid this long before its store deadline: half a heartbeat.
+    margin: Duration,
+    running: watch::Sender<Vec<(String, i64)>>,
+    /// Whether the last pass ran as leader (its gauges are zeroed when it stops leading).
+    led: bool,
+    instances: BTreeMap<String, Instance>,
 }
 
 impl fmt::Debug for Runner {
@@ -388,42 +508,6 @@ impl Drop for Runner {
     }
 }
 
-/// One instance of a daemon running in this process.
-struct Instance {
-    generation: i64,
-    cancel: CancellationToken,
-    drain: CancellationToken,
-    task: JoinHandle<()>,
-    /// When it must have stopped, once revoked.
-    drain_deadline: Option<Instant>,
-}
-
-/// Wakes the runner when an instance ends, even by a panic.
-struct WakeOnDrop(Arc<Notify>);
-
-impl Drop for WakeOnDrop {
-    fn drop(&mut self) {
-        self.0.notify_one();
-    }
-}
-
-struct Runner {
-    node: Membership,
-    registration: watch::Receiver<Option<BootInstant>>,
-    leadership: watch::Receiver<Option<Leadership>>,
-    lease_key: String,
-    owner: String,
-    daemons: BTreeMap<String, DaemonFn>,
-    offered: Vec<String>,
-    ack_timeout: Duration,
-    drain_timeout: Duration,
-    wake: Arc<Notify>,
-    running: watch::Sender<Vec<(String, i64)>>,
-    /// Whether the last pass ran as leader (its gauges are zeroed when it stops leading).
-    led: bool,
-    instances: BTreeMap<String, Instance>,
-}
-
 impl Runner {
     fn node_key(&self) -> (&str, &str, &str) {
         (self.node.cluster(), self.node.node_id(), self.node.incarnation())
@@ -437,29 +521,16 @@ impl Runner {
             self.node_pass().await;
             self.publish();
 
-            // The next heartbeat (up to 20 % early), a drain deadline or the registration's end,
-            // whichever comes first; an instance that ends wakes it too.
+            // The next heartbeat (up to 20 % early), or sooner when an instance ends. Deadlines
+            // are each instance's watchdog's.
             let interval = self.node.heartbeat_interval();
-            let mut until = started + interval - interval.mul_f64(0.2 * rand::rng().random::<f64>());
-            for instance in self.instances.values() {
-                if let Some(deadline) = instance.drain_deadline.filter(|_| !instance.cancel.is_cancelled()) {
-                    until = until.min(deadline);
-                }
-            }
-            if let Some(registered) = *self.registration.borrow() {
-                until = until.min(Instant::now() + registered.saturating_duration_since(BootInstant::now()));
-            }
+            let until = started + interval - interval.mul_f64(0.2 * rand::rng().random::<f64>());
             tokio::select! {
                 () = stop.cancelled() => return self,
                 () = tokio::time::sleep_until(until) => {}
                 () = self.wake.notified() => {}
-                _ = self.registration.changed() => {}
             }
         }
-    }
-
-    fn registered(&self) -> bool {
-        self.registration.borrow().is_some_and(|until| BootInstant::now() < until)
     }
 
     fn publish(&self) {
@@ -570,20 +641,19 @@ impl Runner {
 
     /// The node's pass: act on this node's assignments.
     async fn node_pass(&mut self) {
-        let now = Instant::now();
-        if !self.registered() {
-            // The leader may reassign them once the store sees this node expire: stop them first.
-            for (name, instance) in &self.instances {
-                if !instance.cancel.is_cancelled() {
-                    warn!(daemon = %name, "this node's registration lapsed; cancelling the daemon");
-                    instance.cancel.cancel();
-                }
+        let current = (*self.registration.borrow())
+            .filter(|registration| !valid_for(Some(*registration), registration.started_at, self.margin).is_zero());
+        let Some(current) = current else {
+            // The leader may reassign them once the store sees this node expire: they stop
+            // first (their watchdogs cancel them too).
+            for instance in self.instances.values() {
+                instance.cancel.cancel();
             }
             return;
-        }
+        };
         for (name, instance) in &self.instances {
-            if instance.drain_deadline.is_some_and(|deadline| deadline <= now) && !instance.cancel.is_cancelled() {
-                warn!(daemon = %name, generation = instance.generation, "drain deadline passed; cancelling the daemon");
+            if instance.node_started != current.started_at && !instance.cancel.is_cancelled() {
+                warn!(daemon = %name, generation = instance.generation, "this node joined anew; cancelling the daemon");
                 instance.cancel.cancel();
             }
         }
@@ -599,18 +669,21 @@ impl Runner {
         };
         let assignments = match assignments {
             Ok(assignments) => assignments,
-            Err(error) => return debug!(%error, "could not read this node's assignments"),
+            Err(error) => return warn!(%error, "could not read this node's assignments"),
         };
         let by_name: BTreeMap<&str, &Assignment> =
             assignments.iter().map(|assignment| (assignment.daemon.as_str(), assignment)).collect();
         for (name, instance) in &mut self.instances {
             match by_name.get(name.as_str()) {
                 Some(assignment) if assignment.generation == instance.generation => {
-                    if assignment.state == "revoking" && instance.drain_deadline.is_none() {
+                    if assignment.state == "revoking" && !instance.drain.is_cancelled() {
+                        // Cancelled before the store's deadline, by up to half a heartbeat (or
+                        // half the time left), so it can return before another node starts it.
                         let left = assignment.remaining.unwrap_or_default();
+                        let cancel_at = sent + left.saturating_sub(self.margin.min(left / 2));
                         info!(daemon = %name, generation = instance.generation, ?left, "daemon revoked; draining");
                         instance.drain.cancel();
-                        instance.drain_deadline = Some(sent + left);
+                        instance.drain_deadline.send_replace(Some(cancel_at));
                     }
                 }
                 _ => {
@@ -628,7 +701,7 @@ impl Runner {
             }
             let known = self.daemons.get(&assignment.daemon).cloned();
             match (assignment.state.as_str(), known) {
-                ("assigning", Some(run)) => self.acknowledge(assignment, run).await,
+                ("assigning", Some(run)) => self.acknowledge(assignment, run, current.started_at).await,
                 // Not running here (it ended, an acknowledgement's answer was lost, or this
                 // process does not have it): give it back.
                 _ => self.stopped(&assignment.daemon, assignment.generation).await,
@@ -636,7 +709,7 @@ impl Runner {
         }
     }
 
-    async fn acknowledge(&mut self, assignment: &Assignment, run: DaemonFn) {
+    async fn acknowledge(&mut self, assignment: &Assignment, run: DaemonFn, node_started: SystemTime) {
         let (name, generation) = (assignment.daemon.as_str(), assignment.generation);
         let deadline = Instant::now() + self.node.query_timeout();
         let acked = match self.node.connection(deadline).await {
@@ -650,45 +723,67 @@ impl Runner {
         let waited = match acked {
             Ok(Some(waited)) => waited,
             Ok(None) => return debug!(daemon = %name, generation, "acknowledgement refused; not starting"),
+            // Its answer lost: a later pass finds it active and not running here, and gives it back.
             Err(error) => return warn!(daemon = %name, generation, %error, "acknowledgement failed; not starting"),
         };
+        if valid_for(*self.registration.borrow(), node_started, self.margin).is_zero() {
+            warn!(daemon = %name, generation, "registration lapsed during the acknowledgement; giving it back");
+            return self.stopped(name, generation).await;
+        }
         metrics::histogram!(ASSIGN_SECONDS, "cluster" => self.node.cluster().to_owned()).record(waited.as_secs_f64());
         info!(cluster = %self.node.cluster(), daemon = %name, generation, "daemon acknowledged; starting");
         let cancel = CancellationToken::new();
         let drain = cancel.child_token();
+        let name: Arc<str> = Arc::from(name);
         let context = DaemonContext {
-            name: Arc::from(name),
+            name: Arc::clone(&name),
             generation,
             cancel: cancel.clone(),
             drain: drain.clone(),
             registration: self.registration.clone(),
+            node_started,
+            margin: self.margin,
         };
+        let (drain_deadline, deadline_watch) = watch::channel(None);
+        tokio::spawn(watchdog(
+            Arc::clone(&name),
+            cancel.clone(),
+            self.registration.clone(),
+            deadline_watch,
+            node_started,
+            self.margin,
+        ));
         let running = run(context);
         let wake = WakeOnDrop(Arc::clone(&self.wake));
         let task = tokio::spawn(async move {
             let _wake = wake;
             running.await;
         });
-        self.instances.insert(name.to_owned(), Instance { generation, cancel, drain, task, drain_deadline: None });
+        self.instances
+            .insert(name.to_string(), Instance { generation, node_started, cancel, drain, task, drain_deadline });
     }
 
-    /// On shutdown: drain every instance (bounded by the drain timeout, then cancelled and,
-    /// after one more drain timeout, aborted) and give their assignments back.
+    /// On shutdown: drain every instance (its watchdog cancels it at its drain deadline: the
+    /// store's for a revoked one, else the drain timeout from now), abort what did not stop one
+    /// drain timeout after that, and give the assignments back.
     async fn drain_all(mut self) {
+        let fallback = Instant::now() + self.drain_timeout;
         for instance in self.instances.values() {
             instance.drain.cancel();
+            instance.drain_deadline.send_if_modified(|deadline| {
+                let earlier = deadline.is_none_or(|deadline| deadline > fallback);
+                if earlier {
+                    *deadline = Some(fallback);
+                }
+                earlier
+            });
         }
-        let deadline = Instant::now() + self.drain_timeout;
         let instances = std::mem::take(&mut self.instances);
         for (name, mut instance) in instances {
-            if timeout_at(deadline, &mut instance.task).await.is_err() {
-                warn!(daemon = %name, "daemon did not drain in time; cancelling it");
-                instance.cancel.cancel();
-                if timeout_at(deadline + self.drain_timeout, &mut instance.task).await.is_err() {
-                    warn!(daemon = %name, "daemon did not stop when cancelled; aborting it");
-                    instance.task.abort();
-                    continue;
-                }
+            if timeout_at(fallback + self.drain_timeout, &mut instance.task).await.is_err() {
+                warn!(daemon = %name, "daemon did not stop when cancelled; aborting it");
+                instance.task.abort();
+                continue;
             }
             self.stopped(&name, instance.generation).await;
         }

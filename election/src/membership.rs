@@ -379,6 +379,14 @@ fn process_node_id() -> &'static str {
     })
 }
 
+/// An accepted heartbeat: which incarnation of the node the store has (its `started_at`: a
+/// node that expired and heartbeats again is a new one) and until when it is registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Registration {
+    pub(crate) started_at: std::time::SystemTime,
+    pub(crate) until: BootInstant,
+}
+
 /// A running node: the live members as last read, events, and a clean leave.
 #[derive(Debug)]
 pub struct MembershipHandle {
@@ -387,8 +395,9 @@ pub struct MembershipHandle {
     members: watch::Receiver<Vec<Node>>,
     /// Subscribed before the task started: the first caller of `events` misses nothing.
     first_receiver: std::sync::Mutex<Option<broadcast::Receiver<MemberEvent>>>,
-    /// Until when this node is registered, on the boot clock (sent + remaining).
-    registered: watch::Receiver<Option<BootInstant>>,
+    /// The incarnation the store has (its start) and until when it is registered, on the boot
+    /// clock (sent + remaining).
+    registered: watch::Receiver<Option<Registration>>,
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -404,8 +413,8 @@ impl MembershipHandle {
         &self.membership
     }
 
-    /// Until when this node is registered, on the boot clock.
-    pub(crate) fn registration(&self) -> watch::Receiver<Option<BootInstant>> {
+    /// This node's registration: its start in the store and until when, on the boot clock.
+    pub(crate) fn registration(&self) -> watch::Receiver<Option<Registration>> {
         self.registered.clone()
     }
 
@@ -430,7 +439,7 @@ impl MembershipHandle {
     /// boot clock (sent + remaining: never later than the store's expiry; a suspended or paused
     /// process finds it false when it resumes).
     pub fn is_registered(&self) -> bool {
-        self.registered.borrow().is_some_and(|until| BootInstant::now() < until)
+        self.registered.borrow().is_some_and(|registration| BootInstant::now() < registration.until)
     }
 
     /// Stops heartbeating and leaves the cluster now (bounded by the query timeout), so others
@@ -463,7 +472,7 @@ async fn run(
     node: Membership,
     events: broadcast::Sender<MemberEvent>,
     members: watch::Sender<Vec<Node>>,
-    registered: watch::Sender<Option<BootInstant>>,
+    registered: watch::Sender<Option<Registration>>,
     stop: CancellationToken,
 ) {
     let live_nodes = metrics::gauge!(LIVE_NODES, "cluster" => node.cluster.clone());
@@ -479,7 +488,8 @@ async fn run(
         let boot_sent = BootInstant::now();
         match node.heartbeat().await {
             Ok(beat) if beat.ok => {
-                registered.send_replace(Some(boot_sent + beat.remaining));
+                let until = boot_sent + beat.remaining;
+                registered.send_replace(Some(Registration { started_at: beat.started_at, until }));
                 in_conflict = false;
             }
             Ok(_) => {

@@ -1055,12 +1055,12 @@ async fn reconcile(
         check_member_name("a lease key", &request.lease)?;
         check_incarnation(&caller, &request.owner)?;
         for (what, ms) in [("ack_timeout_ms", request.ack_timeout_ms), ("drain_timeout_ms", request.drain_timeout_ms)] {
-            if ms == 0 || ms > 3_600_000 {
+            if !(1_000..=3_600_000).contains(&ms) {
                 return Err(Problem::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "invalid-argument",
                     "Invalid argument",
-                    &format!("{what} must be 1 to 3600000, got {ms}"),
+                    &format!("{what} must be 1000 to 3600000, got {ms}"),
                 ));
             }
         }

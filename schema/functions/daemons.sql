@@ -41,12 +41,13 @@ BEGIN
 END
 $$;
 
--- Refuses a null, non-positive or overlong timeout with SQLSTATE 22023.
+-- Refuses a null, short (under a second: a node needs time to read and act) or overlong (over
+-- an hour) timeout with SQLSTATE 22023.
 CREATE OR REPLACE FUNCTION fencing.check_timeout(what text, value interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF value IS NULL OR value <= interval '0' OR value > interval '1 hour' THEN
-        RAISE EXCEPTION 'fencing: % must be positive and at most 01:00:00, got %', what, coalesce(value::text, 'null')
+    IF value IS NULL OR value < interval '1 second' OR value > interval '1 hour' THEN
+        RAISE EXCEPTION 'fencing: % must be 00:00:01 to 01:00:00, got %', what, coalesce(value::text, 'null')
             USING ERRCODE = '22023';
     END IF;
 END
@@ -60,7 +61,7 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     UPDATE fencing.daemons x
        SET state = 'unassigned', node_id = NULL, node_started_at = NULL, reason = reason_, avoid_node = avoid_,
-           waiting_since = now_, deadline = NULL, changed_at = now_, term = term_
+           waiting_since = now_, deadline = NULL, drain_for = NULL, changed_at = now_, term = term_
      WHERE x.cluster = d.cluster AND x.daemon = d.daemon;
     INSERT INTO fencing.daemon_history (cluster, daemon, generation, node_id, state, reason, term, at)
     VALUES (d.cluster, d.daemon, d.generation, d.node_id, 'deleted', reason_, term_, now_);
@@ -73,16 +74,19 @@ $$;
 -- to lease_key_ on first use: refused with SQLSTATE ZF409 (nothing changed) unless term_ is the
 -- lease's current term and the lease is held. The fence row stays locked until the caller's
 -- transaction ends, so a later term's pass runs after this one committed. In order:
---   1. daemons offered by a live node and not known yet get a row (at most 1000 per cluster);
+--   1. daemons no live node offers and without a node lose their row; daemons offered by a live
+--      node and not known yet get one (at most 1000 per cluster);
 --   2. assignments of nodes no longer live end (node_expired), and so do assignments not
---      acknowledged by their deadline (ack_timeout) or not drained by theirs (drain_timeout):
---      forced, the next assignment goes to another node when there is one;
+--      acknowledged by their deadline (ack_timeout) or not drained by theirs (drain_timeout, a
+--      deadline that starts when the node first reads the revocation): forced, the next
+--      assignment goes to another node when there is one;
 --   3. every daemon without a node is assigned to the least-loaded live node that offers it
 --      (state assigning, a new generation, acknowledge deadline now + ack_timeout);
 --   4. when nothing is in flight (no assigning, no revoking), one active daemon is revoked
 --      from the busiest node when a node that offers it (and did not time out on it last)
 --      holds two fewer (rebalance): at most one move per pass, and only moves that narrow the
---      spread, so churn is bounded; it drains by now + drain_timeout.
+--      spread, so churn is bounded; it drains within drain_timeout of the node reading it.
+-- Each assignment's generation comes from fencing.daemon_generations. At READ COMMITTED only.
 -- Returns what it changed.
 CREATE OR REPLACE FUNCTION fencing.reconcile_daemons(cluster_ text, lease_key_ text, owner_ text, term_ bigint,
                                                      ack_timeout interval, drain_timeout interval)
@@ -100,10 +104,15 @@ BEGIN
     PERFORM fencing.check_term(term_);
     PERFORM fencing.check_timeout('ack timeout', ack_timeout);
     PERFORM fencing.check_timeout('drain timeout', drain_timeout);
-    IF NOT EXISTS (SELECT 1 FROM fencing.fences f WHERE f.resource = resource_ AND f.lease_key = lease_key_) THEN
-        PERFORM fencing.bind(resource_, lease_key_);
+    -- Which nodes are live is decided on the newest rows and the clock read after the locks: a
+    -- snapshot older than a node's last heartbeat would end its assignments while it runs them.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'fencing: the daemons pass decides at READ COMMITTED only, not at % (a snapshot may predate a node''s heartbeat)',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '0A000';
     END IF;
-    -- Only the holder passes: a term read from a table is not a leadership.
+    -- Only the holder passes, before anything is locked: a term read from a table is not a
+    -- leadership.
     IF NOT EXISTS (SELECT 1 FROM fencing.leases l
                     WHERE l.key = lease_key_ AND l.owner = owner_ AND l.term = term_) THEN
         PERFORM nextval('fencing.sql_refusals');
@@ -111,6 +120,17 @@ BEGIN
             owner_, lease_key_, term_, cluster_
             USING ERRCODE = 'ZF409',
                   DETAIL = format('outcome=not_leader resource=%s presented_term=%s', resource_, term_);
+    END IF;
+    -- The cluster's fence is bound to the first lease that leads it, for good (another lease
+    -- needs the audited fencing.rebind); which lease it is bound to is not said to others.
+    IF EXISTS (SELECT 1 FROM fencing.fences f
+                WHERE f.resource = resource_ AND f.lease_key IS NOT NULL AND f.lease_key <> lease_key_) THEN
+        RAISE EXCEPTION 'fencing: the daemons of cluster "%" are led under another lease; an admin moves them with fencing.rebind(%L, lease_key, actor, reason)',
+            cluster_, resource_
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM fencing.fences f WHERE f.resource = resource_ AND f.lease_key = lease_key_) THEN
+        PERFORM fencing.bind(resource_, lease_key_);
     END IF;
     -- Raises ZF409 for a leader that lost its lease or was succeeded; holds the fence row.
     PERFORM fencing.admit(resource_, term_);
@@ -120,7 +140,12 @@ BEGIN
     PERFORM 1 FROM fencing.daemons x WHERE x.cluster = cluster_ ORDER BY x.daemon FOR UPDATE;
     now_ := clock_timestamp();
 
-    -- 1. New daemons.
+    -- 1. Daemons without a node that no live node offers any more go (their generations stay
+    --    used: the sequence never gives them out again); new ones get a row.
+    DELETE FROM fencing.daemons x
+     WHERE x.cluster = cluster_ AND x.state = 'unassigned'
+       AND NOT EXISTS (SELECT 1 FROM fencing.nodes n
+                        WHERE n.cluster = cluster_ AND n.expires_at > now_ AND x.daemon = ANY (n.daemons));
     SELECT count(*) INTO known_ FROM fencing.daemons x WHERE x.cluster = cluster_;
     INSERT INTO fencing.daemons (cluster, daemon, state, term, waiting_since, changed_at)
     SELECT cluster_, o.name, 'unassigned', term_, now_, now_
@@ -141,7 +166,8 @@ BEGIN
         RETURN NEXT fencing.end_assignment(d, 'node_expired', NULL, term_, now_);
     END LOOP;
     FOR d IN SELECT * FROM fencing.daemons x
-              WHERE x.cluster = cluster_ AND x.state IN ('assigning', 'revoking') AND x.deadline <= now_
+              WHERE x.cluster = cluster_ AND x.state IN ('assigning', 'revoking') AND x.deadline IS NOT NULL
+                AND x.deadline <= now_
               ORDER BY x.daemon LOOP
         RETURN NEXT fencing.end_assignment(
             d, CASE d.state WHEN 'assigning' THEN 'ack_timeout' ELSE 'drain_timeout' END, d.node_id, term_, now_);
@@ -161,7 +187,7 @@ BEGIN
          LIMIT 1;
         CONTINUE WHEN NOT FOUND;
         UPDATE fencing.daemons x
-           SET state = 'assigning', generation = x.generation + 1, node_id = target.node_id,
+           SET state = 'assigning', generation = nextval('fencing.daemon_generations'), node_id = target.node_id,
                node_started_at = target.started_at, term = term_, deadline = now_ + ack_timeout, changed_at = now_
          WHERE x.cluster = cluster_ AND x.daemon = d.daemon
         RETURNING * INTO d;
@@ -190,9 +216,10 @@ BEGIN
          ORDER BY busy.load - idle.load DESC, x.daemon
          LIMIT 1;
         IF FOUND THEN
+            -- The drain deadline starts when the node reads the revocation (fencing.assignments).
             UPDATE fencing.daemons x
-               SET state = 'revoking', reason = 'rebalance', term = term_, deadline = now_ + drain_timeout,
-                   changed_at = now_
+               SET state = 'revoking', reason = 'rebalance', term = term_, deadline = NULL,
+                   drain_for = drain_timeout, changed_at = now_
              WHERE x.cluster = cluster_ AND x.daemon = d.daemon;
             INSERT INTO fencing.daemon_history (cluster, daemon, generation, node_id, state, reason, term, at)
             VALUES (cluster_, d.daemon, d.generation, d.node_id, 'revoking', 'rebalance', term_, now_);
@@ -225,7 +252,8 @@ $$;
 
 -- A node's side: offers the daemons it can run (at most 100 names; recorded only while the
 -- node is live as incarnation_, written only when they changed) and returns its assignments
--- (none when it is not live as incarnation_).
+-- (none when it is not live as incarnation_). A revocation read for the first time gets its
+-- drain deadline now.
 CREATE OR REPLACE FUNCTION fencing.assignments(cluster_ text, node_id_ text, incarnation_ text, offered text[])
 RETURNS SETOF fencing.assignment
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -247,6 +275,15 @@ BEGIN
     IF node_.daemons IS DISTINCT FROM sorted_ THEN
         UPDATE fencing.nodes n SET daemons = sorted_
          WHERE n.cluster = cluster_ AND n.node_id = node_id_ AND n.incarnation = incarnation_;
+    END IF;
+    -- A revocation's drain time starts now that the node hears of it.
+    IF EXISTS (SELECT 1 FROM fencing.daemons x
+                WHERE x.cluster = cluster_ AND x.node_id = node_id_ AND x.node_started_at = node_.started_at
+                  AND x.state = 'revoking' AND x.deadline IS NULL) THEN
+        PERFORM fencing.commit_durably();
+        UPDATE fencing.daemons x SET deadline = clock_timestamp() + x.drain_for
+         WHERE x.cluster = cluster_ AND x.node_id = node_id_ AND x.node_started_at = node_.started_at
+           AND x.state = 'revoking' AND x.deadline IS NULL;
     END IF;
     RETURN QUERY
         SELECT x.daemon, x.generation, x.state,

@@ -32,8 +32,11 @@ CREATE TABLE IF NOT EXISTS fencing.daemons (
     avoid_node      text,
     -- Since when the daemon waits for a node (for the time to assign).
     waiting_since   timestamptz,
-    -- The acknowledge deadline (assigning) or the drain deadline (revoking).
+    -- The acknowledge deadline (assigning) or the drain deadline (revoking; set when the node
+    -- first reads the revocation, to then + drain_for: a node that never heard of it is not
+    -- forced, it keeps the daemon until it expires).
     deadline        timestamptz,
+    drain_for       interval,
     changed_at      timestamptz NOT NULL,
     PRIMARY KEY (cluster, daemon),
     CHECK ((state = 'unassigned') = (node_id IS NULL)),
@@ -42,6 +45,10 @@ CREATE TABLE IF NOT EXISTS fencing.daemons (
 
 COMMENT ON TABLE fencing.daemons IS
     'One row per daemon of a cluster: its current assignment, changed by the leader through the fence.';
+
+-- Generations come from one sequence: a daemon's token only grows, even across a row removed
+-- (no live node offered it) and created again.
+CREATE SEQUENCE IF NOT EXISTS fencing.daemon_generations;
 
 -- Every step of every assignment, on the store's clock: what the tests and an operator read
 -- to see where a daemon ran and when.

@@ -138,10 +138,48 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     let term_a = int(&a.wait_for("a elected", |l| event(l) == "elected").await.unwrap(), "term");
     let mut b = elector("b", port_b);
     b.wait_for("b started", |l| event(l) == "started").await.unwrap();
+    // A node of a cluster running a daemon, for the membership and daemon panels.
+    let port_n = free_port();
+    setup
+        .db
+        .connect()
+        .await
+        .batch_execute(
+            "CREATE TABLE daemon_runs (daemon text, generation bigint, node_id text, at timestamptz);
+             CREATE TABLE daemon_ticks (daemon text, generation bigint, node_id text, at timestamptz);",
+        )
+        .await
+        .unwrap();
+    let node_args: Vec<String> = [
+        "--database-url",
+        &url,
+        "--cluster",
+        "workers",
+        "--node-id",
+        "n1",
+        "--daemons",
+        "1",
+        "--heartbeat-ms",
+        "500",
+        "--registration-ttl-ms",
+        "2000",
+        "--ttl-ms",
+        "2000",
+        "--ack-ms",
+        "1500",
+        "--drain-ms",
+        "1500",
+        "--metrics-listen",
+        &format!("127.0.0.1:{port_n}"),
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    let _node = ElectorProcess::spawn_daemon_node("n1", &node_args).unwrap();
 
     let prometheus = Prometheus::start(
         &setup.gateway.control.to_string(),
-        &[format!("127.0.0.1:{port_a}"), format!("127.0.0.1:{port_b}")],
+        &[format!("127.0.0.1:{port_a}"), format!("127.0.0.1:{port_b}"), format!("127.0.0.1:{port_n}")],
     )
     .await;
     let proxy = setup.gateway.proxy;
@@ -156,6 +194,8 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     }
     prometheus.wait_for_data(r#"fencing_writes_total{outcome="admitted"}"#).await;
     prometheus.wait_for_data("election_is_leader").await;
+    prometheus.wait_for_data("election_daemon_assign_seconds_bucket").await;
+    prometheus.wait_for_data(r#"election_daemons{state="active"} > 0"#).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let calm = prometheus.firing().await;
     assert!(calm.is_empty(), "alerts fired in a calm run: {calm:?}");

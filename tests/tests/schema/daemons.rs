@@ -35,15 +35,13 @@ async fn offer(client: &Client, node: &str, incarnation: &str, daemons: &[&str])
         .collect()
 }
 
-async fn reconcile(client: &Client, owner: &str, term: i64) -> Result<Vec<store::DaemonChange>, fencing_schema::Error> {
-    store::reconcile_daemons(
-        client,
-        CLUSTER,
-        (LEASE, owner, term),
-        Duration::from_millis(300),
-        Duration::from_millis(300),
-    )
-    .await
+async fn reconcile(
+    client: &impl tokio_postgres::GenericClient,
+    owner: &str,
+    term: i64,
+) -> Result<Vec<store::DaemonChange>, fencing_schema::Error> {
+    store::reconcile_daemons(client, CLUSTER, (LEASE, owner, term), Duration::from_secs(1), Duration::from_secs(1))
+        .await
 }
 
 async fn ack(client: &Client, node: &str, incarnation: &str, daemon: &str, generation: i64) -> bool {
@@ -62,7 +60,10 @@ async fn daemons_spread_over_the_nodes_that_offer_them_and_start_only_once_ackno
 
     let changes = reconcile(&client, "leader", term).await.unwrap();
     assert_eq!(changes.len(), 4, "{changes:?}");
-    assert!(changes.iter().all(|c| c.state == "assigning" && c.generation == 1), "{changes:?}");
+    assert!(changes.iter().all(|c| c.state == "assigning"), "{changes:?}");
+    let mut generations: Vec<i64> = changes.iter().map(|c| c.generation).collect();
+    generations.dedup();
+    assert_eq!(generations.len(), 4, "every assignment has a generation of its own: {changes:?}");
     let n1 = offer(&client, "n1", "i1", &["a", "b", "c"]).await;
     let n2 = offer(&client, "n2", "i2", &["a", "b", "c", "only-n2"]).await;
     assert_eq!(n1.len() + n2.len(), 4);
@@ -86,9 +87,9 @@ async fn a_zombie_or_forged_leader_changes_no_assignment() {
     let client = db.connect().await;
     beat(&client, "n1", "i1").await;
     offer(&client, "n1", "i1", &["a", "b"]).await;
-    let old = store::acquire(&client, LEASE, "old", Duration::from_millis(200)).await.unwrap().term.unwrap();
+    let old = store::acquire(&client, LEASE, "old", Duration::from_secs(1)).await.unwrap().term.unwrap();
     reconcile(&client, "old", old).await.unwrap();
-    client.batch_execute("SELECT pg_sleep(0.3)").await.unwrap();
+    client.batch_execute("SELECT pg_sleep(1.1)").await.unwrap();
     let new = store::acquire(&client, LEASE, "new", Duration::from_secs(10)).await.unwrap().term.unwrap();
     assert!(new > old);
     beat(&client, "n2", "i2").await;
@@ -147,7 +148,7 @@ async fn an_unacknowledged_or_undrained_assignment_is_forced_to_another_node_aft
     offer(&client, "n2", "i2", &["a"]).await;
     // n1 never acknowledges: before the deadline nothing moves, after it the next goes to n2.
     assert!(reconcile(&client, "leader", term).await.unwrap().is_empty());
-    client.batch_execute("SELECT pg_sleep(0.35)").await.unwrap();
+    client.batch_execute("SELECT pg_sleep(1.05)").await.unwrap();
     assert!(!ack(&client, "n1", "i1", "a", 1).await, "an acknowledgement after the deadline is refused");
     let changes = reconcile(&client, "leader", term).await.unwrap();
     let summary: Vec<(String, String, Option<String>)> =
@@ -285,7 +286,7 @@ async fn bad_input_is_refused_and_a_node_not_live_as_itself_sees_nothing() {
     let error = client.query("SELECT * FROM fencing.assignments('c', 'n1', 'i1', NULL)", &[]).await.unwrap_err();
     assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT));
     let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(10)).await.unwrap().term.unwrap();
-    for (ack_timeout, drain_timeout) in [("0 s", "1 s"), ("1 s", "-1 s"), ("2 hours", "1 s")] {
+    for (ack_timeout, drain_timeout) in [("0 s", "1 s"), ("1 s", "-1 s"), ("2 hours", "1 s"), ("1 s", "500 ms")] {
         let error = client
             .query(
                 "SELECT * FROM fencing.reconcile_daemons('c', $1, 'leader', $2, $3::text::interval, $4::text::interval)",
@@ -310,4 +311,136 @@ async fn bad_input_is_refused_and_a_node_not_live_as_itself_sees_nothing() {
     let offered: Vec<String> =
         client.query_one("SELECT daemons FROM fencing.nodes WHERE node_id = 'n1'", &[]).await.unwrap().get(0);
     assert!(offered.is_empty(), "{offered:?}");
+}
+
+#[tokio::test]
+async fn a_later_terms_pass_waits_for_the_earlier_one_to_commit_and_a_snapshot_pass_is_refused() {
+    let db = TestDb::new().await;
+    let mut old_session = db.connect().await;
+    let client = db.connect().await;
+    beat(&client, "n1", "i1").await;
+    offer(&client, "n1", "i1", &["a", "b"]).await;
+    let old = store::acquire(&client, LEASE, "old", Duration::from_secs(1)).await.unwrap().term.unwrap();
+    // The old leader's pass, in a transaction still open: it holds the fence row.
+    let open = old_session.transaction().await.unwrap();
+    let first = reconcile(&open, "old", old).await.unwrap();
+    assert_eq!(first.len(), 2);
+    client.batch_execute("SELECT pg_sleep(1.1)").await.unwrap();
+    let new = store::acquire(&client, LEASE, "new", Duration::from_secs(30)).await.unwrap().term.unwrap();
+    let url = db.url();
+    let next = tokio::spawn(async move {
+        let client = fencing_tests::pg::connect(&url).await;
+        reconcile(&client, "new", new).await.map(|changes| changes.len())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!next.is_finished(), "the new term's pass went ahead of the old term's open one");
+    open.commit().await.unwrap();
+    next.await.unwrap().unwrap();
+    // Every step of the new term comes after every step of the old one.
+    let terms: Vec<i64> = client
+        .query("SELECT term FROM fencing.daemon_history ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(terms.windows(2).all(|pair| pair[0] <= pair[1]), "{terms:?}");
+    // The old leader, again: refused.
+    assert!(matches!(reconcile(&client, "old", old).await, Err(fencing_schema::Error::Refused { .. })));
+
+    // At REPEATABLE READ or SERIALIZABLE the pass could decide on a snapshot older than a
+    // node's heartbeat: refused (0A000), nothing changed.
+    let before = snapshot(&client, DAEMONS).await;
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let mut session = db.connect().await;
+        let transaction = session.build_transaction().isolation_level(match level {
+            "REPEATABLE READ" => tokio_postgres::IsolationLevel::RepeatableRead,
+            _ => tokio_postgres::IsolationLevel::Serializable,
+        });
+        let transaction = transaction.start().await.unwrap();
+        let error = transaction
+            .query(
+                "SELECT * FROM fencing.reconcile_daemons('c', $1, 'new', $2, interval '1 s', interval '1 s')",
+                &[&LEASE, &new],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&error), Some("0A000"), "{level}: {}", message(&error));
+    }
+    assert_eq!(snapshot(&client, DAEMONS).await, before);
+}
+
+#[tokio::test]
+async fn a_revocation_drains_from_when_the_node_reads_it_and_a_node_that_never_does_is_not_forced() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let names = ["a", "b", "c"];
+    beat(&client, "n1", "i1").await;
+    offer(&client, "n1", "i1", &names).await;
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    reconcile(&client, "leader", term).await.unwrap();
+    for (daemon, generation, _) in offer(&client, "n1", "i1", &names).await {
+        assert!(ack(&client, "n1", "i1", &daemon, generation).await);
+    }
+    beat(&client, "n2", "i2").await;
+    offer(&client, "n2", "i2", &names).await;
+    let revoked = reconcile(&client, "leader", term).await.unwrap();
+    assert_eq!(revoked.len(), 1, "{revoked:?}");
+    assert_eq!(revoked[0].state, "revoking");
+    // n1 does not read its assignments (it is stuck, or its reads fail): well past the drain
+    // timeout, the daemon is not forced onto n2, where it would run beside n1's instance.
+    client.batch_execute("SELECT pg_sleep(1.2)").await.unwrap();
+    beat(&client, "n1", "i1").await;
+    assert!(reconcile(&client, "leader", term).await.unwrap().is_empty(), "forced before the node heard of it");
+    // n1 reads it: the drain time starts now, and is forced when it runs out.
+    let read = offer(&client, "n1", "i1", &names).await;
+    let seen = read.iter().find(|(daemon, ..)| *daemon == revoked[0].daemon).unwrap();
+    assert_eq!(seen.2, "revoking");
+    let remaining = store::assignments(&client, (CLUSTER, "n1", "i1"), &names)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.daemon == revoked[0].daemon)
+        .and_then(|a| a.remaining)
+        .unwrap();
+    assert!(remaining > Duration::from_millis(800), "the drain time starts at the read: {remaining:?}");
+    assert!(reconcile(&client, "leader", term).await.unwrap().is_empty());
+    client.batch_execute("SELECT pg_sleep(1.05)").await.unwrap();
+    let forced = reconcile(&client, "leader", term).await.unwrap();
+    assert!(forced.iter().any(|c| c.reason.as_deref() == Some("drain_timeout")), "{forced:?}");
+}
+
+#[tokio::test]
+async fn daemons_nobody_offers_go_and_come_back_with_higher_generations() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    beat(&client, "n1", "i1").await;
+    offer(&client, "n1", "i1", &["a"]).await;
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    let first = reconcile(&client, "leader", term).await.unwrap()[0].generation;
+    assert!(store::daemon_stopped(&client, (CLUSTER, "n1", "i1"), "a", first).await.unwrap());
+    // Renamed in a deploy: the old name goes, the cluster does not fill up with dead names.
+    offer(&client, "n1", "i1", &["b"]).await;
+    reconcile(&client, "leader", term).await.unwrap();
+    let names: Vec<String> =
+        client.query("SELECT daemon FROM fencing.daemons", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(names, ["b"]);
+    // And back: its next assignment's token is above every earlier one.
+    assert!(store::daemon_stopped(&client, (CLUSTER, "n1", "i1"), "b", first + 1).await.unwrap());
+    offer(&client, "n1", "i1", &["a"]).await;
+    let again = reconcile(&client, "leader", term).await.unwrap();
+    let back = again.iter().find(|c| c.daemon == "a" && c.state == "assigning").unwrap();
+    assert!(back.generation > first + 1, "{again:?}");
+
+    // Another lease cannot lead this cluster, and is not told which one does.
+    let other = store::acquire(&client, "secret-lease", "x", Duration::from_secs(10)).await.unwrap().term.unwrap();
+    let error = client
+        .query(
+            "SELECT * FROM fencing.reconcile_daemons($1, 'secret-lease', 'x', $2, interval '1 s', interval '1 s')",
+            &[&CLUSTER, &other],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT));
+    assert!(!message(&error).contains(LEASE), "{}", message(&error));
 }
