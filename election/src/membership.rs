@@ -205,7 +205,11 @@ impl Membership {
             Err(_) => return Err("timed out getting a connection".to_owned()),
         };
         let limit = self.query_timeout.as_millis().max(1);
-        let limits = format!("SET statement_timeout = {limit}; SET lock_timeout = {limit}");
+        // READ COMMITTED whatever the pool's default: the daemons' pass decides on the newest rows.
+        let limits = format!(
+            "SET statement_timeout = {limit}; SET lock_timeout = {limit}; \
+             SET default_transaction_isolation = 'read committed'"
+        );
         match timeout_at(deadline, client.batch_execute(&limits)).await {
             Ok(Ok(())) => Ok(client),
             Ok(Err(error)) => {
@@ -254,7 +258,12 @@ impl Membership {
         match answer {
             Ok(Ok(answer)) => {
                 // The pool may be the application's: its connections go back without our limits.
-                let reset = timeout_at(deadline, client.batch_execute("RESET statement_timeout; RESET lock_timeout"));
+                let reset = timeout_at(
+                    deadline,
+                    client.batch_execute(
+                        "RESET statement_timeout; RESET lock_timeout; RESET default_transaction_isolation",
+                    ),
+                );
                 if !matches!(reset.await, Ok(Ok(()))) {
                     crate::runtime::discard(client);
                 }
