@@ -20,9 +20,10 @@
 //! # At most one running instance, and its bound
 //!
 //! A node starts a daemon only after the store accepted its acknowledgement, which it refuses
-//! after the acknowledge deadline or once the leader moved the assignment on. Each instance has
-//! a watchdog task that cancels it, whatever the node's runner is doing (it may be waiting for
-//! the store), half a heartbeat interval before either store deadline: the drain deadline of a
+//! after the acknowledge deadline or once the leader moved the assignment on. A watchdog thread
+//! cancels each instance on the boot clock, whatever the node's runner or runtime is doing (it
+//! may be waiting for the store, or starved), half a heartbeat interval before either store
+//! deadline: the drain deadline of a
 //! revocation (which starts when the node reads it: a node that never heard of a revocation is
 //! not forced, it keeps the daemon until it expires) and its node's expiry (its registration on
 //! the boot clock: the last accepted heartbeat's send instant plus the time the store gave it).
@@ -48,7 +49,8 @@
 //! let elector = Elector::builder(pool, "billing-leader").ttl(Duration::from_secs(60)).build()?;
 //! let daemons = Daemons::builder(node, elector)
 //!     .daemon("outbox", |daemon| async move {
-//!         while !daemon.is_draining() {
+//!         // Checked just before every action others can see; it is false once cancelled.
+//!         while daemon.is_valid() && !daemon.is_draining() {
 //!             // Write with daemon.fencing_token() (the Fencing-Token header through the gateway).
 //!             tokio::time::sleep(Duration::from_secs(1)).await;
 //!         }
@@ -65,7 +67,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fencing_schema::store::{self, Assignment};
@@ -234,6 +237,8 @@ impl Daemons {
             drain_timeout: self.drain_timeout,
             wake: Arc::new(Notify::new()),
             margin: membership.config().heartbeat_interval() / 2,
+            watched: Arc::new(Mutex::new(Vec::new())),
+            watchdog_stop: Arc::new(AtomicBool::new(false)),
             running: running_tx,
             led: false,
             instances: BTreeMap::new(),
@@ -245,6 +250,12 @@ impl Daemons {
             metrics::counter!(REASSIGNMENTS, "cluster" => cluster.clone(), "reason" => reason).increment(0);
         }
         metrics::gauge!(RUNNING, "cluster" => cluster).set(0.0);
+        spawn_watchdog(
+            Arc::clone(&runner.watched),
+            runner.registration.clone(),
+            runner.margin,
+            Arc::clone(&runner.watchdog_stop),
+        );
         let task = tokio::spawn(runner.run(stop.clone()));
         DaemonsHandle { membership: Some(membership), elector: Some(elector), running, stop, task: Some(task) }
     }
@@ -274,8 +285,9 @@ impl DaemonsBuilder {
         self
     }
 
-    /// How long a node has, by the store's clock, to drain a revoked daemon before the leader
-    /// forces it onto another node. Default 60 s; at least one heartbeat interval.
+    /// How long a node has, by the store's clock, to drain a revoked daemon (from when it reads
+    /// the revocation) before the leader forces it onto another node. Default 60 s; at least
+    /// two heartbeat intervals.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
@@ -311,11 +323,12 @@ impl DaemonsBuilder {
         if self.ack_timeout < MIN_TIMEOUT || self.drain_timeout < MIN_TIMEOUT {
             return invalid(format!("ack and drain timeouts must be at least {MIN_TIMEOUT:?}"));
         }
-        if self.drain_timeout < interval || self.drain_timeout > MAX_TIMEOUT {
+        if self.drain_timeout < interval * 2 || self.drain_timeout > MAX_TIMEOUT {
             return invalid(format!(
-                "drain timeout ({:?}) must be at least one heartbeat interval ({interval:?}) and at most \
-                 {MAX_TIMEOUT:?}",
-                self.drain_timeout
+                "drain timeout ({:?}) must be at least two heartbeat intervals ({:?}: a node reads a revocation \
+                 within one) and at most {MAX_TIMEOUT:?}",
+                self.drain_timeout,
+                interval * 2
             ));
         }
         Ok(Daemons {
@@ -409,8 +422,8 @@ struct Instance {
     cancel: CancellationToken,
     drain: CancellationToken,
     task: JoinHandle<()>,
-    /// When its watchdog cancels it, once revoked (or on shutdown).
-    drain_deadline: watch::Sender<Option<Instant>>,
+    /// When the watchdog cancels it, on the boot clock, once revoked (or on shutdown).
+    drain_deadline: Arc<Mutex<Option<BootInstant>>>,
 }
 
 /// Wakes the runner when an instance ends, even by a panic.
@@ -422,51 +435,52 @@ impl Drop for WakeOnDrop {
     }
 }
 
-/// Cancels one instance the moment it must stop, whatever the runner is doing (it may be
-/// waiting for the store): at its drain deadline, when its node's registration comes within
-/// the margin of its end, or when the node is another incarnation.
-async fn watchdog(
+/// One instance the watchdog looks after.
+struct Watched {
     name: Arc<str>,
     cancel: CancellationToken,
-    mut registration: watch::Receiver<Option<Registration>>,
-    mut drain_deadline: watch::Receiver<Option<Instant>>,
-    started: SystemTime,
+    node_started: SystemTime,
+    drain_deadline: Arc<Mutex<Option<BootInstant>>>,
+}
+
+/// The watchdog thread: it cancels each instance the moment it must stop, on the boot clock and
+/// whatever the runtime is doing (the runner may be waiting for the store, the runtime may be
+/// starved by a daemon that blocks it): at its drain deadline, when its node's registration comes
+/// within the margin of its end, or when the node is another incarnation. It looks every
+/// `poll` (a quarter of the margin, from 1 ms to 50 ms) and ends when `stop` is set.
+fn spawn_watchdog(
+    watched: Arc<Mutex<Vec<Watched>>>,
+    registration: watch::Receiver<Option<Registration>>,
     margin: Duration,
+    stop: Arc<AtomicBool>,
 ) {
-    loop {
-        let left = valid_for(*registration.borrow_and_update(), started, margin);
-        let now = Instant::now();
-        let mut until = now + left;
-        let mut why = "this node's registration lapsed, or it joined anew";
-        if let Some(deadline) = *drain_deadline.borrow_and_update()
-            && deadline < until
-        {
-            until = deadline;
-            why = "its drain deadline passed";
-        }
-        if until <= now {
-            if !cancel.is_cancelled() {
-                warn!(daemon = %name, "cancelling the daemon: {why}");
-                cancel.cancel();
-            }
-            return;
-        }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep_until(until) => {}
-            changed = registration.changed() => {
-                if changed.is_err() {
-                    // The node stopped: nothing vouches for the registration any more.
-                    cancel.cancel();
-                    return;
+    let poll = (margin / 4).clamp(Duration::from_millis(1), Duration::from_millis(50));
+    let spawned = std::thread::Builder::new().name("daemons-watchdog".to_owned()).spawn(move || {
+        while !stop.load(Ordering::Acquire) {
+            let current = *registration.borrow();
+            let now = BootInstant::now();
+            let mut watched = watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            watched.retain(|instance| !instance.cancel.is_cancelled());
+            for instance in watched.iter() {
+                let drained = instance
+                    .drain_deadline
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .is_some_and(|deadline| now >= deadline);
+                let lapsed = valid_for(current, instance.node_started, margin).is_zero();
+                if drained || lapsed {
+                    let why = if drained { "its drain deadline passed" } else { "this node's registration lapsed" };
+                    warn!(daemon = %instance.name, "cancelling the daemon: {why}");
+                    instance.cancel.cancel();
                 }
             }
-            changed = drain_deadline.changed() => {
-                if changed.is_err() {
-                    return; // the instance is gone
-                }
-            }
+            drop(watched);
+            std::thread::sleep(poll);
         }
+    });
+    if let Err(error) = spawned {
+        // Without the thread the runner's own checks remain (each pass, and is_valid).
+        warn!(%error, "could not start the daemons' watchdog thread");
     }
 }
 
@@ -483,6 +497,9 @@ struct Runner {
     wake: Arc<Notify>,
     /// An instance stops being valid this long before its store deadline: half a heartbeat.
     margin: Duration,
+    /// What the watchdog thread looks after, and its stop flag.
+    watched: Arc<Mutex<Vec<Watched>>>,
+    watchdog_stop: Arc<AtomicBool>,
     running: watch::Sender<Vec<(String, i64)>>,
     /// Whether the last pass ran as leader (its gauges are zeroed when it stops leading).
     led: bool,
@@ -500,11 +517,13 @@ impl fmt::Debug for Runner {
 }
 
 impl Drop for Runner {
-    /// Instances not drained (the handle was dropped) are cancelled, not left running.
+    /// Instances not drained (the handle was dropped) are cancelled, not left running; the
+    /// watchdog thread ends.
     fn drop(&mut self) {
         for instance in self.instances.values() {
             instance.cancel.cancel();
         }
+        self.watchdog_stop.store(true, Ordering::Release);
     }
 }
 
@@ -657,8 +676,8 @@ impl Runner {
                 instance.cancel.cancel();
             }
         }
-        let sent = Instant::now();
-        let deadline = sent + self.node.query_timeout();
+        let boot_sent = BootInstant::now();
+        let deadline = Instant::now() + self.node.query_timeout();
         let offered: Vec<&str> = self.offered.iter().map(String::as_str).collect();
         let assignments = match self.node.connection(deadline).await {
             Ok(client) => {
@@ -677,13 +696,18 @@ impl Runner {
             match by_name.get(name.as_str()) {
                 Some(assignment) if assignment.generation == instance.generation => {
                     if assignment.state == "revoking" && !instance.drain.is_cancelled() {
-                        // Cancelled before the store's deadline, by up to half a heartbeat (or
-                        // half the time left), so it can return before another node starts it.
-                        let left = assignment.remaining.unwrap_or_default();
-                        let cancel_at = sent + left.saturating_sub(self.margin.min(left / 2));
-                        info!(daemon = %name, generation = instance.generation, ?left, "daemon revoked; draining");
+                        info!(daemon = %name, generation = instance.generation, "daemon revoked; draining");
                         instance.drain.cancel();
-                        instance.drain_deadline.send_replace(Some(cancel_at));
+                    }
+                    let mut deadline =
+                        instance.drain_deadline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let (true, None, Some(left)) = (assignment.state == "revoking", *deadline, assignment.remaining)
+                    {
+                        // Cancelled before the store's deadline, by half a heartbeat (or half
+                        // the time left), so it can return before another node starts it. A
+                        // revocation read without a deadline yet (a race with the read that
+                        // starts it) gets one from the next read.
+                        *deadline = Some(boot_sent + left.saturating_sub(self.margin.min(left / 2)));
                     }
                 }
                 _ => {
@@ -744,43 +768,46 @@ impl Runner {
             node_started,
             margin: self.margin,
         };
-        let (drain_deadline, deadline_watch) = watch::channel(None);
-        tokio::spawn(watchdog(
-            Arc::clone(&name),
-            cancel.clone(),
-            self.registration.clone(),
-            deadline_watch,
+        let drain_deadline = Arc::new(Mutex::new(None));
+        self.watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Watched {
+            name: Arc::clone(&name),
+            cancel: cancel.clone(),
             node_started,
-            self.margin,
-        ));
-        let running = run(context);
+            drain_deadline: Arc::clone(&drain_deadline),
+        });
         let wake = WakeOnDrop(Arc::clone(&self.wake));
+        // The daemon's own code runs in its task, from the first call: a panic ends that
+        // instance only (its assignment is given back), never the runner.
         let task = tokio::spawn(async move {
             let _wake = wake;
-            running.await;
+            run(context).await;
         });
         self.instances
             .insert(name.to_string(), Instance { generation, node_started, cancel, drain, task, drain_deadline });
     }
 
-    /// On shutdown: drain every instance (its watchdog cancels it at its drain deadline: the
-    /// store's for a revoked one, else the drain timeout from now), abort what did not stop one
-    /// drain timeout after that, and give the assignments back.
+    /// On shutdown: withdraw this node's offer (no new work comes to it), drain every instance
+    /// (the watchdog cancels it at its drain deadline: the store's for a revoked one, else the
+    /// drain timeout from now), abort what did not stop one drain timeout after that, and give
+    /// the assignments back.
     async fn drain_all(mut self) {
-        let fallback = Instant::now() + self.drain_timeout;
+        let deadline = Instant::now() + self.node.query_timeout();
+        if let Ok(client) = self.node.connection(deadline).await {
+            let answer = timeout_at(deadline, store::assignments(&**client, self.node_key(), &[])).await;
+            if let Err(error) = self.node.finish(client, answer, deadline).await {
+                warn!(%error, "could not withdraw this node's offer before draining");
+            }
+        }
+        let fallback = BootInstant::now() + self.drain_timeout;
         for instance in self.instances.values() {
             instance.drain.cancel();
-            instance.drain_deadline.send_if_modified(|deadline| {
-                let earlier = deadline.is_none_or(|deadline| deadline > fallback);
-                if earlier {
-                    *deadline = Some(fallback);
-                }
-                earlier
-            });
+            let mut deadline = instance.drain_deadline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            *deadline = Some(deadline.map_or(fallback, |deadline| deadline.min(fallback)));
         }
+        let abort_at = Instant::now() + self.drain_timeout * 2;
         let instances = std::mem::take(&mut self.instances);
         for (name, mut instance) in instances {
-            if timeout_at(fallback + self.drain_timeout, &mut instance.task).await.is_err() {
+            if timeout_at(abort_at, &mut instance.task).await.is_err() {
                 warn!(daemon = %name, "daemon did not stop when cancelled; aborting it");
                 instance.task.abort();
                 continue;

@@ -247,6 +247,18 @@ impl Membership {
         self.finish(client, answer, deadline).await
     }
 
+    /// Puts a connection back in the pool without this call's settings (the pool may be the
+    /// application's), or drops it when they cannot be reset.
+    async fn reset(&self, client: deadpool_postgres::Object, deadline: Instant) {
+        let reset = timeout_at(
+            deadline,
+            client.batch_execute("RESET statement_timeout; RESET lock_timeout; RESET default_transaction_isolation"),
+        );
+        if !matches!(reset.await, Ok(Ok(()))) {
+            crate::runtime::discard(client);
+        }
+    }
+
     /// The answer, or why there is none; a connection whose call failed at the store or was
     /// abandoned is cancelled and dropped from the pool, so no later call queues behind it.
     pub(crate) async fn finish<T>(
@@ -257,21 +269,16 @@ impl Membership {
     ) -> Result<T, String> {
         match answer {
             Ok(Ok(answer)) => {
-                // The pool may be the application's: its connections go back without our limits.
-                let reset = timeout_at(
-                    deadline,
-                    client.batch_execute(
-                        "RESET statement_timeout; RESET lock_timeout; RESET default_transaction_isolation",
-                    ),
-                );
-                if !matches!(reset.await, Ok(Ok(()))) {
-                    crate::runtime::discard(client);
-                }
+                self.reset(client, deadline).await;
                 Ok(answer)
             }
             Ok(Err(error)) => {
                 if error.is_store_failure() {
                     crate::runtime::discard(client);
+                } else {
+                    // Refused or invalid: the connection is sound, but goes back without our
+                    // settings.
+                    self.reset(client, deadline).await;
                 }
                 Err(error.to_string())
             }

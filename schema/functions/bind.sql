@@ -12,6 +12,7 @@ DECLARE
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_bindable(p_resource);
+    PERFORM fencing.check_unreserved(p_resource);
     PERFORM fencing.check_name('lease key', p_lease_key);
 
     PERFORM fencing.commit_durably();

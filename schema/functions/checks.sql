@@ -89,3 +89,17 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Refuses, with SQLSTATE 22023, a new fence under a name the schema keeps for its own fences:
+-- 'fencing.daemons/<cluster>' fences a cluster's daemon assignments, created and bound only by
+-- fencing.reconcile_daemons (a fence made first by any other writer could be given a maximum
+-- or a lease no daemons leader could ever pass).
+CREATE OR REPLACE FUNCTION fencing.check_unreserved(resource text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF left(resource, 16) = 'fencing.daemons/' THEN
+        RAISE EXCEPTION 'fencing: resource names beginning with fencing.daemons/ are the daemons'' own, got "%"', resource
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;

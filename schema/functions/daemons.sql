@@ -8,7 +8,7 @@ BEGIN
         CREATE TYPE fencing.daemon_change AS (
             daemon     text,
             generation bigint,
-            -- assigning | revoking | deleted
+            -- assigning | revoking | deleted, or active (a revocation withdrawn)
             state      text,
             node_id    text,
             reason     text
@@ -79,7 +79,8 @@ $$;
 --   2. assignments of nodes no longer live end (node_expired), and so do assignments not
 --      acknowledged by their deadline (ack_timeout) or not drained by theirs (drain_timeout, a
 --      deadline that starts when the node first reads the revocation): forced, the next
---      assignment goes to another node when there is one;
+--      assignment goes to another node when there is one; a revocation not read within
+--      ack_timeout is withdrawn (active again, revocation_unread);
 --   3. every daemon without a node is assigned to the least-loaded live node that offers it
 --      (state assigning, a new generation, acknowledge deadline now + ack_timeout);
 --   4. when nothing is in flight (no assigning, no revoking), one active daemon is revoked
@@ -121,16 +122,20 @@ BEGIN
             USING ERRCODE = 'ZF409',
                   DETAIL = format('outcome=not_leader resource=%s presented_term=%s', resource_, term_);
     END IF;
-    -- The cluster's fence is bound to the first lease that leads it, for good (another lease
-    -- needs the audited fencing.rebind); which lease it is bound to is not said to others.
-    IF EXISTS (SELECT 1 FROM fencing.fences f
-                WHERE f.resource = resource_ AND f.lease_key IS NOT NULL AND f.lease_key <> lease_key_) THEN
+    -- The cluster's fence is made here only (other writers may not create it:
+    -- fencing.check_unreserved), bound to the first lease that leads the cluster, for good
+    -- (another lease needs the audited fencing.rebind); which lease it is bound to is not said
+    -- to others.
+    IF NOT EXISTS (SELECT 1 FROM fencing.fences f WHERE f.resource = resource_) THEN
+        PERFORM fencing.commit_durably();
+        INSERT INTO fencing.fences (resource, max_term, lease_key, updated_at)
+        VALUES (resource_, 0, lease_key_, clock_timestamp())
+        ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM fencing.fences f WHERE f.resource = resource_ AND f.lease_key = lease_key_) THEN
         RAISE EXCEPTION 'fencing: the daemons of cluster "%" are led under another lease; an admin moves them with fencing.rebind(%L, lease_key, actor, reason)',
             cluster_, resource_
             USING ERRCODE = '22023';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM fencing.fences f WHERE f.resource = resource_ AND f.lease_key = lease_key_) THEN
-        PERFORM fencing.bind(resource_, lease_key_);
     END IF;
     -- Raises ZF409 for a leader that lost its lease or was succeeded; holds the fence row.
     PERFORM fencing.admit(resource_, term_);
@@ -165,6 +170,20 @@ BEGIN
               ORDER BY x.daemon LOOP
         RETURN NEXT fencing.end_assignment(d, 'node_expired', NULL, term_, now_);
     END LOOP;
+    -- A revocation its node has not read within the acknowledge timeout is withdrawn (the node
+    -- never heard of it, so it goes on running the daemon): a node that stopped reading its
+    -- assignments does not hold up every later rebalance of the cluster.
+    FOR d IN SELECT * FROM fencing.daemons x
+              WHERE x.cluster = cluster_ AND x.state = 'revoking' AND x.deadline IS NULL
+                AND x.changed_at + ack_timeout <= now_
+              ORDER BY x.daemon LOOP
+        UPDATE fencing.daemons x
+           SET state = 'active', reason = 'revocation_unread', drain_for = NULL, term = term_, changed_at = now_
+         WHERE x.cluster = cluster_ AND x.daemon = d.daemon;
+        INSERT INTO fencing.daemon_history (cluster, daemon, generation, node_id, state, reason, term, at)
+        VALUES (cluster_, d.daemon, d.generation, d.node_id, 'active', 'revocation_unread', term_, now_);
+        RETURN NEXT (d.daemon, d.generation, 'active', d.node_id, 'revocation_unread')::fencing.daemon_change;
+    END LOOP;
     FOR d IN SELECT * FROM fencing.daemons x
               WHERE x.cluster = cluster_ AND x.state IN ('assigning', 'revoking') AND x.deadline IS NOT NULL
                 AND x.deadline <= now_
@@ -196,9 +215,13 @@ BEGIN
         RETURN NEXT (d.daemon, d.generation, 'assigning', d.node_id, d.reason)::fencing.daemon_change;
     END LOOP;
 
-    -- 4. Rebalance, one move at a time.
+    -- 4. Rebalance, one move at a time: none while an assignment or a drain is in flight (a
+    --    revocation not read yet does not hold the cluster up). Never from a node that has a
+    --    revocation unread, or had one withdrawn within ten acknowledge timeouts: it does not
+    --    read its assignments, and asking it again would only churn.
     IF NOT EXISTS (SELECT 1 FROM fencing.daemons x
-                    WHERE x.cluster = cluster_ AND x.state IN ('assigning', 'revoking')) THEN
+                    WHERE x.cluster = cluster_
+                      AND (x.state = 'assigning' OR (x.state = 'revoking' AND x.deadline IS NOT NULL))) THEN
         WITH loads AS (
             SELECT n.node_id, n.started_at, n.daemons,
                    (SELECT count(*) FROM fencing.daemons y
@@ -213,6 +236,11 @@ BEGIN
          WHERE x.cluster = cluster_ AND x.state = 'active' AND busy.load >= idle.load + 2
            -- Never back to a node it timed out on.
            AND idle.node_id IS DISTINCT FROM x.avoid_node
+           AND NOT EXISTS (SELECT 1 FROM fencing.daemons u
+                            WHERE u.cluster = cluster_ AND u.node_id = busy.node_id
+                              AND u.node_started_at = busy.started_at
+                              AND ((u.state = 'revoking' AND u.deadline IS NULL)
+                                   OR (u.reason = 'revocation_unread' AND u.changed_at > now_ - 10 * ack_timeout)))
          ORDER BY busy.load - idle.load DESC, x.daemon
          LIMIT 1;
         IF FOUND THEN

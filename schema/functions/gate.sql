@@ -94,7 +94,11 @@ BEGIN
         now_ := clock_timestamp();
 
         IF NOT FOUND OR fence_.resource IS NULL THEN
-            -- The first write ever. Bound: only the lease's current term while it is held.
+            -- The first write ever. Never to a fence the daemons keep for themselves.
+            IF left(p_resource, 16) = 'fencing.daemons/' THEN
+                RETURN (false, 'wrong_lease', p_term, NULL, bind_lease, NULL, 0, 0)::fencing.gate_result;
+            END IF;
+            -- Bound: only the lease's current term while it is held.
             IF bind_lease IS NOT NULL THEN
                 SELECT l.term, l.expires_at, true INTO lease_term_, lease_end_, lease_seen_
                   FROM fencing.leases l WHERE l.key = bind_lease;

@@ -95,6 +95,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM fencing.check_name('resource', resource);
     PERFORM fencing.check_bindable(resource);
+    PERFORM fencing.check_unreserved(resource);
     PERFORM fencing.commit_durably();
     INSERT INTO fencing.fences (resource, max_term, lease_key, updated_at)
     VALUES (resource, 0, NULL, clock_timestamp())

@@ -34,6 +34,7 @@ BEGIN
         IF NOT FOUND THEN
             -- First write ever to an unbound resource (a protected table's fence exists from
             -- fencing.protect on, and a bound one from fencing.bind).
+            PERFORM fencing.check_unreserved(p_resource);
             PERFORM fencing.commit_durably();
             INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at)
             VALUES (p_resource, p_term, NULL, clock_timestamp())

@@ -24,7 +24,7 @@ const DRAIN_MS: u64 = 1500;
 /// Under half the heartbeat interval, as the membership settings require.
 const QUERY_TIMEOUT_MS: u64 = 240;
 /// One pass's queries and process scheduling on a loaded two-core machine.
-const SLACK_MS: u64 = 700;
+const SLACK_MS: u64 = 1000;
 /// How long any wait for a placement may take.
 const WAIT: Duration = Duration::from_secs(40);
 
@@ -171,12 +171,17 @@ async fn check_history(client: &Client, slow_drain: Duration, paused: &[&str]) {
     };
     let runs = client
         .query(
-            "SELECT daemon, generation, min(node_id), min(at), max(at), array_agg(at ORDER BY at)
+            "SELECT daemon, generation, min(node_id), min(at), max(at), array_agg(at ORDER BY at),
+                    count(DISTINCT node_id)
                FROM daemon_runs GROUP BY daemon, generation ORDER BY daemon, min(at)",
             &[],
         )
         .await
         .unwrap();
+    for run in &runs {
+        let nodes: i64 = run.get(6);
+        assert_eq!(nodes, 1, "generation {} of {} ran on {nodes} nodes", run.get::<_, i64>(1), run.get::<_, String>(0));
+    }
     type Run = (String, i64, String, SystemTime, SystemTime, Vec<SystemTime>);
     let runs: Vec<Run> = runs.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))).collect();
     for (daemon, generation, node_id, older_first, last, times) in &runs {
@@ -265,6 +270,27 @@ async fn daemons_spread_evenly_a_joining_node_gets_one_move_and_a_killed_nodes_d
         let took = after(moved.at, killed_at);
         assert!(took <= bound, "{daemon} moved {took:?} after the kill, more than {bound:?}");
         assert!(steps.iter().any(|s| &s.daemon == daemon && s.reason.as_deref() == Some("node_expired")), "{steps:#?}");
+    }
+
+    // A graceful stop (SIGTERM) of a node that does not lead: it gives its daemons back
+    // (released, not expired) and leaves; they run on the last node, never on two at once.
+    let leader = lease(&client).await.owner;
+    let stopping = survivors.keys().find(|id| !leader.starts_with(id.as_str())).cloned().unwrap();
+    let given_back: Vec<String> = survivors[&stopping].clone();
+    let before = history(&client).await.len();
+    let process = processes.get_mut(stopping.as_str()).unwrap();
+    process.signal(Signal::SIGTERM).unwrap();
+    process.wait_for("shutdown", |l| event(l) == "shutdown").await.unwrap();
+    let last = wait_for_placement(&client, "everything on the last node", |p| p.len() == 1).await;
+    assert_eq!(loads(&last), [5]);
+    let steps = history(&client).await.split_off(before);
+    for daemon in &given_back {
+        assert!(
+            steps
+                .iter()
+                .any(|s| &s.daemon == daemon && s.state == "deleted" && s.reason.as_deref() == Some("released")),
+            "{daemon} was not given back: {steps:#?}"
+        );
     }
     check_history(&client, Duration::ZERO, &[]).await;
 }
@@ -454,4 +480,85 @@ async fn the_history_check_catches_an_overlap_and_an_older_generations_tick() {
         .await;
         assert!(checked.is_err_and(|error| error.is_panic()), "the check missed: {plant}");
     }
+}
+
+/// The watchdog thread cancels a daemon before its node expires in the store even when the
+/// daemon blocks the only thread of its runtime, so that neither the heartbeats nor the
+/// daemons' own task run.
+#[test]
+fn a_daemon_that_blocks_its_runtime_is_cancelled_before_its_node_expires() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use fencing_election::Elector;
+    use fencing_election::daemons::Daemons;
+    use fencing_election::membership::Membership;
+
+    let harness = tokio::runtime::Runtime::new().unwrap();
+    let db = harness.block_on(TestDb::new());
+    let client = harness.block_on(db.connect());
+    let url = db.url();
+    let cancelled_at: Arc<Mutex<Option<SystemTime>>> = Arc::new(Mutex::new(None));
+    let started = Arc::new(AtomicBool::new(false));
+    let (record, flag) = (Arc::clone(&cancelled_at), Arc::clone(&started));
+    let node = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let pool = crate::in_process::pool(&url);
+            let membership = Membership::builder(pool.clone(), "starved")
+                .node_id("s1")
+                .heartbeat_interval(Duration::from_millis(200))
+                .ttl(Duration::from_millis(800))
+                .query_timeout(Duration::from_millis(90))
+                .build()
+                .unwrap();
+            let elector = Elector::builder(pool, "starved-leader").ttl(Duration::from_millis(800)).build().unwrap();
+            let daemons = Daemons::builder(membership, elector)
+                .ack_timeout(Duration::from_secs(1))
+                .drain_timeout(Duration::from_secs(1))
+                .daemon("blocker", move |daemon| {
+                    let (record, flag) = (Arc::clone(&record), Arc::clone(&flag));
+                    async move {
+                        let token = daemon.cancellation_token().clone();
+                        std::thread::spawn(move || {
+                            for _ in 0..2500 {
+                                if token.is_cancelled() {
+                                    // The first instance's cancellation (the node rejoins after
+                                    // the block and runs it again).
+                                    record.lock().unwrap().get_or_insert_with(SystemTime::now);
+                                    return;
+                                }
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                        });
+                        flag.store(true, Ordering::Release);
+                        // Blocks the runtime's only thread: no heartbeat, no runner pass.
+                        std::thread::sleep(Duration::from_secs(3));
+                    }
+                })
+                .build()
+                .unwrap()
+                .start();
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            drop(daemons);
+        });
+    });
+    // The node's expiry in the store once its runtime is blocked (its last heartbeat is in).
+    let deadline = SystemTime::now() + Duration::from_secs(20);
+    while !started.load(Ordering::Acquire) {
+        assert!(SystemTime::now() < deadline, "the daemon never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let expires_at: SystemTime = harness
+        .block_on(client.query_one("SELECT expires_at FROM fencing.nodes WHERE node_id = 's1'", &[]))
+        .unwrap()
+        .get(0);
+    node.join().unwrap();
+    // The store and this process share the host's clock.
+    let cancelled = cancelled_at.lock().unwrap().expect("the blocked daemon was never cancelled");
+    assert!(
+        cancelled < expires_at,
+        "cancelled at {cancelled:?}, after its node expired in the store at {expires_at:?}"
+    );
 }
