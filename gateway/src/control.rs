@@ -605,6 +605,13 @@ fn count_member(op: &'static str, result: &'static str) {
     metrics::counter!(names::MEMBER_OPERATIONS, "op" => op, "result" => result).increment(1);
 }
 
+/// A membership or daemon call refused before the store (403 forbidden, else invalid),
+/// counted under `op`.
+fn refused(op: &'static str, problem: Problem) -> Response {
+    count_member(op, if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
+    problem.into_response()
+}
+
 /// 422 for a name the store cannot take: empty, longer than 256 characters, or with a NUL.
 fn check_member_name(what: &str, value: &str) -> Result<(), Problem> {
     if value.is_empty() || value.chars().count() > 256 || value.contains('\0') {
@@ -837,8 +844,7 @@ async fn list_nodes(
     Path(cluster): Path<String>,
 ) -> Response {
     if let Err(problem) = may_use_cluster(&caller, &cluster) {
-        count_member("list", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
-        return problem.into_response();
+        return refused("list", problem);
     }
     let call_cluster = cluster.clone();
     let members = state
@@ -1068,10 +1074,7 @@ async fn reconcile(
     });
     let request = match checked {
         Ok(request) => request,
-        Err(problem) => {
-            count_member("reconcile", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
-            return problem.into_response();
-        }
+        Err(problem) => return refused("reconcile", problem),
     };
     let owner = caller.store_owner(&request.owner);
     let (call_cluster, lease, term) = (cluster.clone(), request.lease.clone(), request.term);
@@ -1133,8 +1136,7 @@ async fn list_daemons(
     Path(cluster): Path<String>,
 ) -> Response {
     if let Err(problem) = may_use_cluster(&caller, &cluster) {
-        count_member("daemons", if problem.status() == StatusCode::FORBIDDEN { "forbidden" } else { "invalid" });
-        return problem.into_response();
+        return refused("daemons", problem);
     }
     let call_cluster = cluster.clone();
     let daemons = state

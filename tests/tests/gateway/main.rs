@@ -13,6 +13,7 @@ mod faults;
 mod grants;
 mod inspect;
 mod observability;
+mod outbox;
 mod replicas;
 mod s8_nothing_goes_around;
 mod security;

@@ -406,22 +406,29 @@ async fn a_later_terms_pass_waits_for_the_earlier_one_to_commit_and_a_snapshot_p
     assert_eq!(snapshot(&client, DAEMONS).await, before);
 }
 
+/// n1 runs `names` (three daemons), n2 joins with none: the pass (1 s timeouts) revokes one from
+/// n1. The leader's term and that revocation.
+async fn a_revocation_of_one_of_three(client: &Client, names: &[&str]) -> (i64, Vec<store::DaemonChange>) {
+    beat(client, "n1", "i1").await;
+    offer(client, "n1", "i1", names).await;
+    let term = store::acquire(client, LEASE, "leader", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    reconcile(client, "leader", term).await.unwrap();
+    for (daemon, generation, _) in offer(client, "n1", "i1", names).await {
+        assert!(ack(client, "n1", "i1", &daemon, generation).await);
+    }
+    beat(client, "n2", "i2").await;
+    offer(client, "n2", "i2", names).await;
+    let revoked = reconcile_short(client, "leader", term).await;
+    assert_eq!(revoked.len(), 1, "{revoked:?}");
+    (term, revoked)
+}
+
 #[tokio::test]
 async fn a_revocation_drains_from_when_the_node_reads_it_and_a_node_that_never_does_is_not_forced() {
     let db = TestDb::new().await;
     let client = db.connect().await;
     let names = ["a", "b", "c"];
-    beat(&client, "n1", "i1").await;
-    offer(&client, "n1", "i1", &names).await;
-    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(60)).await.unwrap().term.unwrap();
-    reconcile(&client, "leader", term).await.unwrap();
-    for (daemon, generation, _) in offer(&client, "n1", "i1", &names).await {
-        assert!(ack(&client, "n1", "i1", &daemon, generation).await);
-    }
-    beat(&client, "n2", "i2").await;
-    offer(&client, "n2", "i2", &names).await;
-    let revoked = reconcile_short(&client, "leader", term).await;
-    assert_eq!(revoked.len(), 1, "{revoked:?}");
+    let (term, revoked) = a_revocation_of_one_of_three(&client, &names).await;
     assert_eq!(revoked[0].state, "revoking");
     // n1 does not read its assignments (it is stuck, or its reads fail): past the drain
     // timeout, the daemon is not forced onto n2, where it would run beside n1's instance.
@@ -485,17 +492,7 @@ async fn a_revocation_never_read_is_withdrawn_and_the_daemons_fence_cannot_be_ma
     let db = TestDb::new().await;
     let client = db.connect().await;
     let names = ["a", "b", "c"];
-    beat(&client, "n1", "i1").await;
-    offer(&client, "n1", "i1", &names).await;
-    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(60)).await.unwrap().term.unwrap();
-    reconcile(&client, "leader", term).await.unwrap();
-    for (daemon, generation, _) in offer(&client, "n1", "i1", &names).await {
-        assert!(ack(&client, "n1", "i1", &daemon, generation).await);
-    }
-    beat(&client, "n2", "i2").await;
-    offer(&client, "n2", "i2", &names).await;
-    let revoked = reconcile_short(&client, "leader", term).await;
-    assert_eq!(revoked.len(), 1, "{revoked:?}");
+    let (term, revoked) = a_revocation_of_one_of_three(&client, &names).await;
     // n1 never reads it: after the acknowledge timeout it is withdrawn, n1 keeps the daemon.
     client.batch_execute("SELECT pg_sleep(1.05)").await.unwrap();
     beat(&client, "n1", "i1").await;
