@@ -23,7 +23,8 @@
 //! after the acknowledge deadline or once the leader moved the assignment on. A watchdog thread
 //! cancels each instance on the boot clock, whatever the node's runner or runtime is doing (it
 //! may be waiting for the store, or starved), half a heartbeat interval before either store
-//! deadline: the drain deadline of a
+//! deadline (it looks every eighth of an interval, at most 50 ms apart, so at least three
+//! eighths before): the drain deadline of a
 //! revocation (which starts when the node reads it: a node that never heard of a revocation is
 //! not forced, it keeps the daemon until it expires) and its node's expiry (its registration on
 //! the boot clock: the last accepted heartbeat's send instant plus the time the store gave it).
@@ -426,6 +427,25 @@ struct Instance {
     drain_deadline: Arc<Mutex<Option<BootInstant>>>,
 }
 
+impl Instance {
+    /// Acts on a read of its assignment: a revocation starts the drain, and its store deadline
+    /// (from the read sent at `boot_sent`) less `margin` (or half the time left) becomes the
+    /// instant the watchdog cancels it, so it can return before another node starts it.
+    fn revoked(&self, name: &str, assignment: &Assignment, boot_sent: BootInstant, margin: Duration) {
+        if assignment.state != "revoking" {
+            return;
+        }
+        if !self.drain.is_cancelled() {
+            info!(daemon = %name, generation = self.generation, "daemon revoked; draining");
+            self.drain.cancel();
+        }
+        let mut deadline = self.drain_deadline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let (None, Some(left)) = (*deadline, assignment.remaining) {
+            *deadline = Some(boot_sent + left.saturating_sub(margin.min(left / 2)));
+        }
+    }
+}
+
 /// Wakes the runner when an instance ends, even by a panic.
 struct WakeOnDrop(Arc<Notify>);
 
@@ -573,6 +593,8 @@ impl Runner {
             .collect();
         for name in ended {
             let Some(instance) = self.instances.remove(&name) else { continue };
+            // Ended: the watchdog forgets it.
+            instance.cancel.cancel();
             self.stopped(&name, instance.generation).await;
         }
     }
@@ -580,15 +602,22 @@ impl Runner {
     /// Tells the store an instance stopped; a failure is retried by a later pass, which finds
     /// the assignment with no instance here.
     async fn stopped(&self, name: &str, generation: i64) {
-        let deadline = Instant::now() + self.node.query_timeout();
-        let result = match self.node.connection(deadline).await {
-            Ok(client) => {
-                let answer =
-                    timeout_at(deadline, store::daemon_stopped(&**client, self.node_key(), name, generation)).await;
-                self.node.finish(client, answer, deadline).await
+        // Up to three tries: an assignment not given back stays with this node until it expires.
+        let mut result = Err(String::new());
+        for _ in 0..3 {
+            let deadline = Instant::now() + self.node.query_timeout();
+            result = match self.node.connection(deadline).await {
+                Ok(client) => {
+                    let answer =
+                        timeout_at(deadline, store::daemon_stopped(&**client, self.node_key(), name, generation)).await;
+                    self.node.finish(client, answer, deadline).await
+                }
+                Err(error) => Err(error),
+            };
+            if result.is_ok() {
+                break;
             }
-            Err(error) => Err(error),
-        };
+        }
         match result {
             Ok(true) => {
                 info!(cluster = %self.node.cluster(), daemon = %name, generation, "daemon stopped; assignment ended")
@@ -695,20 +724,7 @@ impl Runner {
         for (name, instance) in &mut self.instances {
             match by_name.get(name.as_str()) {
                 Some(assignment) if assignment.generation == instance.generation => {
-                    if assignment.state == "revoking" && !instance.drain.is_cancelled() {
-                        info!(daemon = %name, generation = instance.generation, "daemon revoked; draining");
-                        instance.drain.cancel();
-                    }
-                    let mut deadline =
-                        instance.drain_deadline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if let (true, None, Some(left)) = (assignment.state == "revoking", *deadline, assignment.remaining)
-                    {
-                        // Cancelled before the store's deadline, by half a heartbeat (or half
-                        // the time left), so it can return before another node starts it. A
-                        // revocation read without a deadline yet (a race with the read that
-                        // starts it) gets one from the next read.
-                        *deadline = Some(boot_sent + left.saturating_sub(self.margin.min(left / 2)));
-                    }
+                    instance.revoked(name, assignment, boot_sent, self.margin);
                 }
                 _ => {
                     if !instance.cancel.is_cancelled() {
@@ -791,14 +807,25 @@ impl Runner {
     /// drain timeout from now), abort what did not stop one drain timeout after that, and give
     /// the assignments back.
     async fn drain_all(mut self) {
+        let boot_sent = BootInstant::now();
         let deadline = Instant::now() + self.node.query_timeout();
         if let Ok(client) = self.node.connection(deadline).await {
             let answer = timeout_at(deadline, store::assignments(&**client, self.node_key(), &[])).await;
-            if let Err(error) = self.node.finish(client, answer, deadline).await {
-                warn!(%error, "could not withdraw this node's offer before draining");
+            match self.node.finish(client, answer, deadline).await {
+                // The read may start a revocation's drain time: its deadline counts.
+                Ok(assignments) => {
+                    for assignment in &assignments {
+                        if let Some(instance) = self.instances.get(&assignment.daemon)
+                            && instance.generation == assignment.generation
+                        {
+                            instance.revoked(&assignment.daemon, assignment, boot_sent, self.margin);
+                        }
+                    }
+                }
+                Err(error) => warn!(%error, "could not withdraw this node's offer before draining"),
             }
         }
-        let fallback = BootInstant::now() + self.drain_timeout;
+        let fallback = BootInstant::now() + self.drain_timeout.saturating_sub(self.margin);
         for instance in self.instances.values() {
             instance.drain.cancel();
             let mut deadline = instance.drain_deadline.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -812,6 +839,7 @@ impl Runner {
                 instance.task.abort();
                 continue;
             }
+            instance.cancel.cancel();
             self.stopped(&name, instance.generation).await;
         }
         self.publish();

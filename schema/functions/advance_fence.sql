@@ -17,6 +17,7 @@ BEGIN
     PERFORM fencing.commit_durably();
     SELECT * INTO old_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
     IF NOT FOUND THEN
+        PERFORM fencing.check_unreserved(p_resource);
         INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at)
         VALUES (p_resource, p_term, NULL, clock_timestamp())
         RETURNING * INTO new_;

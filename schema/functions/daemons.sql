@@ -313,8 +313,11 @@ BEGIN
          WHERE x.cluster = cluster_ AND x.node_id = node_id_ AND x.node_started_at = node_.started_at
            AND x.state = 'revoking' AND x.deadline IS NULL;
     END IF;
+    -- A revocation committed since the update above has no drain deadline yet: it is reported
+    -- as still active, and read as revoking (with its deadline) next time.
     RETURN QUERY
-        SELECT x.daemon, x.generation, x.state,
+        SELECT x.daemon, x.generation,
+               CASE WHEN x.state = 'revoking' AND x.deadline IS NULL THEN 'active' ELSE x.state END,
                CASE WHEN x.deadline IS NULL THEN NULL ELSE fencing.remaining_ms(x.deadline, clock_timestamp()) END
           FROM fencing.daemons x
          WHERE x.cluster = cluster_ AND x.node_id = node_id_ AND x.node_started_at = node_.started_at

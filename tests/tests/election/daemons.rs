@@ -507,12 +507,12 @@ fn a_daemon_that_blocks_its_runtime_is_cancelled_before_its_node_expires() {
             let pool = crate::in_process::pool(&url);
             let membership = Membership::builder(pool.clone(), "starved")
                 .node_id("s1")
-                .heartbeat_interval(Duration::from_millis(200))
-                .ttl(Duration::from_millis(800))
-                .query_timeout(Duration::from_millis(90))
+                .heartbeat_interval(Duration::from_millis(400))
+                .ttl(Duration::from_millis(1600))
+                .query_timeout(Duration::from_millis(190))
                 .build()
                 .unwrap();
-            let elector = Elector::builder(pool, "starved-leader").ttl(Duration::from_millis(800)).build().unwrap();
+            let elector = Elector::builder(pool, "starved-leader").ttl(Duration::from_millis(1600)).build().unwrap();
             let daemons = Daemons::builder(membership, elector)
                 .ack_timeout(Duration::from_secs(1))
                 .drain_timeout(Duration::from_secs(1))
@@ -533,13 +533,13 @@ fn a_daemon_that_blocks_its_runtime_is_cancelled_before_its_node_expires() {
                         });
                         flag.store(true, Ordering::Release);
                         // Blocks the runtime's only thread: no heartbeat, no runner pass.
-                        std::thread::sleep(Duration::from_secs(3));
+                        std::thread::sleep(Duration::from_secs(4));
                     }
                 })
                 .build()
                 .unwrap()
                 .start();
-            tokio::time::sleep(Duration::from_secs(6)).await;
+            tokio::time::sleep(Duration::from_secs(7)).await;
             drop(daemons);
         });
     });

@@ -357,7 +357,8 @@ async fn a_later_terms_pass_waits_for_the_earlier_one_to_commit_and_a_snapshot_p
     for _ in 0..100 {
         waiting = client
             .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%reconcile_daemons%'",
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%reconcile_daemons%'",
                 &[],
             )
             .await
@@ -448,7 +449,9 @@ async fn a_revocation_drains_from_when_the_node_reads_it_and_a_node_that_never_d
         .unwrap();
     assert!(remaining > Duration::from_millis(500), "the drain time starts at the read: {remaining:?}");
     client.batch_execute("SELECT pg_sleep(1.05)").await.unwrap();
-    let forced = reconcile(&client, "leader", term).await.unwrap();
+    // Past the acknowledge timeout too: a revocation the node read is forced, never withdrawn.
+    let forced = reconcile_short(&client, "leader", term).await;
+    assert!(!forced.iter().any(|c| c.reason.as_deref() == Some("revocation_unread")), "{forced:?}");
     assert!(forced.iter().any(|c| c.reason.as_deref() == Some("drain_timeout")), "{forced:?}");
 }
 
@@ -508,16 +511,24 @@ async fn a_revocation_never_read_is_withdrawn_and_the_daemons_fence_cannot_be_ma
 
     // Nobody but the daemons pass creates a fence under fencing.daemons/: not fencing.admit
     // (which could set a maximum no leader passes), not bind, not protect.
+    client.batch_execute("CREATE TABLE t (id int)").await.unwrap();
     for (sql, why) in [
         ("SELECT fencing.admit('fencing.daemons/other', 9223372036854775807)", "admit"),
         ("SELECT fencing.bind('fencing.daemons/other', 'someone-else')", "bind"),
+        ("SELECT fencing.protect('t', 'fencing.daemons/other')", "protect"),
+        ("SELECT fencing.advance_fence('fencing.daemons/other', 5, 'dba', 'test')", "advance_fence"),
     ] {
         let error = client.query(sql, &[]).await.unwrap_err();
         assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{why}: {}", message(&error));
+        assert!(message(&error).contains("are the daemons' own"), "{why}: {}", message(&error));
     }
-    client.batch_execute("CREATE TABLE t (id int)").await.unwrap();
-    let error = client.query("SELECT fencing.protect('t', 'fencing.daemons/other')", &[]).await.unwrap_err();
-    assert_eq!(sqlstate(&error), Some(SQLSTATE_INVALID_ARGUMENT), "{}", message(&error));
+    // Nor the gateway's decision for a first write under that name.
+    let gated: String = client
+        .query_one("SELECT outcome FROM fencing.gate('fencing.daemons/other', 1, interval '1 s', 'some-lease')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(gated, "wrong_lease");
     let fences: i64 = client
         .query_one("SELECT count(*) FROM fencing.fences WHERE resource = 'fencing.daemons/other'", &[])
         .await
