@@ -215,13 +215,12 @@ BEGIN
         RETURN NEXT (d.daemon, d.generation, 'assigning', d.node_id, d.reason)::fencing.daemon_change;
     END LOOP;
 
-    -- 4. Rebalance, one move at a time: none while an assignment or a drain is in flight (a
-    --    revocation not read yet does not hold the cluster up). Never from a node that has a
-    --    revocation unread, or had one withdrawn within ten acknowledge timeouts: it does not
-    --    read its assignments, and asking it again would only churn.
+    -- 4. Rebalance, one move at a time: none while an assignment or a revocation is in flight
+    --    (an unread revocation holds it up for one acknowledge timeout at most: it is withdrawn
+    --    then, above). Never from a node that had a revocation withdrawn within ten acknowledge
+    --    timeouts: it does not read its assignments, and asking it again would only churn.
     IF NOT EXISTS (SELECT 1 FROM fencing.daemons x
-                    WHERE x.cluster = cluster_
-                      AND (x.state = 'assigning' OR (x.state = 'revoking' AND x.deadline IS NOT NULL))) THEN
+                    WHERE x.cluster = cluster_ AND x.state IN ('assigning', 'revoking')) THEN
         WITH loads AS (
             SELECT n.node_id, n.started_at, n.daemons,
                    (SELECT count(*) FROM fencing.daemons y
@@ -239,8 +238,7 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM fencing.daemons u
                             WHERE u.cluster = cluster_ AND u.node_id = busy.node_id
                               AND u.node_started_at = busy.started_at
-                              AND ((u.state = 'revoking' AND u.deadline IS NULL)
-                                   OR (u.reason = 'revocation_unread' AND u.changed_at > now_ - 10 * ack_timeout)))
+                              AND u.reason = 'revocation_unread' AND u.changed_at > now_ - 10 * ack_timeout)
          ORDER BY busy.load - idle.load DESC, x.daemon
          LIMIT 1;
         IF FOUND THEN
