@@ -605,15 +605,10 @@ impl Runner {
         // Up to three tries: an assignment not given back stays with this node until it expires.
         let mut result = Err(String::new());
         for _ in 0..3 {
-            let deadline = Instant::now() + self.node.query_timeout();
-            result = match self.node.connection(deadline).await {
-                Ok(client) => {
-                    let answer =
-                        timeout_at(deadline, store::daemon_stopped(&**client, self.node_key(), name, generation)).await;
-                    self.node.finish(client, answer, deadline).await
-                }
-                Err(error) => Err(error),
-            };
+            result = self
+                .node
+                .call(async |client| store::daemon_stopped(client, self.node_key(), name, generation).await)
+                .await;
             if result.is_ok() {
                 break;
             }
@@ -639,27 +634,22 @@ impl Runner {
             }
             return;
         };
-        let deadline = Instant::now() + self.node.query_timeout();
-        let client = match self.node.connection(deadline).await {
-            Ok(client) => client,
-            Err(error) => return warn!(%cluster, %error, "leader pass: no connection"),
-        };
-        // Checked just before the write; the store decides with the term either way.
-        let Ok(term) = period.check() else { return };
-        let answer = timeout_at(
-            deadline,
-            store::reconcile_daemons(
-                &**client,
-                &cluster,
-                (&self.lease_key, &self.owner, term),
-                self.ack_timeout,
-                self.drain_timeout,
-            ),
-        )
-        .await;
-        let changes = match self.node.finish(client, answer, deadline).await {
-            Ok(changes) => changes,
-            Err(error) => return warn!(%cluster, term, %error, "leader pass refused or failed"),
+        let lease = (self.lease_key.as_str(), self.owner.as_str());
+        let (ack_timeout, drain_timeout) = (self.ack_timeout, self.drain_timeout);
+        let pass = self
+            .node
+            .call(async |client| {
+                // Checked just before the write; the store decides with the term either way.
+                let Ok(term) = period.check() else { return Ok(None) };
+                let lease = (lease.0, lease.1, term);
+                let changes = store::reconcile_daemons(client, &cluster, lease, ack_timeout, drain_timeout).await?;
+                Ok(Some((term, changes)))
+            })
+            .await;
+        let (term, changes) = match pass {
+            Ok(Some(pass)) => pass,
+            Ok(None) => return,
+            Err(error) => return warn!(%cluster, term = period.term(), %error, "leader pass refused or failed"),
         };
         self.led = true;
         for change in &changes {
@@ -675,14 +665,10 @@ impl Runner {
             }
         }
         // The gauges, from a read after the pass.
-        let deadline = Instant::now() + self.node.query_timeout();
-        if let Ok(client) = self.node.connection(deadline).await {
-            let answer = timeout_at(deadline, store::daemon_states(&**client, &cluster)).await;
-            if let Ok(states) = self.node.finish(client, answer, deadline).await {
-                for state in STATES {
-                    let count = states.iter().filter(|daemon| daemon.state == state).count();
-                    metrics::gauge!(DAEMONS, "cluster" => cluster.clone(), "state" => state).set(count as f64);
-                }
+        if let Ok(states) = self.node.call(async |client| store::daemon_states(client, &cluster).await).await {
+            for state in STATES {
+                let count = states.iter().filter(|daemon| daemon.state == state).count();
+                metrics::gauge!(DAEMONS, "cluster" => cluster.clone(), "state" => state).set(count as f64);
             }
         }
     }
@@ -706,15 +692,9 @@ impl Runner {
             }
         }
         let boot_sent = BootInstant::now();
-        let deadline = Instant::now() + self.node.query_timeout();
         let offered: Vec<&str> = self.offered.iter().map(String::as_str).collect();
-        let assignments = match self.node.connection(deadline).await {
-            Ok(client) => {
-                let answer = timeout_at(deadline, store::assignments(&**client, self.node_key(), &offered)).await;
-                self.node.finish(client, answer, deadline).await
-            }
-            Err(error) => Err(error),
-        };
+        let assignments =
+            self.node.call(async |client| store::assignments(client, self.node_key(), &offered).await).await;
         let assignments = match assignments {
             Ok(assignments) => assignments,
             Err(error) => return warn!(%error, "could not read this node's assignments"),
@@ -751,15 +731,8 @@ impl Runner {
 
     async fn acknowledge(&mut self, assignment: &Assignment, run: DaemonFn, node_started: SystemTime) {
         let (name, generation) = (assignment.daemon.as_str(), assignment.generation);
-        let deadline = Instant::now() + self.node.query_timeout();
-        let acked = match self.node.connection(deadline).await {
-            Ok(client) => {
-                let answer =
-                    timeout_at(deadline, store::ack_daemon(&**client, self.node_key(), name, generation)).await;
-                self.node.finish(client, answer, deadline).await
-            }
-            Err(error) => Err(error),
-        };
+        let acked =
+            self.node.call(async |client| store::ack_daemon(client, self.node_key(), name, generation).await).await;
         let waited = match acked {
             Ok(Some(waited)) => waited,
             Ok(None) => return debug!(daemon = %name, generation, "acknowledgement refused; not starting"),
@@ -808,22 +781,18 @@ impl Runner {
     /// the assignments back.
     async fn drain_all(mut self) {
         let boot_sent = BootInstant::now();
-        let deadline = Instant::now() + self.node.query_timeout();
-        if let Ok(client) = self.node.connection(deadline).await {
-            let answer = timeout_at(deadline, store::assignments(&**client, self.node_key(), &[])).await;
-            match self.node.finish(client, answer, deadline).await {
-                // The read may start a revocation's drain time: its deadline counts.
-                Ok(assignments) => {
-                    for assignment in &assignments {
-                        if let Some(instance) = self.instances.get(&assignment.daemon)
-                            && instance.generation == assignment.generation
-                        {
-                            instance.revoked(&assignment.daemon, assignment, boot_sent, self.margin);
-                        }
+        match self.node.call(async |client| store::assignments(client, self.node_key(), &[]).await).await {
+            // The read may start a revocation's drain time: its deadline counts.
+            Ok(assignments) => {
+                for assignment in &assignments {
+                    if let Some(instance) = self.instances.get(&assignment.daemon)
+                        && instance.generation == assignment.generation
+                    {
+                        instance.revoked(&assignment.daemon, assignment, boot_sent, self.margin);
                     }
                 }
-                Err(error) => warn!(%error, "could not withdraw this node's offer before draining"),
             }
+            Err(error) => warn!(%error, "could not withdraw this node's offer before draining"),
         }
         let fallback = BootInstant::now() + self.drain_timeout.saturating_sub(self.margin);
         for instance in self.instances.values() {

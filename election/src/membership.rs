@@ -198,7 +198,7 @@ impl Membership {
 
     /// A pooled connection whose server gives up at `deadline` too, so a heartbeat nobody
     /// waits for never commits late (the limits are reset before it goes back to the pool).
-    pub(crate) async fn connection(&self, deadline: Instant) -> Result<deadpool_postgres::Object, String> {
+    async fn connection(&self, deadline: Instant) -> Result<deadpool_postgres::Object, String> {
         let client = match timeout_at(deadline, self.pool.get()).await {
             Ok(Ok(client)) => client,
             Ok(Err(error)) => return Err(format!("get a connection: {error}")),
@@ -223,28 +223,30 @@ impl Membership {
         }
     }
 
-    async fn heartbeat(&self) -> Result<store::Heartbeat, String> {
+    /// One store call: a connection under this node's limits, the call bounded by the query
+    /// timeout, and the connection put back clean, or cancelled and dropped (`connection`,
+    /// `finish`).
+    pub(crate) async fn call<T>(
+        &self,
+        call: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, fencing_schema::Error>,
+    ) -> Result<T, String> {
         let deadline = Instant::now() + self.query_timeout;
         let client = self.connection(deadline).await?;
-        let node = (self.cluster.as_str(), self.node_id.as_str(), self.incarnation.as_str());
-        let answer =
-            timeout_at(deadline, store::heartbeat(&**client, node, &self.name, self.ttl, &self.metadata)).await;
+        let answer = timeout_at(deadline, call(&**client)).await;
         self.finish(client, answer, deadline).await
+    }
+
+    async fn heartbeat(&self) -> Result<store::Heartbeat, String> {
+        let node = (self.cluster.as_str(), self.node_id.as_str(), self.incarnation.as_str());
+        self.call(async |client| store::heartbeat(client, node, &self.name, self.ttl, &self.metadata).await).await
     }
 
     async fn members(&self) -> Result<Vec<Node>, String> {
-        let deadline = Instant::now() + self.query_timeout;
-        let client = self.connection(deadline).await?;
-        let answer = timeout_at(deadline, store::members(&**client, &self.cluster)).await;
-        self.finish(client, answer, deadline).await
+        self.call(async |client| store::members(client, &self.cluster).await).await
     }
 
     async fn leave(&self) -> Result<bool, String> {
-        let deadline = Instant::now() + self.query_timeout;
-        let client = self.connection(deadline).await?;
-        let answer =
-            timeout_at(deadline, store::leave(&**client, &self.cluster, &self.node_id, &self.incarnation)).await;
-        self.finish(client, answer, deadline).await
+        self.call(async |client| store::leave(client, &self.cluster, &self.node_id, &self.incarnation).await).await
     }
 
     /// Puts a connection back in the pool without this call's settings (the pool may be the
@@ -261,7 +263,7 @@ impl Membership {
 
     /// The answer, or why there is none; a connection whose call failed at the store or was
     /// abandoned is cancelled and dropped from the pool, so no later call queues behind it.
-    pub(crate) async fn finish<T>(
+    async fn finish<T>(
         &self,
         client: deadpool_postgres::Object,
         answer: Result<Result<T, fencing_schema::Error>, tokio::time::error::Elapsed>,

@@ -843,24 +843,37 @@ async fn list_nodes(
     Extension(caller): Extension<Caller>,
     Path(cluster): Path<String>,
 ) -> Response {
-    if let Err(problem) = may_use_cluster(&caller, &cluster) {
-        return refused("list", problem);
-    }
-    let call_cluster = cluster.clone();
-    let members = state
-        .member_call("list", |client| async move {
-            let result = store::members(&**client, &call_cluster).await;
-            (client, result)
-        })
-        .await;
-    match members {
+    let members =
+        cluster_read(&state, &caller, &cluster, "list", async |client, cluster| store::members(client, cluster).await);
+    match members.await {
         Ok(members) => {
-            count_member("list", "ok");
             axum::Json(json!({ "cluster": cluster, "nodes": members.iter().map(member_json).collect::<Vec<_>>() }))
                 .into_response()
         }
-        Err(problem) => problem.into_response(),
+        Err(response) => response,
     }
+}
+
+/// A read of one cluster through the membership share of the control pool: the cluster's checks
+/// first (403, 422), then `read`; counted under `op`.
+async fn cluster_read<T>(
+    state: &ControlState,
+    caller: &Caller,
+    cluster: &str,
+    op: &'static str,
+    read: impl AsyncFnOnce(&tokio_postgres::Client, &str) -> Result<T, fencing_schema::Error>,
+) -> Result<T, Response> {
+    if let Err(problem) = may_use_cluster(caller, cluster) {
+        return Err(refused(op, problem));
+    }
+    let call_cluster = cluster.to_owned();
+    let answer = state
+        .member_call(op, |client| async move {
+            let result = read(&**client, &call_cluster).await;
+            (client, result)
+        })
+        .await;
+    answer.inspect(|_| count_member(op, "ok")).map_err(IntoResponse::into_response)
 }
 
 /// A node's offer and read of its assignments.
@@ -1135,19 +1148,11 @@ async fn list_daemons(
     Extension(caller): Extension<Caller>,
     Path(cluster): Path<String>,
 ) -> Response {
-    if let Err(problem) = may_use_cluster(&caller, &cluster) {
-        return refused("daemons", problem);
-    }
-    let call_cluster = cluster.clone();
-    let daemons = state
-        .member_call("daemons", |client| async move {
-            let result = store::daemon_states(&**client, &call_cluster).await;
-            (client, result)
-        })
-        .await;
-    match daemons {
+    let daemons = cluster_read(&state, &caller, &cluster, "daemons", async |client, cluster| {
+        store::daemon_states(client, cluster).await
+    });
+    match daemons.await {
         Ok(daemons) => {
-            count_member("daemons", "ok");
             let daemons: Vec<Value> = daemons
                 .iter()
                 .map(|d| {
@@ -1165,6 +1170,6 @@ async fn list_daemons(
                 .collect();
             axum::Json(json!({ "cluster": cluster, "daemons": daemons })).into_response()
         }
-        Err(problem) => problem.into_response(),
+        Err(response) => response,
     }
 }
