@@ -188,7 +188,10 @@ BEGIN
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
-            granted_ms_ := fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_);
+            -- Counted from now, not from the decision's start: the grant ends grant_for after a
+            -- clock read made after the lock waits, so a grant is never given as longer than asked.
+            granted_ms_ := fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout,
+                                              clock_timestamp());
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                     coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0), granted_ms_)::fencing.gate_result;
         END IF;
