@@ -94,6 +94,9 @@ pub struct ProxyConfig {
     /// gateway's shared multi-threaded runtime. Default: 0 without grants, else one per CPU the
     /// process may use.
     pub threads: usize,
+    /// Each proxy thread stays on one CPU of those the process may use (thread i on the i-th).
+    /// Default: on when there are proxy threads and no more of them than such CPUs.
+    pub pin_threads: bool,
     /// A write to a client blocked this long closes its connection (both listeners).
     pub write_timeout: Duration,
     /// When not empty, the only names `Host` may carry (without the port).
@@ -269,6 +272,7 @@ struct RawProxy {
     body_read_timeout_ms: Option<u64>,
     max_connections: Option<u64>,
     threads: Option<u64>,
+    pin_threads: Option<bool>,
     write_timeout_ms: Option<u64>,
     hosts: Option<Vec<String>>,
     trusted_proxies: Option<Vec<String>>,
@@ -543,6 +547,9 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             0
         }
     };
+    // Per-CPU runtimes, one on each CPU: no thread is moved onto another's CPU (where the two
+    // would take turns, a scheduler tick each, while the other CPU runs something else).
+    let pin_threads = raw.proxy.pin_threads.unwrap_or(threads > 0 && threads <= crate::server::allowed_cpus().len());
     let pool_size = match raw.database.pool_size.map(usize::try_from) {
         None => DEFAULT_POOL_SIZE,
         Some(Ok(n)) if (1..=1000).contains(&n) => n,
@@ -702,6 +709,7 @@ fn validate(raw: RawFile) -> Result<Config, ConfigError> {
             body_read_timeout,
             max_connections,
             threads,
+            pin_threads,
             write_timeout,
             hosts: proxy_hosts,
             trusted_proxies,
@@ -990,6 +998,13 @@ mod tests {
         assert_eq!(parse("[database]\ngrant_ms = 400").expect("grants").proxy.threads, cpus);
         assert_eq!(parse("[proxy]\nthreads = 3\n[database]\ngrant_ms = 400").expect("explicit").proxy.threads, 3);
         assert_eq!(parse("[proxy]\nthreads = 0\n[database]\ngrant_ms = 400").expect("shared").proxy.threads, 0);
+        // Pinned by default when each thread can have a CPU of its own.
+        let fits = cpus <= crate::server::allowed_cpus().len();
+        assert_eq!(parse("[database]\ngrant_ms = 400").expect("grants").proxy.pin_threads, fits);
+        assert!(!parse("").expect("default").proxy.pin_threads, "no proxy threads, nothing to pin");
+        assert!(!parse("[proxy]\nthreads = 64").expect("more than CPUs").proxy.pin_threads || cpus >= 64);
+        assert!(!parse("[proxy]\nthreads = 2\npin_threads = false").expect("off").proxy.pin_threads);
+        assert!(parse("[proxy]\nthreads = 2\npin_threads = true").expect("on").proxy.pin_threads);
         let error = parse("[proxy]\nthreads = 65").expect_err("too many");
         assert!(error.to_string().contains("proxy.threads"), "{error}");
     }

@@ -375,11 +375,17 @@ impl FenceStore {
             grant: grant.deadline.saturating_duration_since(now),
         };
         let decision = Decision { gate, asked: latest_start.checked_sub(wait).unwrap_or(now).min(now), answered: now };
-        if now >= grant.renew_after && !grant.renewing {
-            grant.renewing = true;
-            if !self.renew(resource, presented, bind_lease) {
-                grant.renewing = false;
-            }
+        let renew = now >= grant.renew_after && !grant.renewing;
+        grant.renewing |= renew;
+        // The renewal wakes the shared runtime: never while holding the lock every proxy thread
+        // takes per write (a thread preempted by the woken one would stall them all).
+        drop(grants);
+        if renew
+            && !self.renew(resource, presented, bind_lease)
+            && let Ok(mut grants) = self.grants.lock()
+            && let Some(held) = grants.get_mut(resource)
+        {
+            held.renewing = false;
         }
         Some(decision)
     }

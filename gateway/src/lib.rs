@@ -37,6 +37,7 @@ pub mod proxy;
 pub mod refusals;
 pub mod server;
 pub mod tls;
+pub mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,7 +128,7 @@ pub async fn run(
     let body_read_timeout = config.proxy.body_read_timeout;
     let clients = config.clients.clone();
     let control_hosts = Arc::new(config.control.hosts.clone());
-    let control_handler: Handler = Arc::new(move |request, _remote| {
+    let control_handler: Handler = Arc::new(move |request, _peer| {
         let control = control.clone();
         let clients = clients.clone();
         let control_hosts = Arc::clone(&control_hosts);
@@ -173,10 +174,10 @@ pub async fn run(
         let proxy = Arc::new(Proxy::new(
             Arc::clone(&config),
             Arc::clone(&fences),
-            proxy::upstream_client(config.upstream.connect_timeout, upstream_tls.clone()),
+            upstream::connector(config.upstream.connect_timeout, upstream_tls.clone()),
             refusal_log.clone(),
         ));
-        Arc::new(move |request, remote| Box::pin(Arc::clone(&proxy).handle(request, remote)))
+        Arc::new(move |request, peer| Box::pin(Arc::clone(&proxy).handle(request, peer)))
     };
     let proxy_server = if config.proxy.threads == 0 {
         let serve =
@@ -192,6 +193,7 @@ pub async fn run(
             proxy_tls,
             shutdown.clone(),
             grace,
+            config.proxy.pin_threads,
         ))
     };
     let control_server = tokio::spawn(server::serve(

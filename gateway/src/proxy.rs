@@ -13,9 +13,6 @@ use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tower_http::timeout::TimeoutBody;
 use tracing::{Instrument, debug, debug_span, field, warn};
@@ -26,6 +23,8 @@ use crate::metrics as names;
 use crate::metrics::RouteMetrics;
 use crate::problem::{Outcome, Rejection};
 use crate::refusals::RefusalLog;
+use crate::server::Peer;
+use crate::upstream::{Failure, UpstreamConnector, host_header};
 
 /// `Fencing-Token`: the term, presented by a leader (verify mode) and stamped by the gateway.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -73,65 +72,38 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     http::header::UPGRADE,
 ];
 
-/// The connector to upstreams: plain TCP whose sockets close with RST (SO_LINGER 0), so a
-/// write aborted at its deadline leaves nothing in the kernel to be sent or retransmitted later.
-pub type UpstreamConnector = hyper_rustls::HttpsConnector<
-    tower::util::MapResponse<HttpConnector, fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>>,
->;
-
-/// The upstream client's body type.
-pub type UpstreamClient = Client<UpstreamConnector, Body>;
-
-fn reset_on_close(io: TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream> {
-    let _ = io.inner().set_zero_linger();
-    io
-}
-
-/// Builds the pooled, keep-alive client every upstream is contacted with: `http://` in clear,
-/// `https://` with rustls (`tls`: the roots, SNI from the upstream's host), never one for the
-/// other. Every upstream socket is reset, not closed, when the gateway drops it (SO_LINGER 0).
-pub fn upstream_client(connect_timeout: Duration, tls: rustls::ClientConfig) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    // hyper-rustls decides by the scheme; plain `http://` stays plain.
-    connector.enforce_http(false);
-    let connector = tower::ServiceExt::map_response(
-        connector,
-        reset_on_close as fn(TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream>,
-    );
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
-    Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(30)).build(connector)
-}
-
 /// Everything a proxied request needs.
 #[derive(Debug)]
 pub struct Proxy {
     config: Arc<Config>,
     fences: Arc<FenceStore>,
-    client: UpstreamClient,
+    connector: UpstreamConnector,
     next_request_id: AtomicU64,
     request_id_prefix: u32,
     refusals: RefusalLog,
     /// Each route's metric handles, in the order of `config.routes`.
     route_metrics: Vec<RouteMetrics>,
+    /// Each route's upstream `Host`, in the order of `config.routes`.
+    route_hosts: Vec<Option<HeaderValue>>,
     inflight_writes: metrics::Gauge,
 }
 
 impl Proxy {
     /// A proxy for `config`'s routes, deciding through `fences`.
-    pub fn new(config: Arc<Config>, fences: Arc<FenceStore>, client: UpstreamClient, refusals: RefusalLog) -> Proxy {
+    pub fn new(
+        config: Arc<Config>,
+        fences: Arc<FenceStore>,
+        connector: UpstreamConnector,
+        refusals: RefusalLog,
+    ) -> Proxy {
         Proxy {
             fences,
-            client,
+            connector,
             next_request_id: AtomicU64::new(1),
             request_id_prefix: rand::random(),
             refusals,
             route_metrics: config.routes.iter().map(|route| RouteMetrics::new(&route.prefix)).collect(),
+            route_hosts: config.routes.iter().map(|route| host_header(&route.upstream)).collect(),
             inflight_writes: metrics::gauge!(names::INFLIGHT_WRITES),
             config,
         }
@@ -139,15 +111,18 @@ impl Proxy {
 
     /// The metric handles of `route`, one of `config.routes`.
     fn metrics_of(&self, route: &Route) -> Option<&RouteMetrics> {
-        let index = self.config.routes.iter().position(|known| std::ptr::eq(known, route))?;
-        self.route_metrics.get(index)
+        self.route_metrics.get(self.index_of(route)?)
     }
 
-    /// Handles one request from `remote`.
+    fn index_of(&self, route: &Route) -> Option<usize> {
+        self.config.routes.iter().position(|known| std::ptr::eq(known, route))
+    }
+
+    /// Handles one request from `peer`.
     ///
     /// Its span is at debug level: at the default level it costs nothing per request, and the
     /// few events of the request path that an operator sees (warnings) name the request id.
-    pub async fn handle(self: Arc<Self>, request: Request<Incoming>, remote: SocketAddr) -> Response<Body> {
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>, peer: Arc<Peer>) -> Response<Body> {
         let id = RequestId(self.request_id(request.headers()));
         let span = debug_span!(
             "request",
@@ -157,7 +132,7 @@ impl Proxy {
             resource = field::Empty,
             term = field::Empty,
         );
-        let mut response = self.route(request, remote, &id).instrument(span).await;
+        let mut response = self.route(request, &peer, &id).instrument(span).await;
         response.headers_mut().insert(REQUEST_ID, id.0);
         response
     }
@@ -176,12 +151,7 @@ impl Proxy {
         HeaderValue::from_maybe_shared(Bytes::from(id)).unwrap_or_else(|_| HeaderValue::from_static("-"))
     }
 
-    async fn route(
-        &self,
-        mut request: Request<Incoming>,
-        remote: SocketAddr,
-        request_id: &RequestId,
-    ) -> Response<Body> {
+    async fn route(&self, mut request: Request<Incoming>, peer: &Peer, request_id: &RequestId) -> Response<Body> {
         if let Err(problem) = crate::auth::check_host(request.headers(), request.version(), &self.config.proxy.hosts) {
             return problem.into_response();
         }
@@ -208,12 +178,12 @@ impl Proxy {
         strip_hop_by_hop(request.headers_mut());
         if route.unfenced_methods.contains(request.method()) {
             route_metrics.passthrough();
-            return self.pass_through(route, request, remote, request_id).await;
+            return self.pass_through(route, request, peer, request_id).await;
         }
 
         let started = Instant::now();
         self.inflight_writes.increment(1.0);
-        let response = match self.fenced(route, request, remote, request_id).await {
+        let response = match self.fenced(route, request, peer, request_id).await {
             Ok(response) => {
                 route_metrics.write(Outcome::Admitted.as_label());
                 response
@@ -240,7 +210,7 @@ impl Proxy {
         &self,
         route: &Route,
         mut request: Request<Incoming>,
-        remote: SocketAddr,
+        peer: &Peer,
         request_id: &RequestId,
     ) -> Response<Body> {
         remove_fencing_headers(request.headers_mut());
@@ -254,7 +224,7 @@ impl Proxy {
             TimeoutBody::new(self.config.proxy.body_read_timeout, body),
             usize::try_from(self.config.proxy.body_limit_bytes).unwrap_or(usize::MAX),
         );
-        match self.forward(route, parts, Body::new(limited), remote, request_id, deadline, None).await {
+        match self.forward(route, parts, Body::new(limited), peer, request_id, deadline, None).await {
             Ok(response) => response,
             Err(rejection) => rejection.problem().into_response(),
         }
@@ -264,7 +234,7 @@ impl Proxy {
         &self,
         route: &Route,
         request: Request<Incoming>,
-        remote: SocketAddr,
+        peer: &Peer,
         request_id: &RequestId,
     ) -> Result<Response<Body>, Rejection> {
         // With clients configured, a fenced write is a client's: authenticated, and under a
@@ -328,7 +298,7 @@ impl Proxy {
                     outcome: outcome.as_label(),
                     presented_term: *presented_term,
                     current_term: *current_term,
-                    client: remote,
+                    client: peer.remote,
                     request_id: request_id.as_str(),
                     lease: match &presented {
                         Presented::Lease { key, owner } => Some((key.as_str(), owner.as_str())),
@@ -362,10 +332,11 @@ impl Proxy {
         headers.insert(FENCING_RESOURCE, resource_value);
         headers.remove(CONTENT_LENGTH);
         headers.remove(http::header::TRANSFER_ENCODING);
-        self.forward(route, parts, Body::from(body), remote, request_id, deadline, Some(term)).await
+        self.forward(route, parts, Body::from(body), peer, request_id, deadline, Some(term)).await
     }
 
-    /// Sends the request to the route's upstream and streams the answer back. Everything the
+    /// Sends the request to the route's upstream and streams the answer back, on the client
+    /// connection's own connection to that upstream (see [`crate::upstream`]). Everything the
     /// gateway sends of it (head and body) and the upstream's response head must pass before
     /// `deadline`; else the request is aborted and its upstream connection reset (SO_LINGER 0:
     /// no byte of it goes out after the deadline, not even a retransmission).
@@ -375,28 +346,32 @@ impl Proxy {
         route: &Route,
         mut parts: http::request::Parts,
         body: Body,
-        remote: SocketAddr,
+        peer: &Peer,
         request_id: &RequestId,
         deadline: Instant,
         term: Option<i64>,
     ) -> Result<Response<Body>, Rejection> {
         parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
-        if !self.config.proxy.trusted_proxies.contains(&remote.ip()) {
+        if !self.config.proxy.trusted_proxies.contains(&peer.remote.ip()) {
             // Who the client is comes from the gateway, not from what the client says.
             for name in CLIENT_ADDRESS_HEADERS {
                 parts.headers.remove(name);
             }
         }
-        let original_host = parts.headers.remove(HOST);
-        add_forwarded(&mut parts.headers, remote, original_host.as_ref(), self.config.proxy.tls.is_some());
+        let original_host = match self.index_of(route).and_then(|index| self.route_hosts[index].clone()) {
+            Some(host) => parts.headers.insert(HOST, host),
+            None => return Err(Rejection::UpstreamUnreachable),
+        };
+        add_forwarded(&mut parts.headers, peer.remote, original_host.as_ref(), self.config.proxy.tls.is_some());
         parts.headers.insert(REQUEST_ID, request_id.0.clone());
         let outbound = Request::from_parts(parts, body);
         if Instant::now() >= deadline {
             return Err(Rejection::UpstreamTimeout);
         }
-        let response = match timeout_at(deadline, self.client.request(outbound)).await {
+        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound);
+        let response = match timeout_at(deadline, exchange).await {
             Ok(Ok(response)) => response,
-            Ok(Err(error)) => return Err(self.upstream_failure(route, &error)),
+            Ok(Err(failure)) => return Err(self.upstream_failure(route, &failure)),
             Err(_) => {
                 self.metrics_of(route).inspect(|m| m.upstream_error("timeout"));
                 return Err(Rejection::UpstreamTimeout);
@@ -417,17 +392,20 @@ impl Proxy {
         Ok(Response::from_parts(parts, Body::new(body.map_err(axum::Error::new))))
     }
 
-    fn upstream_failure(&self, route: &Route, error: &hyper_util::client::legacy::Error) -> Rejection {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    fn upstream_failure(&self, route: &Route, failure: &Failure) -> Rejection {
+        let mut source = Some(failure.error());
         while let Some(cause) = source {
             if cause.is::<LengthLimitError>() {
                 return Rejection::BodyTooLarge { limit: self.config.proxy.body_limit_bytes };
             }
             source = cause.source();
         }
-        let kind = if error.is_connect() { "connect" } else { "request" };
+        let kind = match failure {
+            Failure::Connect(_) => "connect",
+            Failure::Request(_) => "request",
+        };
         self.metrics_of(route).inspect(|m| m.upstream_error(kind));
-        debug!(error = %crate::error_chain(error), kind, "upstream failed");
+        debug!(error = %crate::error_chain(failure.error()), kind, "upstream failed");
         Rejection::UpstreamUnreachable
     }
 }
@@ -681,14 +659,12 @@ async fn read_body(mut body: Incoming, limit: u64, pause: Duration) -> Result<By
     })
 }
 
-/// The upstream's scheme and authority, its base path, then the request's path and query.
-/// The request's own authority and Host are never used.
+/// The request target sent upstream (origin-form): the upstream's base path, then the
+/// request's path and query. The request's own authority and Host are never used.
 fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result<Uri, Rejection> {
     let cannot = || Rejection::Malformed("the request target cannot be forwarded".to_owned());
     let base = upstream.path().trim_end_matches('/');
     let mut parts = http::uri::Parts::default();
-    parts.scheme = upstream.scheme().cloned();
-    parts.authority = upstream.authority().cloned();
     parts.path_and_query = Some(match path_and_query {
         // No base path: the request's own path and query, as parsed (no copy, no second parse).
         Some(tail) if base.is_empty() => tail.clone(),

@@ -31,9 +31,20 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-/// A request handler: the request and the client's address in, the response out.
+use crate::upstream::Upstreams;
+
+/// A request handler: the request and the connection it came on in, the response out.
 pub type Handler =
-    Arc<dyn Fn(Request<Incoming>, SocketAddr) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
+    Arc<dyn Fn(Request<Incoming>, Arc<Peer>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
+
+/// The client connection a request came on.
+#[derive(Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub remote: SocketAddr,
+    /// The connection's own upstream connections (the proxy's; the control API has none).
+    pub upstreams: Arc<Upstreams>,
+}
 
 /// What protects a listener from slow or greedy clients.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +113,9 @@ impl Drop for Counted {
 /// one thread, with no wake-up of another worker per request. Each thread has a handler of its
 /// own (so what it holds, an upstream client and its pool, belongs to that thread's runtime).
 /// One accept loop on the current runtime holds the cap and hands each connection to the
-/// thread with the fewest open connections.
+/// thread with the fewest open connections. With `pin`, thread i runs only on the i-th CPU the
+/// process may use.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_on_threads(
     name: &'static str,
     listener: TcpListener,
@@ -111,15 +124,21 @@ pub async fn serve_on_threads(
     tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
     grace: Duration,
+    pin: bool,
 ) -> std::io::Result<bool> {
     let mut workers = Vec::with_capacity(handlers.len());
     let mut stopped = Vec::new();
+    let cpus = if pin { allowed_cpus() } else { Vec::new() };
     for (index, handler) in handlers.into_iter().enumerate() {
+        let cpus = cpus.clone();
         let (connections, mut incoming) = mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr, Slot)>();
         let (done, drained) = oneshot::channel();
         let tls = tls.clone();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         std::thread::Builder::new().name(format!("{name}-{index}")).spawn(move || {
+            if let Some(&cpu) = cpus.get(index % cpus.len().max(1)) {
+                pin_to(name, index, cpu);
+            }
             let finished = runtime.block_on(async move {
                 let graceful = GracefulShutdown::new();
                 while let Some((stream, remote, slot)) = incoming.recv().await {
@@ -190,6 +209,26 @@ pub async fn serve_on_threads(
     Ok(drained)
 }
 
+/// The CPUs this process may run on, in order (all it sees when it cannot tell).
+pub fn allowed_cpus() -> Vec<usize> {
+    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => (0..nix::sched::CpuSet::count()).filter(|&cpu| set.is_set(cpu).unwrap_or(false)).collect(),
+        Err(_) => (0..std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)).collect(),
+    }
+}
+
+/// Keeps the calling thread on `cpu`; a failure only costs speed, so it is logged and ignored.
+fn pin_to(name: &str, index: usize, cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    let pinned = set.set(cpu).and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+    match pinned {
+        Ok(()) => debug!(listener = name, thread = index, cpu, "proxy thread pinned"),
+        Err(error) => {
+            warn!(listener = name, thread = index, cpu, %error, "could not pin a proxy thread; it runs unpinned")
+        }
+    }
+}
+
 /// Accepts connections until `shutdown` is cancelled: one over the cap is answered 503 (in
 /// clear; a TLS listener closes it), every other goes to `serve` with its permit.
 async fn accept_loop(
@@ -243,9 +282,10 @@ fn serve_connection<S: Send + 'static>(
     let mut timed = TimeoutStream::new(stream);
     timed.set_write_timeout(Some(limits.write_timeout));
     let stream = Box::pin(timed);
+    let peer = Arc::new(Peer { remote, upstreams: Arc::default() });
     let service = service_fn(move |request| {
-        let handler = Arc::clone(&handler);
-        async move { Ok::<_, Infallible>(handler(request, remote).await) }
+        let answer = handler(request, Arc::clone(&peer));
+        async move { Ok::<_, Infallible>(answer.await) }
     });
     let builder = {
         let mut builder = http1::Builder::new();

@@ -2,11 +2,11 @@
 //!
 //! ```text
 //! cargo run --release -p fencing-tests --bin bench -- [--seconds 5] [--concurrency 32,1] [--rounds 3] \
-//!     [--only 'gw verify, grants|pass-through']
+//!     [--only 'gw verify, grants|pass-through'] [--verbose]
 //! ```
 //!
 //! It starts a durable PostgreSQL (the server's default fsync and synchronous commit), a fast
-//! upstream, a plain pass-through proxy built on the same hyper client as the gateway, nginx
+//! upstream, a plain pass-through proxy (hyper server, hyper-util pooled client), nginx
 //! when it is installed (2 workers, keep-alive to the upstream), and two gateways, one without
 //! grants (`grant_ms = 0`) and one with (`grant_ms = 400`), all on loopback. It drives each with
 //! the same closed-loop load (each of `concurrency` connections sends its next request when the
@@ -14,6 +14,7 @@
 //! median round per target: requests per second, p50 and p99, their ratios to the pass-through
 //! and to nginx, the gateway's Postgres transactions (decision round trips) per request, and the
 //! CPU time per request of the proxy process (the gateway's, the pass-through's).
+//! `--verbose` also prints every round's p50, p90, p99, p99.9 and maximum.
 //! Then it measures how long the first write of a new term takes while the old term's grant is
 //! held (a grant period plus the settle wait at most).
 
@@ -26,7 +27,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use axum::body::Body;
 use bytes::Bytes;
-use fencing_gateway::proxy::{strip_hop_by_hop, upstream_client};
+use fencing_gateway::proxy::strip_hop_by_hop;
+use fencing_gateway::upstream::connector;
 use fencing_tests::gateway::{Gateway, JSON, send};
 use fencing_tests::pg::{Durability, PgCluster, connect};
 use fencing_tests::workspace_bin;
@@ -50,12 +52,18 @@ struct Options {
     rounds: usize,
     /// Only the targets whose name contains one of these (`|`-separated; all when empty).
     only: Vec<String>,
+    /// Print every round's quantiles, not only the median round.
+    verbose: bool,
 }
 
 fn options() -> Result<Options> {
-    let mut options = Options { seconds: 5, concurrency: vec![32, 1], rounds: 3, only: Vec::new() };
+    let mut options = Options { seconds: 5, concurrency: vec![32, 1], rounds: 3, only: Vec::new(), verbose: false };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--verbose" {
+            options.verbose = true;
+            continue;
+        }
         let value = args.next().ok_or_else(|| anyhow!("{flag} needs a value"))?;
         match flag.as_str() {
             "--seconds" => options.seconds = value.parse()?,
@@ -84,14 +92,15 @@ async fn main() -> Result<()> {
     run(&options).await
 }
 
-/// The baseline proxy: the gateway's hyper client and hop-by-hop handling, nothing else.
+/// The baseline proxy: hyper's server, hyper-util's pooled client (with the gateway's
+/// connector) and the gateway's hop-by-hop handling, nothing else.
 async fn passthrough(upstream: Uri) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
-    let client = upstream_client(
-        Duration::from_secs(1),
-        fencing_gateway::tls::upstream_client_config(None, false).map_err(|e| anyhow::anyhow!(e))?,
-    );
+    let tls = fencing_gateway::tls::upstream_client_config(None, false).map_err(|e| anyhow::anyhow!(e))?;
+    let client: Client<_, Body> = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector(Duration::from_secs(1), tls));
     let authority = upstream.authority().cloned().context("upstream authority")?;
     loop {
         let (stream, _) = listener.accept().await?;
@@ -138,6 +147,9 @@ struct Stats {
     rps: f64,
     p50_ms: f64,
     p99_ms: f64,
+    p90_ms: f64,
+    p999_ms: f64,
+    max_ms: f64,
 }
 
 /// Closed-loop load: `concurrency` workers, each sending its next request when the previous
@@ -213,6 +225,9 @@ async fn load(
         rps: latencies.len() as f64 / seconds as f64,
         p50_ms: quantile(0.50),
         p99_ms: quantile(0.99),
+        p90_ms: quantile(0.90),
+        p999_ms: quantile(0.999),
+        max_ms: quantile(1.0),
     }
 }
 
@@ -471,6 +486,19 @@ async fn run(options: &Options) -> Result<()> {
                 )
                 .await;
                 let (tx1, cpu1) = (round_trips().await?, cpu_time(pid));
+                if options.verbose {
+                    eprintln!(
+                        "bench: {:<24} {:>7.0} req/s  p50 {:.2}  p90 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2} ms  {} PG tx",
+                        target.name,
+                        stats.rps,
+                        stats.p50_ms,
+                        stats.p90_ms,
+                        stats.p99_ms,
+                        stats.p999_ms,
+                        stats.max_ms,
+                        tx1 - tx0
+                    );
+                }
                 rounds[index].push(Round { stats, transactions: tx1 - tx0, cpu: cpu1.saturating_sub(cpu0) });
             }
         }

@@ -19,6 +19,7 @@ mod s8_nothing_goes_around;
 mod security;
 mod shutdown;
 mod tls;
+mod upstream_connections;
 mod zombie;
 
 use fencing_tests::gateway::{Gateway, Upstream};
