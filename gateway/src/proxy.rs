@@ -377,8 +377,9 @@ impl Proxy {
                 return Err(Rejection::UpstreamTimeout);
             }
         };
-        let (mut parts, body) = response.into_parts();
+        let (mut parts, mut body) = response.into_parts();
         if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            body.discard();
             // The gateway never forwards Upgrade, so an upstream's 101 was not asked for.
             self.metrics_of(route).inspect(|m| m.upstream_error("request"));
             return Err(Rejection::UpstreamUnreachable);

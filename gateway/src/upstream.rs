@@ -244,10 +244,21 @@ pub struct Streamed {
 }
 
 impl Streamed {
+    /// The answer is complete: its connection goes back to be used again, only if it is ready
+    /// for a request now. One that is not (say, still sending the request's body to an upstream
+    /// that answered early) is dropped: an idle connection never sends anything of an old
+    /// request later, when the next request drives it.
     fn finish(&mut self) {
-        if let (Some(held), Some((home, key))) = (self.held.take(), self.home.take()) {
+        if let (Some(held), Some((home, key))) = (self.held.take(), self.home.take())
+            && held.sender.is_ready()
+        {
             home.put(key, held);
         }
+    }
+
+    /// Drops the connection: it is never used again (an answer the gateway does not relay).
+    pub fn discard(&mut self) {
+        self.held = None;
     }
 }
 
