@@ -193,6 +193,13 @@ pub fn check_host(headers: &HeaderMap, version: http::Version, allowed: &[String
         .and_then(|text| text.parse::<http::uri::Authority>().ok())
         .filter(|authority| !authority.as_str().contains('@'))
         .ok_or_else(|| bad("the Host header is not a host and optional port"))?;
+    // A port is 1 to 65535 (RFC 3986 allows any digits; no server listens beyond): the Host goes
+    // into `Forwarded`, and an upstream must not be told of a port that cannot exist.
+    if let Some(port) = authority.as_str().get(authority.host().len()..).and_then(|rest| rest.strip_prefix(':'))
+        && !(port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|p| p >= 1))
+    {
+        return Err(bad("the Host header's port is not in 1..65535"));
+    }
     if allowed.is_empty() || allowed.iter().any(|name| authority.host().eq_ignore_ascii_case(name)) {
         return Ok(());
     }
@@ -359,6 +366,13 @@ mod tests {
         assert_eq!(status(check_host(&headers(&["evil\\"]), v11, &[])), Some(400));
         assert_eq!(status(check_host(&headers(&["user@gw.internal"]), v11, &names)), Some(400));
         assert_eq!(status(check_host(&headers(&["evil.example"]), v11, &names)), Some(421));
+        for port in ["0", "65536", "99999", "", "1000000", "-1"] {
+            assert_eq!(status(check_host(&headers(&[&format!("127.0.0.1:{port}")]), v11, &[])), Some(400), "{port:?}");
+        }
+        assert_eq!(status(check_host(&headers(&["[::1]:70000"]), v11, &[])), Some(400));
+        assert!(check_host(&headers(&["[::1]:65535"]), v11, &[]).is_ok());
+        assert!(check_host(&headers(&["[::1]"]), v11, &[]).is_ok());
+        assert!(check_host(&headers(&["localhost:1"]), v11, &[]).is_ok());
         assert_eq!(status(check_host(&headers(&["gw.internal.evil.example"]), v11, &names)), Some(421));
     }
 

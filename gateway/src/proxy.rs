@@ -11,10 +11,9 @@ use fencing_schema::store::{Gate, Outcome as StoreOutcome};
 use http::header::{CONNECTION, CONTENT_LENGTH, HOST};
 use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::{Instant, sleep_until, timeout_at};
-use tower_http::timeout::TimeoutBody;
 use tracing::{Instrument, debug, debug_span, field, warn};
 
 use crate::config::{Config, ResourceNaming, Route};
@@ -51,13 +50,30 @@ impl RequestId {
 
 /// The headers in which a client could claim another address; removed unless the peer is one
 /// of `proxy.trusted_proxies`.
-const CLIENT_ADDRESS_HEADERS: [HeaderName; 5] = [
+const CLIENT_ADDRESS_HEADERS: [HeaderName; 8] = [
     FORWARDED,
     HeaderName::from_static("x-forwarded-for"),
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
     HeaderName::from_static("x-real-ip"),
 ];
+
+/// Headers with which a client asks an upstream to apply another method than the request's
+/// (Rails, Symfony, ASP.NET, Google's APIs and many more honour one of them). On an unfenced
+/// method they would turn a read into a write nobody fenced, so they are refused there.
+const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-method-override"),
+    HeaderName::from_static("x-http-method"),
+];
+
+/// Headers with which a client asks an upstream (IIS, Symfony, Zend) to act on another path than
+/// the request's: removed from every request, so the upstream acts on the path that was fenced.
+const URL_REWRITE_HEADERS: [HeaderName; 2] =
+    [HeaderName::from_static("x-original-url"), HeaderName::from_static("x-rewrite-url")];
 
 /// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
 const HOP_BY_HOP: [HeaderName; 9] = [
@@ -175,11 +191,18 @@ impl Proxy {
         };
         let (route, route_metrics) = (&self.config.routes[index], &self.route_metrics[index]);
         tracing::Span::current().record("route", route.prefix.as_str());
-        strip_hop_by_hop(request.headers_mut());
+        if let Err(rejection) = check_header_names(request.headers_mut(), route) {
+            return rejection.problem().into_response();
+        }
         if route.unfenced_methods.contains(request.method()) {
+            if let Err(rejection) = check_unfenced(&request) {
+                return rejection.problem().into_response();
+            }
+            strip_hop_by_hop(request.headers_mut());
             route_metrics.passthrough();
             return self.pass_through(route, request, peer, request_id).await;
         }
+        strip_hop_by_hop(request.headers_mut());
 
         let started = Instant::now();
         self.inflight_writes.increment(1.0);
@@ -205,7 +228,8 @@ impl Proxy {
         response
     }
 
-    /// An unfenced request: forwarded as is (less hop-by-hop and fencing headers), no Postgres.
+    /// An unfenced request, which `check_unfenced` found bodiless: forwarded as is (less
+    /// hop-by-hop and fencing headers) with an empty body, no Postgres.
     async fn pass_through(
         &self,
         route: &Route,
@@ -219,12 +243,9 @@ impl Proxy {
             request.headers_mut().remove(http::header::AUTHORIZATION);
         }
         let deadline = Instant::now() + self.config.upstream.forward_timeout;
-        let (parts, body) = request.into_parts();
-        let limited = Limited::new(
-            TimeoutBody::new(self.config.proxy.body_read_timeout, body),
-            usize::try_from(self.config.proxy.body_limit_bytes).unwrap_or(usize::MAX),
-        );
-        match self.forward(route, parts, Body::new(limited), peer, request_id, deadline, None).await {
+        // The body is empty (`check_unfenced`): no byte of the client's connection is relayed.
+        let (parts, _body) = request.into_parts();
+        match self.forward(route, parts, Body::empty(), peer, request_id, deadline, None).await {
             Ok(response) => response,
             Err(rejection) => rejection.problem().into_response(),
         }
@@ -394,13 +415,6 @@ impl Proxy {
     }
 
     fn upstream_failure(&self, route: &Route, failure: &Failure) -> Rejection {
-        let mut source = Some(failure.error());
-        while let Some(cause) = source {
-            if cause.is::<LengthLimitError>() {
-                return Rejection::BodyTooLarge { limit: self.config.proxy.body_limit_bytes };
-            }
-            source = cause.source();
-        }
         let kind = match failure {
             Failure::Connect(_) => "connect",
             Failure::Request(_) => "request",
@@ -432,6 +446,69 @@ fn admitted_term(gate: &Gate, resource: &str, fence: &str, presented: &Presented
         presented_term,
         current_term: gate.current_term(),
     })
+}
+
+/// S8: header names with `_`. WSGI, CGI and many frameworks read `Fencing_Token` as
+/// `Fencing-Token`, so a name with `_` could forge a header the gateway sets, strips or reads. A
+/// name that reads as one of those is refused (400); any other name with `_` is removed, as
+/// nginx does by default (`underscores_in_headers off`). The URL-rewrite headers are removed too.
+fn check_header_names(headers: &mut HeaderMap, route: &Route) -> Result<(), Rejection> {
+    for name in &URL_REWRITE_HEADERS {
+        headers.remove(name);
+    }
+    if !headers.keys().any(|name| name.as_str().contains('_')) {
+        return Ok(());
+    }
+    let mut dropped = Vec::new();
+    for name in headers.keys().filter(|name| name.as_str().contains('_')) {
+        let dashed = name.as_str().replace('_', "-");
+        if gateway_owned(&dashed, route) {
+            return Err(Rejection::Malformed(format!(
+                "the header name {name:?} reads as {dashed:?} to many upstreams: header names with _ are refused"
+            )));
+        }
+        dropped.push(name.clone());
+    }
+    for name in dropped {
+        headers.remove(name);
+    }
+    Ok(())
+}
+
+/// Whether `name` (lower case, with `-`) is a header the gateway sets, strips or reads.
+fn gateway_owned(name: &str, route: &Route) -> bool {
+    let known = [FENCING_TOKEN, FENCING_RESOURCE, FENCING_LEASE, FENCING_OWNER, REQUEST_ID, HOST, CONTENT_LENGTH];
+    known.iter().any(|owned| owned == name)
+        || name.starts_with("fencing-")
+        || name == http::header::AUTHORIZATION
+        || CLIENT_ADDRESS_HEADERS.iter().any(|owned| owned == name)
+        || HOP_BY_HOP.iter().any(|owned| owned == name)
+        || METHOD_OVERRIDE_HEADERS.iter().any(|owned| owned == name)
+        || URL_REWRITE_HEADERS.iter().any(|owned| owned == name)
+        || name.starts_with("x-forwarded-")
+        || matches!(&route.resource, ResourceNaming::Header(header) if header == name)
+}
+
+/// S8: an unfenced request carries no write. It has no body (a body on GET is read by many
+/// upstreams as the next request on the connection, unfenced), so neither `Transfer-Encoding`
+/// nor a `Content-Length` above 0; and no method-override header.
+fn check_unfenced(request: &Request<Incoming>) -> Result<(), Rejection> {
+    let headers = request.headers();
+    let method = request.method();
+    if headers.contains_key(http::header::TRANSFER_ENCODING) {
+        return Err(Rejection::Malformed(format!(
+            "{method} is not fenced on this route, so it may not carry a body (Transfer-Encoding)"
+        )));
+    }
+    if content_length(headers)?.is_some_and(|length| length > 0) || !http_body::Body::is_end_stream(request.body()) {
+        return Err(Rejection::Malformed(format!("{method} is not fenced on this route, so it may not carry a body")));
+    }
+    if let Some(name) = METHOD_OVERRIDE_HEADERS.iter().find(|name| headers.contains_key(*name)) {
+        return Err(Rejection::Malformed(format!(
+            "{name} is refused on {method}, which is not fenced on this route: send the write as the method it is"
+        )));
+    }
+    Ok(())
 }
 
 /// Removes the hop-by-hop headers, including every header the `Connection` header names.
@@ -571,14 +648,19 @@ fn check_method(method: &Method) -> Result<(), Rejection> {
 }
 
 /// S8: one spelling per path. Refuses dot segments, empty segments (a trailing slash aside),
-/// `;` parameters, backslashes, and percent-encoding of an unreserved character or of `/` or
-/// `\`: an upstream that normalises any of them would act on another resource than the fenced
-/// one.
+/// `;` parameters, backslashes, bytes outside visible ASCII, and percent-encoding of an
+/// unreserved character, of `/`, `\` or `;`, or of a control character (NUL included): an
+/// upstream that normalises any of them would act on another resource than the fenced one. Its
+/// decoded form must be UTF-8 (so no overlong dot) with no `%` and two hex digits left in it (an
+/// upstream that decodes twice would read `%252e` as a dot).
 pub fn check_path(path: &str) -> Result<(), Rejection> {
     let refuse =
         |why: &str| Err(Rejection::Malformed(format!("the path {path:?} {why}; send it in its one plain spelling")));
     if !path.starts_with('/') {
         return refuse("does not start with /");
+    }
+    if !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return refuse("has a byte that is not visible ASCII (percent-encode it)");
     }
     if path.contains(';') {
         return refuse("has ; parameters");
@@ -595,18 +677,37 @@ pub fn check_path(path: &str) -> Result<(), Rejection> {
             return refuse("has a dot segment");
         }
     }
+    if !path.contains('%') {
+        return Ok(());
+    }
     let bytes = path.as_bytes();
-    for (index, byte) in bytes.iter().enumerate() {
-        if *byte != b'%' {
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while let Some(&byte) = bytes.get(index) {
+        if byte != b'%' {
+            decoded.push(byte);
+            index += 1;
             continue;
         }
         let hex = bytes.get(index + 1..index + 3).and_then(|pair| std::str::from_utf8(pair).ok());
-        let Some(decoded) = hex.and_then(|pair| u8::from_str_radix(pair, 16).ok()) else {
+        let Some(value) = hex.and_then(|pair| u8::from_str_radix(pair, 16).ok()) else {
             return refuse("has a malformed percent-encoding");
         };
-        if decoded.is_ascii_alphanumeric() || matches!(decoded, b'-' | b'.' | b'_' | b'~' | b'/' | b'\\') {
-            return refuse("percent-encodes a character that needs no encoding (or / or \\)");
+        if value.is_ascii_alphanumeric() || matches!(value, b'-' | b'.' | b'_' | b'~' | b'/' | b'\\' | b';') {
+            return refuse("percent-encodes a character that needs no encoding (or / \\ ;)");
         }
+        if value.is_ascii_control() {
+            return refuse("percent-encodes a control character (NUL included)");
+        }
+        decoded.push(value);
+        index += 3;
+    }
+    let Ok(decoded) = String::from_utf8(decoded) else {
+        return refuse("decodes to bytes that are not UTF-8 (an overlong or partial sequence)");
+    };
+    let twice = decoded.as_bytes();
+    if twice.windows(3).any(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit()) {
+        return refuse("decodes to another percent-encoding (an upstream that decodes twice reads another path)");
     }
     Ok(())
 }
@@ -705,7 +806,53 @@ mod tests {
     use http::{HeaderMap, HeaderValue};
 
     use crate::problem::Rejection;
-    use crate::proxy::{parse_token, strip_hop_by_hop};
+    use crate::proxy::{check_path, parse_token, strip_hop_by_hop};
+
+    fn check_spelling(path: &str, accepted: bool) {
+        match (check_path(path), accepted) {
+            (Ok(()), true) | (Err(Rejection::Malformed(_)), false) => {}
+            (other, _) => panic!("{path:?}: got {other:?}, expected accepted = {accepted}"),
+        }
+    }
+
+    #[test]
+    fn a_path_has_one_spelling_decoded_once_or_twice() {
+        for plain in
+            ["/", "/ledger/acct-7/e", "/ledger/acct-7/", "/a%20b", "/caf%C3%A9", "/100%25", "/q%3Fx", "/%E2%82%AC"]
+        {
+            check_spelling(plain, true);
+        }
+        for other in [
+            "ledger",
+            "/a/../b",
+            "/a/./b",
+            "/a//b",
+            "/a;b",
+            "/a\\b",
+            "/a%2Fb",
+            "/a%5cb",
+            "/a%3Bb",
+            "/acct%2D7",
+            "/a%zz",
+            "/a%2",
+            "/a%00b",
+            "/a%0Ab",
+            "/a%7F",
+            "/a%C0%AE",
+            "/a%E0%80%AE",
+            "/a%ED%A0%80",
+            "/a%FF",
+            "/caf%E9",
+            "/a%252e",
+            "/a%252F",
+            "/a%2541",
+            "/caf\u{e9}",
+            "/a b",
+            "/a\tb",
+        ] {
+            check_spelling(other, false);
+        }
+    }
 
     fn check_token(text: &str, expected: Option<i64>) {
         match (parse_token(text), expected) {

@@ -72,6 +72,39 @@ impl Upstream {
         Ok(Upstream { addr, child, lines, log: Vec::new() })
     }
 
+    /// Starts `tests/upstreams/stdlib_upstream.py`, an upstream made of the Python standard
+    /// library only (http.server's keep-alive loop, wsgiref's header mapping), on a free loopback
+    /// port. Its log has a `"kind": "request"` line per request it acted on and a
+    /// `"kind": "connection"` line with every byte it received when a connection ends.
+    pub async fn start_stdlib() -> Result<Upstream> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/upstreams/stdlib_upstream.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("spawn python3 stdlib_upstream.py")?;
+        let (sender, lines) = mpsc::unbounded_channel();
+        let first = first_line_then_forward(&mut child, sender).await?;
+        let addr = first
+            .strip_prefix("listening ")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| anyhow!("unexpected first line {first:?}"))?;
+        Ok(Upstream { addr, child, lines, log: Vec::new() })
+    }
+
+    /// The requests the stdlib upstream acted on (after [`Upstream::collect`]).
+    pub fn requests(&self) -> Vec<&Value> {
+        self.log.iter().filter(|line| line["kind"] == "request").collect()
+    }
+
+    /// Every byte the stdlib upstream received on its connections that have ended (after
+    /// [`Upstream::collect`]), as latin-1 text.
+    pub fn raw_received(&self) -> String {
+        self.log.iter().filter(|line| line["kind"] == "connection").filter_map(|line| line["raw"].as_str()).collect()
+    }
+
     /// The base URL to configure a route with.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

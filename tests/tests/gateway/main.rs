@@ -11,6 +11,7 @@ mod demo;
 mod embedded;
 mod faults;
 mod grants;
+mod hygiene;
 mod inspect;
 mod observability;
 mod outbox;

@@ -111,8 +111,12 @@ impl KeepAlive {
             self.pending.clear();
         }
         let stream = self.stream.as_mut().unwrap();
-        let request =
-            format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nContent-Length: 2\r\n\r\n{{}}");
+        // A write carries a body; a read carries none (the gateway refuses a body on an unfenced method).
+        let body = if *method == Method::GET { "" } else { "{}" };
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
         stream.write_all(request.as_bytes()).await.unwrap();
         let (status, length, end) = loop {
             if let Some(end) = self.pending.windows(4).position(|w| w == b"\r\n\r\n") {

@@ -1,0 +1,271 @@
+//! Request hygiene (S8): nothing unfenced may carry a write. Each case is the exact bytes an
+//! attacker sends, and the upstream is the Python standard library's server
+//! (`tests/upstreams/stdlib_upstream.py`): HTTP/1.1 keep-alive, no body read on GET, wsgiref's
+//! header mapping, and a log of every byte it received. Each test fails with its rule taken out
+//! of the gateway: the smuggled request is run, the forged header is seen, the other spelling of
+//! the path arrives.
+
+use std::time::Duration;
+
+use fencing_tests::gateway::{Gateway, Upstream, raw};
+use fencing_tests::pg::TestDb;
+use serde_json::Value;
+
+use crate::routes;
+
+struct Hygiene {
+    _db: TestDb,
+    upstream: Upstream,
+    gateway: Gateway,
+}
+
+async fn hygiene() -> Hygiene {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start_stdlib().await.unwrap();
+    let gateway = Gateway::start(&db.url(), &routes(&upstream.url())).await.unwrap();
+    Hygiene { _db: db, upstream, gateway }
+}
+
+/// The whole answer to `request`, sent as raw bytes on a connection of its own.
+async fn answer(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    raw(addr, request).await.unwrap()
+}
+
+fn status_line(answer: &str) -> &str {
+    answer.lines().next().unwrap_or_default()
+}
+
+/// Asserts a refusal by the gateway: 400, and (but for HEAD) a problem+json body.
+fn assert_refused(answer: &str, what: &str) {
+    assert!(status_line(answer).starts_with("HTTP/1.1 400"), "{what}: {answer}");
+    assert!(answer.to_ascii_lowercase().contains("content-type: application/problem+json"), "{what}: {answer}");
+}
+
+/// Collects the upstream's log after the gateway's connections to it ended.
+async fn upstream_log(upstream: &mut Upstream) -> (Vec<Value>, String) {
+    upstream.collect(Duration::from_millis(700)).await;
+    (upstream.requests().into_iter().cloned().collect(), upstream.raw_received())
+}
+
+const SMUGGLED: &str =
+    "DELETE /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: smuggled\r\nContent-Length: 0\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_an_unfenced_method_never_carries_a_body_to_the_upstream() {
+    let mut h = hygiene().await;
+    let proxy = h.gateway.proxy;
+    for method in ["GET", "HEAD", "OPTIONS"] {
+        let with_length = format!(
+            "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: cl-{method}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{SMUGGLED}",
+            SMUGGLED.len()
+        );
+        let reply = answer(proxy, with_length.as_bytes()).await;
+        if method == "HEAD" {
+            assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "{method} with a body: {reply}");
+        } else {
+            assert_refused(&reply, &format!("{method} with a Content-Length body"));
+        }
+        let chunked = format!(
+            "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: te-{method}\r\nTransfer-Encoding: chunked\r\n\
+             Connection: close\r\n\r\n{:x}\r\n{SMUGGLED}\r\n0\r\n\r\n",
+            SMUGGLED.len()
+        );
+        let reply = answer(proxy, chunked.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "{method} with a chunked body: {reply}");
+    }
+    // An empty body, said either way, is no body: those pass.
+    let empty = "GET /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: empty\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let reply = answer(proxy, empty.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids, ["empty"], "only the bodiless GET may reach the upstream: {requests:?}");
+    assert!(!received.contains("DELETE"), "the smuggled request's bytes reached the upstream: {received:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_header_names_with_underscores_never_reach_the_upstream() {
+    let mut h = hygiene().await;
+    let proxy = h.gateway.proxy;
+    // Names that a WSGI or CGI upstream reads as a header the gateway sets, strips or reads.
+    let forged = [
+        ("POST", "/fixed", "Fencing-Token: 1\r\nFencing_Token: 999\r\n"),
+        ("POST", "/fixed", "Fencing-Token: 1\r\nFencing_Resource: acct-9\r\n"),
+        ("POST", "/jobs", "Fencing-Token: 1\r\nFencing-Resource: job-1\r\nfencing_resource: job-2\r\n"),
+        ("POST", "/ledger/acct-1/e", "Fencing_Lease: ledger-writer\r\nFencing_Owner: x\r\n"),
+        ("GET", "/fixed", "X_Forwarded_For: 6.6.6.6\r\n"),
+        ("GET", "/fixed", "X_Real_IP: 6.6.6.6\r\n"),
+        ("GET", "/fixed", "X_Forwarded-Host: evil.example\r\n"),
+        ("GET", "/fixed", "X_HTTP_Method_Override: DELETE\r\n"),
+        ("GET", "/fixed", "X_Original_URL: /ledger/acct-1/e\r\n"),
+        ("GET", "/fixed", "Content_Length: 5\r\n"),
+    ];
+    for (n, (method, path, headers)) in forged.iter().enumerate() {
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: forged-{n}\r\n{headers}Content-Length: 0\r\n\
+             Connection: close\r\n\r\n"
+        );
+        assert_refused(&answer(proxy, request.as_bytes()).await, headers);
+    }
+    // Any other name with `_` is dropped, as nginx does by default (`underscores_in_headers off`).
+    for (method, token) in [("GET", ""), ("POST", "Fencing-Token: 1\r\n")] {
+        let request = format!(
+            "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: dropped-{method}\r\n{token}X_Custom_Thing: 1\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let reply = answer(proxy, request.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    }
+
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids, ["dropped-GET", "dropped-POST"], "{requests:?}");
+    for request in &requests {
+        let environ = request["environ"].as_object().unwrap();
+        assert!(!environ.contains_key("HTTP_X_CUSTOM_THING"), "an underscore header reached the upstream: {request}");
+        assert!(request["fencing_token"].is_null() || request["fencing_token"] == "1", "{request}");
+    }
+    assert!(!received.contains('_'), "a header name with _ reached the upstream: {received:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_method_overrides_on_unfenced_methods_are_refused_and_rewrite_headers_stripped() {
+    let mut h = hygiene().await;
+    let proxy = h.gateway.proxy;
+    for (n, (method, header)) in [
+        ("GET", "X-HTTP-Method-Override: DELETE"),
+        ("GET", "X-Method-Override: PUT"),
+        ("GET", "X-HTTP-Method: DELETE"),
+        ("OPTIONS", "X-HTTP-Method-Override: POST"),
+        ("HEAD", "x-http-method-override: PATCH"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let request = format!(
+            "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: override-{n}\r\n{header}\r\nConnection: close\r\n\r\n"
+        );
+        let reply = answer(proxy, request.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "{method} {header}: {reply}");
+    }
+    // On a fenced write an override is fenced with it: it goes on, decided on the path's resource.
+    let fenced = "POST /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: fenced-override\r\nFencing-Token: 1\r\n\
+                  X-HTTP-Method-Override: DELETE\r\nX-Original-URL: /ledger/acct-1/e\r\nX-Rewrite-URL: /ledger/acct-1/e\r\n\
+                  Content-Length: 2\r\nConnection: close\r\n\r\n{}";
+    let reply = answer(proxy, fenced.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    let read = "GET /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: rewrite-read\r\n\
+                X-Original-URL: /ledger/acct-1/e\r\nX-Rewrite-URL: /ledger/acct-1/e\r\nConnection: close\r\n\r\n";
+    let reply = answer(proxy, read.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids, ["fenced-override", "rewrite-read"], "{requests:?}");
+    for request in &requests {
+        let environ = request["environ"].as_object().unwrap();
+        assert!(
+            !environ.contains_key("HTTP_X_ORIGINAL_URL") && !environ.contains_key("HTTP_X_REWRITE_URL"),
+            "a URL rewrite header reached the upstream: {request}"
+        );
+    }
+    assert_eq!(requests[0]["fencing_token"], "1");
+    assert!(!received.to_ascii_lowercase().contains("x-original-url"), "{received:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
+    let mut h = hygiene().await;
+    let proxy = h.gateway.proxy;
+    let paths: [&[u8]; 13] = [
+        b"/fixed/%00",
+        b"/fixed/a%00b",
+        b"/fixed/%0a",
+        b"/fixed/%c0%ae%c0%ae/x",
+        b"/fixed/%e0%80%ae",
+        b"/fixed/%252e%252e/x",
+        b"/fixed/%252f",
+        b"/fixed/%255c",
+        b"/fixed/%ff",
+        b"/fixed/caf%e9",
+        b"/fixed/%3b/x",
+        b"/fixed/\xff",
+        b"/fixed/caf\xc3\xa9",
+    ];
+    for (n, path) in paths.iter().enumerate() {
+        for (method, token) in [("GET", ""), ("POST", "Fencing-Token: 1\r\n")] {
+            let mut request = format!("{method} ").into_bytes();
+            request.extend_from_slice(path);
+            request.extend_from_slice(
+                format!(
+                    " HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: path-{n}-{method}\r\n{token}Content-Length: 0\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            );
+            let reply = answer(proxy, &request).await;
+            assert!(
+                status_line(&reply).starts_with("HTTP/1.1 400"),
+                "{method} {}: {reply}",
+                String::from_utf8_lossy(path)
+            );
+        }
+    }
+    // Their one plain spellings pass: a UTF-8 name percent-encoded, a percent sign encoded.
+    for (n, path) in ["/fixed/caf%C3%A9", "/fixed/100%25", "/fixed/a%20b"].iter().enumerate() {
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: plain-{n}\r\nConnection: close\r\n\r\n");
+        let reply = answer(proxy, request.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{path}: {reply}");
+    }
+
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    let paths: Vec<&str> = requests.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert_eq!(paths, ["/fixed/caf%C3%A9", "/fixed/100%25", "/fixed/a%20b"], "{requests:?}");
+    assert!(!received.contains("path-"), "a refused spelling reached the upstream: {received:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_a_host_port_outside_1_to_65535_is_refused_on_both_listeners() {
+    let mut h = hygiene().await;
+    for (n, host) in
+        ["127.0.0.1:99999", "localhost:0", "localhost:65536", "localhost:", "[::1]:70000"].iter().enumerate()
+    {
+        for (addr, path) in [(h.gateway.proxy, "/fixed"), (h.gateway.control, "/healthz")] {
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Request-Id: host-{n}\r\nConnection: close\r\n\r\n");
+            let reply = answer(addr, request.as_bytes()).await;
+            assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "Host: {host} on {path}: {reply}");
+        }
+    }
+    let request = "GET /fixed HTTP/1.1\r\nHost: localhost:65535\r\nX-Request-Id: host-ok\r\nConnection: close\r\n\r\n";
+    let reply = answer(h.gateway.proxy, request.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+
+    let (requests, _) = upstream_log(&mut h.upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids, ["host-ok"], "{requests:?}");
+    let forwarded = requests[0]["environ"]["HTTP_FORWARDED"].as_str().unwrap_or_default();
+    assert!(forwarded.contains("host=\"localhost:65535\""), "{forwarded}");
+}
+
+/// A fenced write's body is sent with its own length, whatever it holds: an upstream that frames
+/// requests correctly reads an HTTP request in a body as data (README, "An upstream that checks
+/// Fencing-Token").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_body_that_holds_a_request_is_one_request_at_the_upstream() {
+    let mut h = hygiene().await;
+    let request = format!(
+        "POST /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: carrier\r\nFencing-Token: 3\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{SMUGGLED}",
+        SMUGGLED.len()
+    );
+    let reply = answer(h.gateway.proxy, request.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    let (requests, _) = upstream_log(&mut h.upstream).await;
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!((requests[0]["method"].as_str(), requests[0]["body"].as_str()), (Some("POST"), Some(SMUGGLED)));
+    assert_eq!(requests[0]["fencing_token"], "3");
+}
