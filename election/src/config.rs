@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 
-use crate::Error;
-use crate::runtime::{self, ElectorHandle};
+use crate::error::Error;
 
 /// The lease duration unless set.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -51,11 +50,6 @@ impl Elector {
             query_timeout: None,
             shutdown_grace: None,
         }
-    }
-
-    /// Spawns the elector's background task on the current Tokio runtime.
-    pub fn start(self) -> ElectorHandle {
-        runtime::start(self)
     }
 
     /// The lease key.
@@ -151,7 +145,7 @@ impl ElectorBuilder {
         self
     }
 
-    /// How long [`ElectorHandle::shutdown`] waits for leader work before releasing. Default ttl/2.
+    /// How long `ElectorHandle::shutdown` waits for leader work before releasing. Default ttl/2.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = Some(grace);
         self

@@ -81,8 +81,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::clock::BootInstant;
+use crate::config::Elector;
+use crate::error::Error;
 use crate::membership::{Membership, MembershipHandle, Registration};
-use crate::{Elector, ElectorHandle, Error, FencingToken, Leadership};
+use crate::runtime::ElectorHandle;
+use crate::state::{FencingToken, Leadership};
 
 /// How long a node has to acknowledge an assignment unless set.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(30);

@@ -44,8 +44,8 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::Error;
 use crate::clock::BootInstant;
+use crate::error::Error;
 
 /// How often a node heartbeats unless set.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);

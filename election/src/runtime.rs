@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::Error;
 use crate::clock::BootInstant;
 use crate::config::{Elector, RENEW_JITTER};
+use crate::error::Error;
 use crate::metrics as names;
 use crate::state::{Deadline, Event, FencingToken, LeaderState, Leadership, LossReason};
 
@@ -65,6 +65,13 @@ impl Shared {
     fn publish(&self, event: Event) {
         // No subscriber is fine: events are for whoever listens.
         let _ = self.events.send(event);
+    }
+}
+
+impl Elector {
+    /// Spawns the elector's background task on the current Tokio runtime.
+    pub fn start(self) -> ElectorHandle {
+        start(self)
     }
 }
 

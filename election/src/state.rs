@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
 use crate::clock::BootInstant;
+use crate::error::Error;
 
 /// A period's deadline on two clocks: `boot` (`CLOCK_BOOTTIME`) decides whether the period
 /// lasts; `wake` (tokio's clock) only schedules wake-ups and is what [`Leadership::deadline`]

@@ -15,3 +15,19 @@ pub enum Error {
     #[error("{0}")]
     Setup(String),
 }
+
+/// An error and its sources on one line (`a: b: c`), for logs and messages: a failed TLS
+/// handshake says why, not only that it failed.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

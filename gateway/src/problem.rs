@@ -1,5 +1,6 @@
-//! Every 4xx and 5xx the gateway itself produces: `application/problem+json` (RFC 9457), and
-//! the one place that maps an outcome to its status, body and metric label.
+//! Every 4xx and 5xx the gateway itself produces is a [`Problem`]: `application/problem+json`
+//! (RFC 9457). The proxy's refusals map onto it in `proxy::rejection`, the control API's in
+//! `control`.
 
 use axum::body::Body;
 use http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -8,210 +9,6 @@ use serde_json::{Value, json};
 
 /// The header that tells a refused writer the term it lost to.
 pub const FENCING_CURRENT_TERM: &str = "fencing-current-term";
-
-/// The label of `fencing_writes_total{outcome}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Admitted and forwarded (whatever the upstream answered).
-    Admitted,
-    /// The term is lower than the resource's maximum or its lease's current term.
-    Stale,
-    /// Stamp mode: the owner does not hold the lease; or the bound lease is not held.
-    NotLeader,
-    /// A bound resource was written with a term above its lease's current term.
-    FutureTerm,
-    /// A fenced write presented no token and no lease.
-    MissingToken,
-    /// The request was malformed (token, headers, body size, resource).
-    Malformed,
-    /// The fence decision could not be made.
-    Unavailable,
-    /// Admitted, but the upstream could not be reached or timed out.
-    UpstreamError,
-    /// No valid bearer token (401), or the client may not use the lease (403).
-    Unauthorized,
-}
-
-impl Outcome {
-    /// The metric label.
-    pub fn as_label(self) -> &'static str {
-        match self {
-            Outcome::Admitted => "admitted",
-            Outcome::Stale => "stale",
-            Outcome::NotLeader => "not_leader",
-            Outcome::FutureTerm => "future_term",
-            Outcome::MissingToken => "missing_token",
-            Outcome::Malformed => "malformed",
-            Outcome::Unavailable => "unavailable",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Unauthorized => "unauthorized",
-        }
-    }
-}
-
-/// Why the gateway answered a request itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rejection {
-    /// No route matches the path.
-    NoRoute,
-    /// CONNECT, or another method the proxy never forwards.
-    MethodNotAllowed,
-    /// A fence decision refused the write.
-    Fenced {
-        /// Stale, NotLeader or FutureTerm.
-        outcome: Outcome,
-        /// The resource written.
-        resource: String,
-        /// The fence the decision was made on (the resource, or `<prefix>/<resource>` for an
-        /// unbound route).
-        fence: String,
-        /// The term presented (`None` in stamp mode when no term applies).
-        presented_term: Option<i64>,
-        /// The term the writer lost to.
-        current_term: Option<i64>,
-    },
-    /// A fenced write with neither `Fencing-Token` nor `Fencing-Lease`.
-    MissingToken,
-    /// Malformed input; the detail says what.
-    Malformed(String),
-    /// The body is over the limit.
-    BodyTooLarge {
-        /// The limit in bytes.
-        limit: u64,
-    },
-    /// The fence store did not decide in time or failed.
-    Unavailable,
-    /// The upstream could not be reached.
-    UpstreamUnreachable,
-    /// The upstream did not answer before the write's forward deadline.
-    UpstreamTimeout,
-    /// Clients are configured and the write carries no valid bearer token.
-    Unauthenticated(crate::auth::Unauthenticated),
-    /// The authenticated client may not write under this lease; the detail says which.
-    Forbidden(String),
-    /// `Host` is missing, repeated or malformed (400), or not one of the configured names
-    /// (421); the problem says which.
-    BadHost(Problem),
-}
-
-impl Rejection {
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        match self {
-            Rejection::NoRoute => StatusCode::NOT_FOUND,
-            Rejection::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Rejection::Fenced { .. } => StatusCode::CONFLICT,
-            Rejection::MissingToken => StatusCode::PRECONDITION_REQUIRED,
-            Rejection::Malformed(_) => StatusCode::BAD_REQUEST,
-            Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Rejection::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
-            Rejection::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Rejection::Forbidden(_) => StatusCode::FORBIDDEN,
-            Rejection::BadHost(problem) => problem.status,
-        }
-    }
-
-    /// The `outcome` label, for rejections of writes on a route.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Rejection::Fenced { outcome, .. } => *outcome,
-            Rejection::MissingToken => Outcome::MissingToken,
-            Rejection::NoRoute
-            | Rejection::MethodNotAllowed
-            | Rejection::Malformed(_)
-            | Rejection::BodyTooLarge { .. }
-            | Rejection::BadHost(_) => Outcome::Malformed,
-            Rejection::Unauthenticated(_) | Rejection::Forbidden(_) => Outcome::Unauthorized,
-            Rejection::Unavailable => Outcome::Unavailable,
-            Rejection::UpstreamUnreachable | Rejection::UpstreamTimeout => Outcome::UpstreamError,
-        }
-    }
-
-    /// The problem document.
-    pub fn problem(&self) -> Problem {
-        let status = self.status();
-        match self {
-            Rejection::NoRoute => Problem::new(status, "no-route", "No route", "no configured route matches this path"),
-            Rejection::MethodNotAllowed => Problem::new(
-                status,
-                "method-not-allowed",
-                "Method not allowed",
-                "the gateway forwards only to configured upstreams; CONNECT and TRACE are refused",
-            ),
-            Rejection::Fenced { outcome, resource, fence, presented_term, current_term } => {
-                let (kind, title, detail) = match outcome {
-                    Outcome::FutureTerm => (
-                        "future-term",
-                        "Future term",
-                        format!(
-                            "resource {resource:?} is bound to a lease whose current term is lower than the presented term"
-                        ),
-                    ),
-                    Outcome::NotLeader => (
-                        "not-leader",
-                        "Not the leader",
-                        format!(
-                            "the lease that resource {resource:?} needs is not held by this writer: its owner does not \
-                             hold it (stamp mode), it has expired or been released, or the resource is bound to another \
-                             lease than this route's"
-                        ),
-                    ),
-                    _ => (
-                        "stale-term",
-                        "Stale term",
-                        format!(
-                            "a term newer than the presented one exists for resource {resource:?} (admitted for it, or granted to the \
-                             lease it is bound to): this writer's period is over; it must stop acting as leader"
-                        ),
-                    ),
-                };
-                Problem::new(status, kind, title, &detail)
-                    .with("resource", json!(resource))
-                    .with("fence", json!(fence))
-                    .with("presented_term", json!(presented_term))
-                    .with("current_term", json!(current_term))
-                    .current_term(*current_term)
-            }
-            Rejection::MissingToken => Problem::new(
-                status,
-                "missing-token",
-                "Fencing token required",
-                "a fenced write must present Fencing-Token, or Fencing-Lease with Fencing-Owner",
-            ),
-            Rejection::Malformed(detail) => Problem::new(status, "malformed-request", "Malformed request", detail),
-            Rejection::BodyTooLarge { limit } => Problem::new(
-                status,
-                "body-too-large",
-                "Request body too large",
-                &format!("the request body is over the limit of {limit} bytes"),
-            ),
-            Rejection::Unavailable => Problem::new(
-                status,
-                "fence-store-unavailable",
-                "Fence store unavailable",
-                "the fence decision could not be made; the write was not forwarded",
-            )
-            .retry_after(1),
-            Rejection::UpstreamUnreachable => Problem::new(
-                status,
-                "upstream-unreachable",
-                "Upstream unreachable",
-                "the write was admitted but the upstream could not be reached",
-            ),
-            Rejection::UpstreamTimeout => Problem::new(
-                status,
-                "upstream-timeout",
-                "Upstream timed out",
-                "the write was admitted but the upstream did not answer before its forward deadline; it was aborted",
-            ),
-            Rejection::Unauthenticated(reason) => unauthenticated(*reason),
-            Rejection::Forbidden(detail) => forbidden(detail),
-            Rejection::BadHost(problem) => problem.clone(),
-        }
-    }
-}
 
 /// An RFC 9457 problem document and the headers that go with it.
 #[derive(Debug, Clone, PartialEq)]
@@ -225,10 +22,9 @@ pub struct Problem {
 
 impl Eq for Problem {}
 
-/// 401: no valid bearer token. Says why, never which clients exist.
-pub fn unauthenticated(reason: crate::auth::Unauthenticated) -> Problem {
-    let mut problem =
-        Problem::new(StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required", &reason.to_string());
+/// 401: no valid bearer token. Says why (`detail`), never which clients exist.
+pub fn unauthenticated(detail: &str) -> Problem {
+    let mut problem = Problem::new(StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required", detail);
     problem.bearer_challenge = true;
     problem
 }

@@ -182,7 +182,7 @@ fn token_prints_a_token_and_the_sha256_the_configuration_keeps() {
         .find_map(|line| line.strip_prefix("token_sha256 = \""))
         .and_then(|rest| rest.strip_suffix('"'))
         .expect("the hash line");
-    assert_eq!(hash, fencing_gateway::auth::token_sha256_hex(token));
+    assert_eq!(hash, fencing_gateway::security::auth::token_sha256_hex(token));
     assert!(token.len() >= 64, "a token of 32 random bytes: {token}");
     assert!(stdout.contains("leases = [\"billing-*\"]") && stdout.contains("read = true"), "{stdout}");
     let bad = gateway().args(["token", "--name", "a/b"]).output().expect("run");

@@ -2,7 +2,15 @@
 
 use tokio_postgres::error::SqlState;
 
-use crate::{SQLSTATE_INVALID_ARGUMENT, SQLSTATE_REFUSED};
+/// The SQLSTATE every refused write raises (class `ZF`, implementation-defined: "fencing").
+///
+/// Raised by `fencing.admit` and the `fencing.guard` trigger when a term is lower than the
+/// resource's maximum, when a bound resource is written with a term other than its lease's
+/// current term or while that lease is not held, and when a guarded write presents no term.
+pub const SQLSTATE_REFUSED: &str = "ZF409";
+
+/// The SQLSTATE every invalid argument raises (`invalid_parameter_value`).
+pub const SQLSTATE_INVALID_ARGUMENT: &str = "22023";
 
 /// What can go wrong when migrating or calling the fencing functions.
 #[derive(Debug, thiserror::Error)]

@@ -20,21 +20,11 @@ mod error;
 mod migrations;
 pub mod store;
 
-pub use error::Error;
+pub use error::{Error, SQLSTATE_INVALID_ARGUMENT, SQLSTATE_REFUSED};
 pub use migrations::{
     ADVISORY_LOCK_KEY, FUNCTIONS, LATEST_VERSION, MIGRATIONS, Migration, MigrationReport, Repeatable,
     check_schema_version, migrate, schema_version,
 };
-
-/// The SQLSTATE every refused write raises (class `ZF`, implementation-defined: "fencing").
-///
-/// Raised by `fencing.admit` and the `fencing.guard` trigger when a term is lower than the
-/// resource's maximum, when a bound resource is written with a term other than its lease's
-/// current term or while that lease is not held, and when a guarded write presents no term.
-pub const SQLSTATE_REFUSED: &str = "ZF409";
-
-/// The SQLSTATE every invalid argument raises (`invalid_parameter_value`).
-pub const SQLSTATE_INVALID_ARGUMENT: &str = "22023";
 
 /// The longest lease ttl the SQL functions accept (`fencing.max_ttl()`).
 pub const MAX_TTL: std::time::Duration = std::time::Duration::from_secs(3600);

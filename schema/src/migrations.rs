@@ -10,7 +10,7 @@
 use tokio_postgres::Client;
 use tracing::info;
 
-use crate::Error;
+use crate::error::Error;
 
 /// One versioned migration file.
 #[derive(Debug, Clone, Copy)]

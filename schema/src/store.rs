@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio_postgres::{GenericClient, Row};
 
-use crate::Error;
+use crate::error::Error;
 
 /// The row `fencing.acquire` and `fencing.renew` return.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! on a free loopback port, tuned for tests (`fsync=off`). PostgreSQL refuses to run as root, so
 //! when the tests run as root the cluster runs as an unprivileged user (`postgres`, or the one
 //! named in `FENCING_PG_USER`) that owns the temp dir. Finding the binaries and that user is
-//! shared with the gateway's embedded Postgres (`fencing_gateway::embedded`).
+//! shared with the gateway's embedded Postgres (`fencing_gateway::ops::embedded`).
 //!
 //! Cleanup does not depend on the test process ending well. Each cluster has a supervisor, a
 //! small shell in its own process group that blocks reading a pipe whose only writer is the test
@@ -22,11 +22,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use anyhow::{Context, Result, anyhow, bail};
-use fencing_gateway::embedded::{RunAs, describe, find_bin_dir, unprivileged_user};
+use fencing_gateway::ops::embedded::{RunAs, describe, find_bin_dir, unprivileged_user};
 use tokio_postgres::{Client, NoTls};
 
 /// The superuser every test cluster is initialised with.
-pub use fencing_gateway::embedded::SUPERUSER;
+pub use fencing_gateway::ops::embedded::SUPERUSER;
 
 /// Whether the cluster flushes its WAL to disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

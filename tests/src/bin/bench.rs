@@ -28,7 +28,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use axum::body::Body;
 use bytes::Bytes;
 use fencing_gateway::proxy::strip_hop_by_hop;
-use fencing_gateway::upstream::connector;
+use fencing_gateway::proxy::upstream::connector;
 use fencing_tests::gateway::{Gateway, JSON, send};
 use fencing_tests::pg::{Durability, PgCluster, connect};
 use fencing_tests::workspace_bin;
@@ -97,7 +97,7 @@ async fn main() -> Result<()> {
 async fn passthrough(upstream: Uri) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
-    let tls = fencing_gateway::tls::upstream_client_config(None, false).map_err(|e| anyhow::anyhow!(e))?;
+    let tls = fencing_gateway::security::tls::upstream_client_config(None, false).map_err(|e| anyhow::anyhow!(e))?;
     let client: Client<_, Body> = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(connector(Duration::from_secs(1), tls));

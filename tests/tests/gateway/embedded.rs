@@ -30,7 +30,7 @@ fn assert_private(data_dir: &Path) {
         return; // Only root can act as another user; the mode and owner above are the proof.
     }
     let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("a user nobody");
-    let psql = fencing_gateway::embedded::find_bin_dir().unwrap().join("psql");
+    let psql = fencing_gateway::ops::embedded::find_bin_dir().unwrap().join("psql");
     for host in [socket_dir.as_str(), "127.0.0.1"] {
         let output = std::process::Command::new(&psql)
             .args([

@@ -101,6 +101,12 @@ async fn s8_header_names_with_underscores_never_reach_the_upstream() {
         ("GET", "/fixed", "X_HTTP_Method_Override: DELETE\r\n"),
         ("GET", "/fixed", "X_Original_URL: /ledger/acct-1/e\r\n"),
         ("GET", "/fixed", "Content_Length: 5\r\n"),
+        // Any character but a-z 0-9 - reads as _ to CGI and FastCGI servers (lighttpd, PHP).
+        ("POST", "/fixed", "Fencing-Token: 1\r\nFencing.Token: 999\r\n"),
+        ("POST", "/jobs", "Fencing-Token: 1\r\nFencing-Resource: job-1\r\nFencing+Resource: job-2\r\n"),
+        ("POST", "/fixed", "Fencing-Token: 1\r\nFencing~Owner: x\r\n"),
+        ("GET", "/fixed", "X.Forwarded.For: 6.6.6.6\r\n"),
+        ("GET", "/fixed", "X*Real*IP: 6.6.6.6\r\n"),
     ];
     for (n, (method, path, headers)) in forged.iter().enumerate() {
         let request = format!(
@@ -109,11 +115,12 @@ async fn s8_header_names_with_underscores_never_reach_the_upstream() {
         );
         assert_refused(&answer(proxy, request.as_bytes()).await, headers);
     }
-    // Any other name with `_` is dropped, as nginx does by default (`underscores_in_headers off`).
+    // Any other such name is dropped, as nginx does by default (`underscores_in_headers off`,
+    // `ignore_invalid_headers`).
     for (method, token) in [("GET", ""), ("POST", "Fencing-Token: 1\r\n")] {
         let request = format!(
             "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: dropped-{method}\r\n{token}X_Custom_Thing: 1\r\n\
-             Content-Length: 0\r\nConnection: close\r\n\r\n"
+             X.Other.Thing: 2\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         );
         let reply = answer(proxy, request.as_bytes()).await;
         assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
@@ -128,6 +135,7 @@ async fn s8_header_names_with_underscores_never_reach_the_upstream() {
         assert!(request["fencing_token"].is_null() || request["fencing_token"] == "1", "{request}");
     }
     assert!(!received.contains('_'), "a header name with _ reached the upstream: {received:?}");
+    assert!(!received.to_ascii_lowercase().contains("x.other.thing"), "{received:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,6 +157,15 @@ async fn s8_method_overrides_on_unfenced_methods_are_refused_and_rewrite_headers
         );
         let reply = answer(proxy, request.as_bytes()).await;
         assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "{method} {header}: {reply}");
+    }
+    // A `_method` query parameter, however its name is spelled.
+    for (n, query) in ["_method=DELETE", "x=1&_METHOD=put", "%5Fmethod=DELETE", "a=b;_method=PATCH"].iter().enumerate()
+    {
+        let request = format!(
+            "GET /fixed?{query} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: query-override-{n}\r\nConnection: close\r\n\r\n"
+        );
+        let reply = answer(proxy, request.as_bytes()).await;
+        assert_refused(&reply, query);
     }
     // On a fenced write an override is fenced with it: it goes on, decided on the path's resource.
     let fenced = "POST /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: fenced-override\r\nFencing-Token: 1\r\n\
@@ -179,7 +196,20 @@ async fn s8_method_overrides_on_unfenced_methods_are_refused_and_rewrite_headers
 async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
     let mut h = hygiene().await;
     let proxy = h.gateway.proxy;
-    let paths: [&[u8]; 13] = [
+    let paths: [&[u8]; 26] = [
+        b"/fixed/%2B",
+        b"/fixed/%3A%40%21",
+        b"/fixed/a\"b",
+        b"/fixed/a|b",
+        b"/fixed/[x]",
+        b"/fixed/%C2%85",
+        b"/fixed/%E2%80%AE",
+        b"/fixed/%EF%BB%BF",
+        b"/fixed/%EF%BC%8E%EF%BC%8E/x",
+        b"/fixed/%EF%BC%8F",
+        b"/fixed/%25u002e%25u002e/x",
+        b"/fixed/%C2%A0",
+        b"/fixed/%E2%80%8B",
         b"/fixed/%00",
         b"/fixed/a%00b",
         b"/fixed/%0a",
@@ -230,9 +260,9 @@ async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s8_a_host_port_outside_1_to_65535_is_refused_on_both_listeners() {
     let mut h = hygiene().await;
-    for (n, host) in
-        ["127.0.0.1:99999", "localhost:0", "localhost:65536", "localhost:", "[::1]:70000"].iter().enumerate()
-    {
+    let hosts =
+        ["127.0.0.1:99999", "localhost:0", "localhost:65536", "[::1]:70000", "[::1].evil.example:0", "[::1]x:99999"];
+    for (n, host) in hosts.iter().enumerate() {
         for (addr, path) in [(h.gateway.proxy, "/fixed"), (h.gateway.control, "/healthz")] {
             let request =
                 format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Request-Id: host-{n}\r\nConnection: close\r\n\r\n");
@@ -240,13 +270,15 @@ async fn s8_a_host_port_outside_1_to_65535_is_refused_on_both_listeners() {
             assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "Host: {host} on {path}: {reply}");
         }
     }
-    let request = "GET /fixed HTTP/1.1\r\nHost: localhost:65535\r\nX-Request-Id: host-ok\r\nConnection: close\r\n\r\n";
-    let reply = answer(h.gateway.proxy, request.as_bytes()).await;
-    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    for (id, host) in [("host-ok", "localhost:65535"), ("host-empty-port", "localhost:")] {
+        let request = format!("GET /fixed HTTP/1.1\r\nHost: {host}\r\nX-Request-Id: {id}\r\nConnection: close\r\n\r\n");
+        let reply = answer(h.gateway.proxy, request.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{host}: {reply}");
+    }
 
     let (requests, _) = upstream_log(&mut h.upstream).await;
     let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
-    assert_eq!(ids, ["host-ok"], "{requests:?}");
+    assert_eq!(ids, ["host-ok", "host-empty-port"], "{requests:?}");
     let forwarded = requests[0]["environ"]["HTTP_FORWARDED"].as_str().unwrap_or_default();
     assert!(forwarded.contains("host=\"localhost:65535\""), "{forwarded}");
 }
@@ -268,4 +300,82 @@ async fn a_fenced_body_that_holds_a_request_is_one_request_at_the_upstream() {
     assert_eq!(requests.len(), 1, "{requests:?}");
     assert_eq!((requests[0]["method"].as_str(), requests[0]["body"].as_str()), (Some("POST"), Some(SMUGGLED)));
     assert_eq!(requests[0]["fencing_token"], "3");
+}
+
+/// A fenced write carries a body only on the route's body methods (POST, PUT, PATCH by default):
+/// the Python server reads no body for PURGE, so the body of an admitted PURGE would be read as
+/// a second request, with a token its author forged, against a resource of another route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_a_fenced_write_carries_a_body_only_on_a_body_method() {
+    let mut h = hygiene().await;
+    let smuggled = "DELETE /ledger/acct-1/e HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 999999\r\n\
+                    Fencing-Resource: acct-1\r\nX-Request-Id: smuggled\r\nContent-Length: 0\r\n\r\n";
+    for (n, method) in ["PURGE", "DELETE", "MOVE"].iter().enumerate() {
+        for framing in ["length", "chunked"] {
+            let head = format!(
+                "{method} /jobs HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: carrier-{n}-{framing}\r\n\
+                 Fencing-Token: 1\r\nFencing-Resource: fresh-{n}\r\nConnection: close\r\n"
+            );
+            let request = match framing {
+                "length" => format!("{head}Content-Length: {}\r\n\r\n{smuggled}", smuggled.len()),
+                _ => format!("{head}Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{smuggled}\r\n0\r\n\r\n", smuggled.len()),
+            };
+            assert_refused(&answer(h.gateway.proxy, request.as_bytes()).await, &format!("{method} ({framing})"));
+        }
+    }
+    // Without a body these methods are writes like any other.
+    let bodiless = "PURGE /jobs HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: bodiless\r\nFencing-Token: 1\r\n\
+                    Fencing-Resource: fresh-9\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let reply = answer(h.gateway.proxy, bodiless.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids, ["bodiless"], "{requests:?}");
+    assert!(!received.contains("smuggled"), "the smuggled request's bytes reached the upstream: {received:?}");
+    let client = h._db.connect().await;
+    let fences = client.query("SELECT resource FROM fencing.fences ORDER BY resource", &[]).await.unwrap();
+    let fences: Vec<String> = fences.iter().map(|row| row.get(0)).collect();
+    assert_eq!(fences, ["/jobs/fresh-9"], "a refused write changed a fence");
+}
+
+/// What a client claims of itself or of the fence never reaches the upstream from a peer that
+/// is not a trusted proxy: every `X-Forwarded*` and client-address header, a `Fencing-*` header
+/// the gateway does not set, and `Proxy` (httpoxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_client_claims_and_foreign_fencing_headers_never_reach_the_upstream() {
+    let mut h = hygiene().await;
+    let claims = "X-Forwarded-Uri: /admin\r\nX-Forwarded-Path: /admin\r\nX-Forwarded-Client-Cert: CN=admin\r\n\
+                  X-Forwarded-Scheme: https\r\nX-Forwarded-Ssl: on\r\nX-Original-URI: /admin\r\nTrue-Client-IP: 6.6.6.6\r\n\
+                  X-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nFencing-Current-Term: 5\r\nFencing-Whatever: 1\r\n\
+                  Proxy: http://evil.example\r\n";
+    for (id, method, token) in [("claims-read", "GET", ""), ("claims-write", "POST", "Fencing-Token: 1\r\n")] {
+        let request = format!(
+            "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: {id}\r\n{token}{claims}Content-Length: 0\r\n\
+             Connection: close\r\n\r\n"
+        );
+        let reply = answer(h.gateway.proxy, request.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    }
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let lower = received.to_ascii_lowercase();
+    for claim in [
+        "x-forwarded-uri",
+        "x-forwarded-path",
+        "x-forwarded-client-cert",
+        "x-forwarded-scheme",
+        "x-forwarded-ssl",
+        "x-original-uri",
+        "true-client-ip",
+        "x-client-ip",
+        "cf-connecting-ip",
+        "fencing-current-term",
+        "fencing-whatever",
+        "proxy:",
+        "6.6.6.6",
+        "/admin",
+    ] {
+        assert!(!lower.contains(claim), "{claim} reached the upstream: {received:?}");
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fencing_gateway::auth::token_sha256_hex;
+use fencing_gateway::security::auth::token_sha256_hex;
 use fencing_tests::fencing_state;
 use fencing_tests::gateway::{Gateway, JSON, Reply, Upstream, raw, send};
 use fencing_tests::pg::TestDb;

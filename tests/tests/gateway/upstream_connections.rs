@@ -1,4 +1,4 @@
-//! The upstream connections a client connection drives itself (`gateway/src/upstream.rs`):
+//! The upstream connections a client connection drives itself (`gateway/src/proxy/upstream.rs`):
 //! kept alive and reused, one per client connection, never reused after an upstream closed
 //! them, and never a request sent twice. And the proxy threads' CPU pinning.
 

@@ -31,20 +31,13 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::upstream::Upstreams;
+/// Answers the requests of one connection: made once per connection, so what it holds (the
+/// proxy's upstream connections, say) belongs to that connection.
+pub type Connection =
+    Arc<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
 
-/// A request handler: the request and the connection it came on in, the response out.
-pub type Handler =
-    Arc<dyn Fn(Request<Incoming>, Arc<Peer>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
-
-/// The client connection a request came on.
-#[derive(Debug)]
-pub struct Peer {
-    /// The client's address.
-    pub remote: SocketAddr,
-    /// The connection's own upstream connections (the proxy's; the control API has none).
-    pub upstreams: Arc<Upstreams>,
-}
+/// A listener's handler: makes each new connection's [`Connection`] from the client's address.
+pub type Handler = Arc<dyn Fn(SocketAddr) -> Connection + Send + Sync>;
 
 /// What protects a listener from slow or greedy clients.
 #[derive(Debug, Clone, Copy)]
@@ -74,7 +67,7 @@ pub async fn serve(
 ) -> bool {
     let graceful = GracefulShutdown::new();
     accept_loop(name, &listener, limits, tls.is_some(), &shutdown, |stream, remote, permit| {
-        serve_connection(name, stream, remote, Arc::clone(&handler), limits, tls.clone(), &graceful, permit);
+        serve_connection(name, stream, remote, &handler, limits, tls.clone(), &graceful, permit);
     })
     .await;
     drop(listener);
@@ -128,7 +121,7 @@ pub async fn serve_on_threads(
 ) -> std::io::Result<bool> {
     let mut workers = Vec::with_capacity(handlers.len());
     let mut stopped = Vec::new();
-    let cpus = if pin { allowed_cpus() } else { Vec::new() };
+    let cpus = if pin { crate::cpus::allowed() } else { Vec::new() };
     for (index, handler) in handlers.into_iter().enumerate() {
         let cpus = cpus.clone();
         let (connections, mut incoming) = mpsc::unbounded_channel::<(std::net::TcpStream, SocketAddr, Slot)>();
@@ -143,16 +136,9 @@ pub async fn serve_on_threads(
                 let graceful = GracefulShutdown::new();
                 while let Some((stream, remote, slot)) = incoming.recv().await {
                     match TcpStream::from_std(stream) {
-                        Ok(stream) => serve_connection(
-                            name,
-                            stream,
-                            remote,
-                            Arc::clone(&handler),
-                            limits,
-                            tls.clone(),
-                            &graceful,
-                            slot,
-                        ),
+                        Ok(stream) => {
+                            serve_connection(name, stream, remote, &handler, limits, tls.clone(), &graceful, slot)
+                        }
                         Err(error) => {
                             debug!(listener = name, %remote, %error, "connection lost on its way to a thread")
                         }
@@ -209,19 +195,9 @@ pub async fn serve_on_threads(
     Ok(drained)
 }
 
-/// The CPUs this process may run on, in order (all it sees when it cannot tell).
-pub fn allowed_cpus() -> Vec<usize> {
-    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
-        Ok(set) => (0..nix::sched::CpuSet::count()).filter(|&cpu| set.is_set(cpu).unwrap_or(false)).collect(),
-        Err(_) => (0..std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)).collect(),
-    }
-}
-
 /// Keeps the calling thread on `cpu`; a failure only costs speed, so it is logged and ignored.
 fn pin_to(name: &str, index: usize, cpu: usize) {
-    let mut set = nix::sched::CpuSet::new();
-    let pinned = set.set(cpu).and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
-    match pinned {
+    match crate::cpus::pin_current_thread(cpu) {
         Ok(()) => debug!(listener = name, thread = index, cpu, "proxy thread pinned"),
         Err(error) => {
             warn!(listener = name, thread = index, cpu, %error, "could not pin a proxy thread; it runs unpinned")
@@ -273,7 +249,7 @@ fn serve_connection<S: Send + 'static>(
     name: &'static str,
     stream: TcpStream,
     remote: SocketAddr,
-    handler: Handler,
+    handler: &Handler,
     limits: Limits,
     tls: Option<TlsAcceptor>,
     graceful: &GracefulShutdown,
@@ -282,9 +258,9 @@ fn serve_connection<S: Send + 'static>(
     let mut timed = TimeoutStream::new(stream);
     timed.set_write_timeout(Some(limits.write_timeout));
     let stream = Box::pin(timed);
-    let peer = Arc::new(Peer { remote, upstreams: Arc::default() });
+    let connection = handler(remote);
     let service = service_fn(move |request| {
-        let answer = handler(request, Arc::clone(&peer));
+        let answer = connection(request);
         async move { Ok::<_, Infallible>(answer.await) }
     });
     let builder = {

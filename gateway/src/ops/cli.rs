@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
 
 /// Exit code for a bad command line or configuration (`EX_USAGE` of sysexits.h).
 pub const EXIT_USAGE: u8 = 64;
@@ -207,4 +208,63 @@ pub struct AuditArgs {
     /// Do not ask for confirmation.
     #[arg(long)]
     pub yes: bool,
+}
+
+/// A password on the command line is readable by every local user (`/proc/PID/cmdline`, `ps`):
+/// refused, with where to put it instead.
+pub fn password_in_argv(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let mut flag_before = false;
+    for arg in args {
+        let arg = arg.to_string_lossy().into_owned();
+        let value = if flag_before { Some(arg.as_str()) } else { arg.strip_prefix("--database-url=") };
+        flag_before = arg == "--database-url";
+        if value.is_some_and(carries_password) {
+            return Some(
+                "--database-url carries a password, which every local user can read in /proc/PID/cmdline; \
+                 set DATABASE_URL, or DATABASE_URL_FILE naming a file only you can read, instead"
+                    .to_owned(),
+            );
+        }
+    }
+    None
+}
+
+/// Whether a libpq URL or key=value string names a password, however else it is spelled:
+/// `user:password@` in a URL, or a `password` parameter in either form.
+fn carries_password(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    let url_userinfo = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| lower.strip_prefix(scheme))
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'));
+    url_userinfo || lower.contains("password=")
+}
+
+/// `DATABASE_URL` and `DATABASE_URL_FILE` both set: which one is meant is unclear.
+pub fn both_database_urls() -> Option<String> {
+    (std::env::var_os("DATABASE_URL").is_some() && std::env::var_os("DATABASE_URL_FILE").is_some())
+        .then(|| "set DATABASE_URL or DATABASE_URL_FILE, not both".to_owned())
+}
+
+/// Sets up the log: colours only on a terminal; JSON lines for log shippers with
+/// `FENCING_LOG_FORMAT=json`. An unknown format is refused.
+pub fn init_tracing() -> Result<(), String> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    match std::env::var("FENCING_LOG_FORMAT").as_deref() {
+        Ok("json") => tracing_subscriber::fmt()
+            .json()
+            .with_current_span(true)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        Ok("text") | Err(_) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .init(),
+        Ok(other) => return Err(format!("FENCING_LOG_FORMAT: {other:?} is neither text nor json")),
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@
 //! [`connector`]): no byte of it is sent or retransmitted later.
 
 use std::future::poll_fn;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -155,6 +156,23 @@ impl Held {
             let unsent = error.take_message();
             (error.into_error(), unsent)
         })
+    }
+}
+
+/// The client connection a request came on: the client's address, and the connection's own
+/// upstream connections.
+#[derive(Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub remote: SocketAddr,
+    /// The connection's own upstream connections.
+    pub upstreams: Arc<Upstreams>,
+}
+
+impl Peer {
+    /// A new client connection from `remote`, with no upstream connection yet.
+    pub fn new(remote: SocketAddr) -> Peer {
+        Peer { remote, upstreams: Arc::default() }
     }
 }
 

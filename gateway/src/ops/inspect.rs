@@ -9,7 +9,7 @@ use fencing_schema::store;
 use tokio_postgres::Client;
 
 use crate::Error;
-use crate::cli::{Admin, Inspect};
+use crate::ops::cli::{Admin, Inspect};
 
 fn time(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
@@ -20,7 +20,7 @@ fn or_dash<T: ToString>(value: Option<T>) -> String {
 }
 
 async fn connect(database_url: &str) -> Result<Client, Error> {
-    let database = crate::tls::Database::parse(database_url).map_err(Error::Setup)?;
+    let database = crate::security::database::Database::parse(database_url).map_err(Error::Setup)?;
     let client = database.connect().await.map_err(Error::Connect)?;
     fencing_schema::check_schema_version(&client).await?;
     Ok(client)

@@ -32,9 +32,10 @@ use tokio::process::{Child, ChildStdout, Command};
 use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
+use crate::Error;
+use crate::app::Listeners;
 use crate::config::{Config, ProcessEnvironment};
-use crate::embedded::EmbeddedPostgres;
-use crate::{Error, Listeners};
+use crate::ops::embedded::EmbeddedPostgres;
 
 /// The lease the two leaders compete for.
 const KEY: &str = "demo-writer";
@@ -134,7 +135,7 @@ async fn story(
     exit_after_story: bool,
     metrics: PrometheusHandle,
 ) -> Result<(), Error> {
-    crate::migrate::run(database_url).await?;
+    crate::app::migrate(database_url).await?;
     let (upstream, received) = start_upstream().await?;
     let config = Config::parse(
         &format!(
@@ -151,7 +152,8 @@ async fn story(
     let shutdown = CancellationToken::new();
     let url = database_url.to_owned();
     let gateway_shutdown = shutdown.clone();
-    let gateway = tokio::spawn(async move { crate::run(config, &url, listeners, metrics, gateway_shutdown).await });
+    let gateway =
+        tokio::spawn(async move { crate::app::run(config, &url, listeners, metrics, gateway_shutdown).await });
     say(&format!("gateway: proxy on {proxy}, control API and metrics on {control}; upstream on {upstream}"));
 
     let mut a = Leader::spawn("leader-a", database_url, proxy)?;

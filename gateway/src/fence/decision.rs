@@ -1,0 +1,84 @@
+//! What a decision is: what the write presented, what the store (or a grant) said, and the
+//! verdict on the write.
+
+use fencing_schema::store::{Gate, Outcome};
+use tokio::time::Instant;
+
+/// A decision, with the two instants S5 anchors on: the store decided at some instant between
+/// `asked` and `answered` and said to wait `gate.wait` from it. So the write is sent no earlier
+/// than `answered + wait` (plus the settle margin) and no later than `asked + wait + forward
+/// timeout` (the store's horizon covers no later deadline).
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// What the store (or a grant) decided.
+    pub gate: Gate,
+    /// No later than the instant of the decision.
+    pub asked: Instant,
+    /// No earlier than the instant of the decision.
+    pub answered: Instant,
+}
+
+/// What a fenced write presents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Presented {
+    /// Verify mode: `Fencing-Token`.
+    Token(i64),
+    /// Stamp mode: `Fencing-Lease` and `Fencing-Owner`.
+    Lease {
+        /// The lease key.
+        key: String,
+        /// The owner claiming to hold it.
+        owner: String,
+    },
+}
+
+/// What a decision says of the write that presented `presented`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted: forward it with this term.
+    Admitted(i64),
+    /// Refused: stale, not the leader, a future term.
+    Refused(Refusal),
+    /// Admitted without a term, which the store never answers: not forwarded.
+    Unanswered,
+}
+
+/// A refused write, as the fence saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why (never `Admitted`).
+    pub outcome: Outcome,
+    /// The term presented (in stamp mode the lease's term, `None` when no term applies).
+    pub presented_term: Option<i64>,
+    /// The term the writer lost to.
+    pub current_term: Option<i64>,
+}
+
+impl Decision {
+    /// The verdict on the write that presented `presented`.
+    pub fn verdict(&self, presented: &Presented) -> Verdict {
+        let gate = &self.gate;
+        match gate.outcome {
+            Outcome::Admitted => gate.term.map_or(Verdict::Unanswered, Verdict::Admitted),
+            outcome => Verdict::Refused(Refusal {
+                outcome,
+                presented_term: match presented {
+                    Presented::Token(term) => Some(*term),
+                    Presented::Lease { .. } => gate.term,
+                },
+                current_term: gate.current_term(),
+            }),
+        }
+    }
+}
+
+/// Why a decision could not be made.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Undecided {
+    /// No answer within the fence-check timeout.
+    #[error("the fence check timed out")]
+    TimedOut,
+    /// The store failed or could not be reached.
+    #[error("the fence store failed: {0}")]
+    Failed(String),
+}

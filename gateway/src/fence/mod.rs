@@ -1,0 +1,217 @@
+//! The fence decision, bounded by the fence-check timeout, and a cache of maxima that may refuse
+//! a stale term on its own but never admit one.
+//!
+//! Decisions are batched like a group commit: while a lane's calls of `fencing.gate_many` are
+//! out, the decisions of newly arrived writes queue up, and the lane's next call takes them all.
+//! Under load that is one round trip for several writes; at low load a write's decision goes
+//! out at once, alone. Either way each write costs at most one round trip.
+//!
+//! With `database.grant_ms` above zero, an admitted decision also brings a grant (see
+//! `schema/functions/grants.sql`): until the grant's local deadline, writes of the same term to
+//! the same resource (and, in stamp mode, from the same lease and owner) are admitted here
+//! without a round trip. The deadline is the instant the decision was asked for plus the
+//! remaining time the store reported, minus the settle margin, on `CLOCK_BOOTTIME` and on the
+//! monotonic clock both (S6, S7). While writes flow, one renewal per grant goes out once half of
+//! it is left; if it fails, the grant simply ends and writes go back to asking.
+//!
+//! There are two lanes. Writes presenting the resource's cached maximum, the common case that
+//! `fencing.gate` answers with one read, share the fast lane: one call out at a time, so its
+//! batches are as large as the load makes them. Every other decision (a new term, stamp mode, a
+//! resource not seen yet) may wait for a row lock, so it takes the general lane, with
+//! `max_batches_in_flight` calls out at once, where it cannot hold up the common case.
+
+mod batcher;
+mod decision;
+mod grants;
+mod pool;
+pub mod refusals;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use fencing_election::clock::BootInstant;
+use fencing_schema::store::{Gate, Outcome};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::{Instant, timeout_at};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::fence::batcher::{Batcher, Pending};
+use crate::fence::grants::{GrantKey, Grants};
+use crate::metrics as names;
+use crate::security::database::Database;
+
+pub use crate::fence::decision::{Decision, Presented, Refusal, Undecided, Verdict};
+pub use crate::fence::pool::{discard, pool};
+
+/// Beyond this many cached resources the cache starts over: it is only an optimisation.
+const CACHE_CAPACITY: usize = 100_000;
+/// The most decisions one round trip carries.
+const MAX_BATCH: usize = 128;
+
+/// The fence store as the proxy uses it.
+#[derive(Debug)]
+pub struct FenceStore {
+    pool: Pool,
+    /// How the pool connects (its TLS connector cancels a query that ran past its time).
+    database: Database,
+    check_timeout: Duration,
+    /// The highest maximum seen per resource. Maxima never decrease, so a term below it is
+    /// stale for sure; a term at or above it still goes to Postgres.
+    cache: Mutex<HashMap<String, i64>>,
+    /// Decisions of writes presenting the cached maximum.
+    fast_lane: mpsc::UnboundedSender<Pending>,
+    /// Every other decision.
+    general_lane: mpsc::UnboundedSender<Pending>,
+    /// With grants: decisions that may raise a verify-mode term, one per round trip.
+    raise_lane: Option<mpsc::UnboundedSender<Pending>>,
+    /// The grants this gateway holds (none when grants are off).
+    grants: Grants,
+    /// Metric handles, resolved once: a decision records through them without a registry lookup.
+    granted_writes: metrics::Counter,
+    cached_refusals: metrics::Counter,
+    check_duration: metrics::Histogram,
+}
+
+impl FenceStore {
+    /// A fence store on `pool`, with its batcher running on the current Tokio runtime.
+    pub fn new(
+        pool: Pool,
+        database: Database,
+        check_timeout: Duration,
+        forward_timeout: Duration,
+        max_batches_in_flight: usize,
+        grant: Duration,
+        grant_margin: Duration,
+    ) -> FenceStore {
+        let lane = |in_flight: usize, max_batch: usize| {
+            let (queue, pending) = mpsc::unbounded_channel();
+            let batcher = Batcher {
+                pool: pool.clone(),
+                database: database.clone(),
+                check_timeout,
+                forward_ms: i64::try_from(forward_timeout.as_millis()).unwrap_or(i64::MAX),
+                grant_ms: i64::try_from(grant.as_millis()).unwrap_or(0),
+                in_flight: Arc::new(Semaphore::new(in_flight.max(1))),
+                max_batch,
+            };
+            tokio::spawn(batcher.run(pending));
+            queue
+        };
+        let fast_lane = lane(1, MAX_BATCH);
+        let general_lane = lane(max_batches_in_flight, MAX_BATCH);
+        // With grants, a raise waits inside its decision until the grants on the lower term have
+        // ended, holding its fence row; in a batch, the rows of the items after it would go on
+        // being renewed meanwhile, and their raises would wait one grant after another. So a
+        // token above the cached maximum goes alone (a resource not seen yet, after a restart
+        // for one, is batched as before: a raise among those may wait longer, up to the
+        // fence-check timeout, which fails closed).
+        let raise_lane = (!grant.is_zero()).then(|| lane(max_batches_in_flight, 1));
+        FenceStore {
+            pool,
+            database,
+            check_timeout,
+            cache: Mutex::new(HashMap::new()),
+            fast_lane,
+            general_lane,
+            raise_lane,
+            grants: Grants::new(grant, grant_margin, check_timeout),
+            granted_writes: metrics::counter!(names::GRANTED_WRITES),
+            cached_refusals: metrics::counter!(names::CACHED_REFUSALS),
+            check_duration: metrics::histogram!(names::CHECK_DURATION),
+        }
+    }
+
+    /// The pool, for the control API.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The connector of the pool's connections (TLS as `sslmode` says).
+    pub fn tls(&self) -> &MakeRustlsConnect {
+        &self.database.tls
+    }
+
+    /// The highest maximum this gateway has seen for `resource`.
+    fn cached_max(&self, resource: &str) -> Option<i64> {
+        self.cache.lock().ok()?.get(resource).copied()
+    }
+
+    fn remember(&self, resource: &str, max_term: Option<i64>) {
+        let Some(max_term) = max_term else { return };
+        self.grants.drop_below(resource, max_term);
+        let Ok(mut cache) = self.cache.lock() else { return };
+        if cache.len() >= CACHE_CAPACITY && !cache.contains_key(resource) {
+            cache.clear();
+        }
+        let entry = cache.entry(resource.to_owned()).or_insert(max_term);
+        *entry = (*entry).max(max_term);
+    }
+
+    /// Decides one fenced write: admitted (with how long to wait before forwarding) or refused.
+    /// A stale token below the cached maximum is refused without a round trip.
+    pub async fn decide(
+        &self,
+        resource: &str,
+        presented: &Presented,
+        bind_lease: Option<&str>,
+    ) -> Result<Decision, Undecided> {
+        if self.grants.enabled()
+            && let Some(decision) = self.grants.admit(resource, presented, bind_lease, &self.fast_lane)
+        {
+            self.granted_writes.increment(1);
+            return Ok(decision);
+        }
+        let cached = self.cached_max(resource);
+        if let (Presented::Token(term), Some(max)) = (presented, cached)
+            && *term < max
+        {
+            self.cached_refusals.increment(1);
+            let now = Instant::now();
+            let gate = Gate {
+                outcome: Outcome::Stale,
+                term: Some(*term),
+                max_term: Some(max),
+                lease_key: None,
+                lease_term: None,
+                wait: Duration::ZERO,
+                grant: Duration::ZERO,
+            };
+            return Ok(Decision { gate, asked: now, answered: now });
+        }
+        let started = Instant::now();
+        let boot_started = BootInstant::now();
+        let (pending, answer) = Pending::new(resource, presented, bind_lease);
+        let lane = match (presented, cached, &self.raise_lane) {
+            (Presented::Token(term), Some(max), _) if *term == max => &self.fast_lane,
+            (Presented::Token(term), Some(max), Some(raise_lane)) if *term > max => raise_lane,
+            _ => &self.general_lane,
+        };
+        let result = if lane.send(pending).is_err() {
+            Err(Undecided::Failed("the fence batcher stopped".to_owned()))
+        } else {
+            match timeout_at(started + self.check_timeout, answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(Undecided::Failed("the fence batcher dropped the decision".to_owned())),
+                Err(_) => Err(Undecided::TimedOut),
+            }
+        };
+        let answered = Instant::now();
+        self.check_duration.record(answered.duration_since(started).as_secs_f64());
+        match &result {
+            Ok(gate) => {
+                self.remember(resource, gate.max_term);
+                // A grant of a term below a maximum seen since cannot be of use (and has ended).
+                let current = self.cached_max(resource).is_none_or(|max| gate.term >= Some(max));
+                if self.grants.enabled() && (current || !gate.is_admitted()) {
+                    let key = GrantKey { resource, presented, bind_lease };
+                    self.grants.record(&key, gate, (started, boot_started, answered));
+                }
+            }
+            Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),
+            Err(Undecided::Failed(_)) => metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1),
+        }
+        result.map(|gate| Decision { gate, asked: started, answered })
+    }
+}

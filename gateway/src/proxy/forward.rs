@@ -1,0 +1,236 @@
+//! The upstream stage: an admitted write waits out its settle wait, gets the gateway's headers
+//! (`Fencing-Token`, `Fencing-Resource`, `Forwarded`, the request id) and is sent under its
+//! deadline on the client connection's own upstream connection; an unfenced read is sent as it
+//! came, bodiless. The answer streams back, cleaned of hop-by-hop headers and of any
+//! `Fencing-Current-Term` the upstream sent.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, HOST};
+use http::uri::PathAndQuery;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::debug;
+
+use crate::config::Config;
+use crate::fence::Decision;
+use crate::metrics::RouteMetrics;
+use crate::proxy::headers::{
+    FENCING_LEASE, FENCING_OWNER, FENCING_RESOURCE, FENCING_TOKEN, FORWARDED, REQUEST_ID, RequestId,
+    client_address_header,
+};
+use crate::proxy::rejection::Rejection;
+use crate::proxy::route::{Write, strip_hop_by_hop};
+use crate::proxy::upstream::{Failure, Peer, UpstreamConnector, host_header};
+
+/// Where a request goes and for whom: its route (an index in `config.routes`) and that route's
+/// metric handles, the client connection, the request id.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The route, in `config.routes`.
+    pub index: usize,
+    /// The route's metric handles.
+    pub metrics: &'a RouteMetrics,
+    /// The client connection (its address, its upstream connections).
+    pub peer: &'a Peer,
+    /// The request's id.
+    pub request_id: &'a RequestId,
+}
+
+/// Sends requests to their routes' upstreams.
+#[derive(Debug)]
+pub struct Forwarder {
+    config: Arc<Config>,
+    connector: UpstreamConnector,
+    /// Each route's upstream `Host`, in the order of `config.routes`.
+    route_hosts: Vec<Option<HeaderValue>>,
+}
+
+impl Forwarder {
+    /// A forwarder for `config`'s routes, connecting through `connector`.
+    pub fn new(config: Arc<Config>, connector: UpstreamConnector) -> Forwarder {
+        let route_hosts = config.routes.iter().map(|route| host_header(&route.upstream)).collect();
+        Forwarder { config, connector, route_hosts }
+    }
+
+    /// An unfenced request, which the route stage found bodiless: forwarded as is (less
+    /// hop-by-hop and fencing headers) with an empty body, no Postgres.
+    pub async fn pass_through(&self, target: Target<'_>, mut request: Request<Incoming>) -> Response<Body> {
+        remove_fencing_headers(request.headers_mut());
+        // The body is empty whatever `Content-Length: 0` spelling the client chose.
+        request.headers_mut().remove(CONTENT_LENGTH);
+        if self.config.clients.enabled() {
+            // A client's credential for this gateway is never an upstream's to see.
+            request.headers_mut().remove(http::header::AUTHORIZATION);
+        }
+        let deadline = Instant::now() + self.config.upstream.forward_timeout;
+        // The body is empty (the route stage refused any other): no byte of the client's
+        // connection is relayed.
+        let (parts, _body) = request.into_parts();
+        match self.forward(target, parts, Body::empty(), deadline, None).await {
+            Ok(response) => response,
+            Err(rejection) => rejection.problem().into_response(),
+        }
+    }
+
+    /// An admitted write of `term`: settled, stamped and forwarded.
+    pub async fn send(
+        &self,
+        target: Target<'_>,
+        write: Write,
+        decision: &Decision,
+        term: i64,
+    ) -> Result<Response<Body>, Rejection> {
+        let gate = &decision.gate;
+        // S5. The store decided at some instant between `asked` and `answered`, and said: wait
+        // `gate.wait` from that instant. So start no earlier than `answered + wait` plus the
+        // settle margin (lower-term writes through any replica may be sent until then, and
+        // their bytes be on their way), and end no later than `asked + wait + forward_timeout`
+        // (the store's horizon covers no later deadline).
+        let deadline = decision.asked + gate.wait + self.config.upstream.forward_timeout;
+        if !gate.wait.is_zero() {
+            debug!(wait = ?gate.wait, "settling behind the previous term");
+            sleep_until(decision.answered + gate.wait + self.config.upstream.settle_margin).await;
+        }
+        let Write { mut parts, body, resource, .. } = write;
+        let headers = &mut parts.headers;
+        remove_fencing_headers(headers);
+        if self.config.clients.enabled() {
+            // The client's credential for this gateway, not for the upstream.
+            headers.remove(http::header::AUTHORIZATION);
+        }
+        headers.insert(FENCING_TOKEN, HeaderValue::from(term));
+        let resource_value = HeaderValue::from_str(&resource)
+            .map_err(|_| Rejection::Malformed("resource is not a header value".to_owned()))?;
+        headers.insert(FENCING_RESOURCE, resource_value);
+        headers.remove(CONTENT_LENGTH);
+        headers.remove(http::header::TRANSFER_ENCODING);
+        self.forward(target, parts, Body::from(body), deadline, Some(term)).await
+    }
+
+    /// Sends the request to the route's upstream and streams the answer back, on the client
+    /// connection's own connection to that upstream (see [`crate::proxy::upstream`]). Everything
+    /// the gateway sends of it (head and body) and the upstream's response head must pass before
+    /// `deadline`; else the request is aborted and its upstream connection reset (SO_LINGER 0:
+    /// no byte of it goes out after the deadline, not even a retransmission).
+    async fn forward(
+        &self,
+        target: Target<'_>,
+        mut parts: http::request::Parts,
+        body: Body,
+        deadline: Instant,
+        term: Option<i64>,
+    ) -> Result<Response<Body>, Rejection> {
+        let Target { index, metrics, peer, request_id } = target;
+        let route = &self.config.routes[index];
+        parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
+        if !self.config.proxy.trusted_proxies.contains(&peer.remote.ip())
+            && parts.headers.keys().any(|name| client_address_header(name.as_str()))
+        {
+            // Who the client is comes from the gateway, not from what the client says.
+            let claimed: Vec<HeaderName> =
+                parts.headers.keys().filter(|name| client_address_header(name.as_str())).cloned().collect();
+            for name in claimed {
+                parts.headers.remove(name);
+            }
+        }
+        let original_host = match self.route_hosts.get(index).cloned().flatten() {
+            Some(host) => parts.headers.insert(HOST, host),
+            None => return Err(Rejection::UpstreamUnreachable),
+        };
+        add_forwarded(&mut parts.headers, peer.remote, original_host.as_ref(), self.config.proxy.tls.is_some());
+        parts.headers.insert(REQUEST_ID, request_id.0.clone());
+        let outbound = Request::from_parts(parts, body);
+        if Instant::now() >= deadline {
+            return Err(Rejection::UpstreamTimeout);
+        }
+        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound);
+        let response = match timeout_at(deadline, exchange).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(failure)) => return Err(upstream_failure(metrics, &failure)),
+            Err(_) => {
+                metrics.upstream_error("timeout");
+                return Err(Rejection::UpstreamTimeout);
+            }
+        };
+        let (mut parts, mut body) = response.into_parts();
+        if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            body.discard();
+            // The gateway never forwards Upgrade, so an upstream's 101 was not asked for.
+            metrics.upstream_error("request");
+            return Err(Rejection::UpstreamUnreachable);
+        }
+        strip_hop_by_hop(&mut parts.headers);
+        // Only the gateway says which term a refused writer lost to.
+        parts.headers.remove(crate::problem::FENCING_CURRENT_TERM);
+        if let Some(term) = term {
+            parts.headers.insert(FENCING_TOKEN, HeaderValue::from(term));
+        }
+        Ok(Response::from_parts(parts, Body::new(body.map_err(axum::Error::new))))
+    }
+}
+
+fn upstream_failure(metrics: &RouteMetrics, failure: &Failure) -> Rejection {
+    let kind = match failure {
+        Failure::Connect(_) => "connect",
+        Failure::Request(_) => "request",
+    };
+    metrics.upstream_error(kind);
+    debug!(error = %crate::error_chain(failure.error()), kind, "upstream failed");
+    Rejection::UpstreamUnreachable
+}
+
+/// Removes every `Fencing-*` header a client sent: only the gateway says which term and resource
+/// a write was admitted for (and what a refused one lost to).
+fn remove_fencing_headers(headers: &mut HeaderMap) {
+    for name in [FENCING_TOKEN, FENCING_RESOURCE, FENCING_LEASE, FENCING_OWNER] {
+        headers.remove(name);
+    }
+    if headers.keys().any(|name| name.as_str().starts_with("fencing-")) {
+        let others: Vec<HeaderName> =
+            headers.keys().filter(|name| name.as_str().starts_with("fencing-")).cloned().collect();
+        for name in others {
+            headers.remove(name);
+        }
+    }
+}
+
+/// The request target sent upstream (origin-form): the upstream's base path, then the
+/// request's path and query. The request's own authority and Host are never used.
+fn outbound_uri(upstream: &Uri, path_and_query: Option<&PathAndQuery>) -> Result<Uri, Rejection> {
+    let cannot = || Rejection::Malformed("the request target cannot be forwarded".to_owned());
+    let base = upstream.path().trim_end_matches('/');
+    let mut parts = http::uri::Parts::default();
+    parts.path_and_query = Some(match path_and_query {
+        // No base path: the request's own path and query, as parsed (no copy, no second parse).
+        Some(tail) if base.is_empty() => tail.clone(),
+        tail => {
+            let tail = tail.map_or("/", PathAndQuery::as_str);
+            PathAndQuery::from_maybe_shared(Bytes::from(format!("{base}{tail}"))).map_err(|_| cannot())?
+        }
+    });
+    Uri::from_parts(parts).map_err(|_| cannot())
+}
+
+fn add_forwarded(headers: &mut HeaderMap, remote: SocketAddr, host: Option<&HeaderValue>, tls: bool) {
+    use std::fmt::Write as _;
+    let proto = if tls { "https" } else { "http" };
+    let mut element = String::with_capacity(128);
+    let _ = write!(element, "for=\"{remote}\";proto={proto}");
+    // Only a Host that is a valid authority goes in (check_host refused the others already);
+    // it then has no character that could break the quoted-string.
+    if let Some(host) = host
+        .and_then(|value| value.to_str().ok())
+        .filter(|text| text.parse::<http::uri::Authority>().is_ok() && !text.contains(['"', '\\']))
+    {
+        let _ = write!(element, ";host=\"{host}\"");
+    }
+    if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(element)) {
+        headers.append(FORWARDED, value);
+    }
+}

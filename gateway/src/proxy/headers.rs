@@ -1,0 +1,86 @@
+//! The header names the proxy sets, strips or reads, and the request id.
+
+use http::header::CONNECTION;
+use http::{HeaderName, HeaderValue};
+
+/// `Fencing-Token`: the term, presented by a leader (verify mode) and stamped by the gateway.
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+
+/// `Fencing-Resource`: the resource, stamped by the gateway (or read, when a route says so).
+pub const FENCING_RESOURCE: HeaderName = HeaderName::from_static("fencing-resource");
+
+/// `Fencing-Lease`: the lease key, presented in stamp mode.
+pub const FENCING_LEASE: HeaderName = HeaderName::from_static("fencing-lease");
+
+/// `Fencing-Owner`: the lease owner, presented in stamp mode; never forwarded.
+pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
+
+/// The request id, taken from the client when it sends a sane one, else made up.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+/// A request's id: the header value sent on to the upstream and back to the client, made once.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub(crate) HeaderValue);
+
+impl RequestId {
+    /// The id as text (always visible ASCII).
+    pub fn as_str(&self) -> &str {
+        self.0.to_str().unwrap_or("-")
+    }
+}
+
+/// Whether a client could claim another address, host or origin with the header `name` (lower
+/// case): `Forwarded`, every `X-Forwarded*`, `X-Real-IP` and the client-address headers of CDNs
+/// and frameworks. Removed unless the peer is one of `proxy.trusted_proxies`.
+pub(crate) fn client_address_header(name: &str) -> bool {
+    name.starts_with("x-forwarded")
+        || matches!(
+            name,
+            "forwarded"
+                | "forwarded-for"
+                | "x-real-ip"
+                | "x-client-ip"
+                | "client-ip"
+                | "true-client-ip"
+                | "x-cluster-client-ip"
+                | "cf-connecting-ip"
+                | "fastly-client-ip"
+                | "x-original-forwarded-for"
+                | "x-original-host"
+        )
+}
+
+/// Headers with which a client asks an upstream to apply another method than the request's
+/// (Rails, Symfony, ASP.NET, Google's APIs and many more honour one of them). On an unfenced
+/// method they would turn a read into a write nobody fenced, so they are refused there.
+pub(crate) const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-method-override"),
+    HeaderName::from_static("x-http-method"),
+];
+
+/// Headers with which a client asks an upstream (IIS, Symfony, Zend, nginx's `auth_request`) to
+/// act on another path than the request's, and `Proxy`, which CGI upstreams read as the
+/// `HTTP_PROXY` setting (httpoxy): removed from every request, so the upstream acts on the path
+/// that was fenced.
+pub(crate) const ALWAYS_REMOVED: [HeaderName; 4] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-original-uri"),
+    HeaderName::from_static("proxy"),
+];
+
+/// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.
+pub(crate) const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    http::header::UPGRADE,
+];
