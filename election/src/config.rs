@@ -21,6 +21,8 @@ const MAX_NAME_CHARS: usize = 256;
 pub const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(50);
 /// The shortest renew and retry intervals: shorter ones only load the store.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// How much the store's clock and this host's may differ in rate unless configured.
+pub const DEFAULT_CLOCK_RATE_TOLERANCE: f64 = 0.01;
 
 /// A configured elector for one lease key; [`Elector::start`] runs it.
 #[derive(Debug, Clone)]
@@ -33,7 +35,9 @@ pub struct Elector {
     pub(crate) retry_interval: Duration,
     pub(crate) safety_margin: Duration,
     pub(crate) query_timeout: Duration,
+    pub(crate) acquire_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
+    pub(crate) clock_rate_tolerance: f64,
 }
 
 impl Elector {
@@ -48,7 +52,9 @@ impl Elector {
             retry_interval: None,
             safety_margin: None,
             query_timeout: None,
+            acquire_timeout: None,
             shutdown_grace: None,
+            clock_rate_tolerance: None,
         }
     }
 
@@ -86,6 +92,11 @@ impl Elector {
     pub fn query_timeout(&self) -> Duration {
         self.query_timeout
     }
+
+    /// The longest one acquire may take (it waits out the grants of the old period).
+    pub fn acquire_timeout(&self) -> Duration {
+        self.acquire_timeout
+    }
 }
 
 /// Settings for an [`Elector`]; unset ones take defaults derived from the ttl.
@@ -100,7 +111,9 @@ pub struct ElectorBuilder {
     retry_interval: Option<Duration>,
     safety_margin: Option<Duration>,
     query_timeout: Option<Duration>,
+    acquire_timeout: Option<Duration>,
     shutdown_grace: Option<Duration>,
+    clock_rate_tolerance: Option<f64>,
 }
 
 impl ElectorBuilder {
@@ -145,6 +158,25 @@ impl ElectorBuilder {
         self
     }
 
+    /// The longest one acquire may take. A new period of a lease whose resources a gateway held
+    /// grants on starts only once those grants have ended: the store waits them out inside the
+    /// acquire, up to the longest grant (never longer than the previous holder's ttl).
+    /// Default: the query timeout plus the ttl.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = Some(timeout);
+        self
+    }
+
+    /// How much the store's clock and this host's boot clock may differ in rate, as a fraction.
+    /// Each acquire and renewal compares them: a leader whose clock disagrees with the store's
+    /// beyond this (a step of the store's wall clock, or a clock running fast or slow) steps
+    /// down, since its deadline, counted on its own clock, may then end after the store's
+    /// expiry; and the elector leads only once the two have agreed. Default 0.01.
+    pub fn clock_rate_tolerance(mut self, tolerance: f64) -> Self {
+        self.clock_rate_tolerance = Some(tolerance);
+        self
+    }
+
     /// How long `ElectorHandle::shutdown` waits for leader work before releasing. Default ttl/2.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = Some(grace);
@@ -163,7 +195,9 @@ impl ElectorBuilder {
             retry_interval: self.retry_interval.unwrap_or(renew_interval),
             safety_margin: self.safety_margin.unwrap_or(ttl / 10),
             query_timeout: self.query_timeout.unwrap_or(ttl / 5),
+            acquire_timeout: self.acquire_timeout.unwrap_or(self.query_timeout.unwrap_or(ttl / 5) + ttl),
             shutdown_grace: self.shutdown_grace.unwrap_or(ttl / 2),
+            clock_rate_tolerance: self.clock_rate_tolerance.unwrap_or(DEFAULT_CLOCK_RATE_TOLERANCE),
             renew_interval,
             ttl,
             key: self.key,
@@ -203,10 +237,17 @@ fn validate(elector: &Elector) -> Result<(), Error> {
         ("retry interval", elector.retry_interval),
         ("safety margin", elector.safety_margin),
         ("query timeout", elector.query_timeout),
+        ("acquire timeout", elector.acquire_timeout),
     ] {
         if value.is_zero() {
             return invalid(format!("{what} must be positive"));
         }
+    }
+    if !(0.0..=0.5).contains(&elector.clock_rate_tolerance) {
+        return invalid(format!(
+            "clock rate tolerance ({}) must be a fraction between 0 and 0.5",
+            elector.clock_rate_tolerance
+        ));
     }
     let margin_floor = MIN_SAFETY_MARGIN.max(ttl / 1000);
     if elector.safety_margin < margin_floor {

@@ -44,7 +44,7 @@ use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::clock::BootInstant;
+use crate::clock::{BootInstant, ClockSample, ClockVerdict, ClockWatch};
 use crate::error::Error;
 
 /// How often a node heartbeats unless set.
@@ -66,6 +66,9 @@ const EVENT_CAPACITY: usize = 256;
 pub const LIVE_NODES: &str = "membership_live_nodes";
 /// Counter `{cluster}`: heartbeats that failed, timed out or were refused.
 pub const HEARTBEAT_FAILURES: &str = "membership_heartbeat_failures_total";
+/// Counter `{cluster}`: heartbeats in which the store's clock and this host's boot clock
+/// disagreed: the node counted itself unregistered until the next heartbeat (its daemons stop).
+pub const CLOCK_DISAGREEMENTS: &str = "membership_clock_disagreements_total";
 
 /// A live node, as the store listed it.
 pub type Node = Member;
@@ -486,6 +489,18 @@ impl Drop for MembershipHandle {
     }
 }
 
+/// Compares the store's clock as `beat` shows it (its expiry less what remains) with this host's
+/// boot clock over the heartbeat sent at `sent`.
+fn clock_agrees(clock: &mut ClockWatch, sent: BootInstant, beat: &store::Heartbeat) -> bool {
+    let received = BootInstant::now();
+    let Ok(since_epoch) = beat.expires_at.duration_since(std::time::UNIX_EPOCH) else { return true };
+    if beat.remaining.is_zero() {
+        return true;
+    }
+    let store_secs = since_epoch.as_secs_f64() - beat.remaining.as_secs_f64();
+    !matches!(clock.observe(ClockSample { sent, received, store_secs }), ClockVerdict::Disagrees { .. })
+}
+
 async fn run(
     node: Membership,
     events: broadcast::Sender<MemberEvent>,
@@ -495,8 +510,14 @@ async fn run(
 ) {
     let live_nodes = metrics::gauge!(LIVE_NODES, "cluster" => node.cluster.clone());
     let failures = metrics::counter!(HEARTBEAT_FAILURES, "cluster" => node.cluster.clone());
+    let disagreements = metrics::counter!(CLOCK_DISAGREEMENTS, "cluster" => node.cluster.clone());
     // Exported at 0 from the start, without resetting another node's count of this cluster.
     failures.increment(0);
+    disagreements.increment(0);
+    // The registration is counted on this host's boot clock from the store's remaining time:
+    // a clock that disagrees with the store's (stepped, fast or slow) cannot count it.
+    let mut clock =
+        ClockWatch::new(crate::config::DEFAULT_CLOCK_RATE_TOLERANCE, Duration::from_millis(5), Duration::from_secs(10));
     // The known incarnation of every live node: node id -> the node as last read.
     let mut known: BTreeMap<String, Node> = BTreeMap::new();
     let mut in_conflict = false;
@@ -505,6 +526,16 @@ async fn run(
         let sent = Instant::now();
         let boot_sent = BootInstant::now();
         match node.heartbeat().await {
+            Ok(beat) if beat.ok && !clock_agrees(&mut clock, boot_sent, &beat) => {
+                disagreements.increment(1);
+                registered.send_replace(None);
+                warn!(
+                    cluster = %node.cluster,
+                    node_id = %node.node_id,
+                    "the store's clock and this host's boot clock disagree; not registered until they agree (see the \
+                     README's runbook, \"Clocks disagree\")"
+                );
+            }
             Ok(beat) if beat.ok => {
                 let until = boot_sent + beat.remaining;
                 registered.send_replace(Some(Registration { started_at: beat.started_at, until }));

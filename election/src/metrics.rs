@@ -11,11 +11,20 @@ pub const RENEW_FAILURES: &str = "election_renew_failures_total";
 /// Gauge: seconds left until this process's local deadline, as of the last acquire or renew.
 pub const LEASE_REMAINING_SECONDS: &str = "election_lease_remaining_seconds";
 
+/// Counter: acquires, renewals and probes in which the store's clock and this host's boot clock
+/// disagreed (a step of the store's wall clock, or a clock running fast or slow): the elector
+/// stepped down, or did not lead.
+pub const CLOCK_DISAGREEMENTS: &str = "election_clock_disagreements_total";
+
 /// Describes every metric once, for exporters that show help text.
 pub fn describe() {
     metrics::describe_gauge!(IS_LEADER, "1 while this process leads the lease key, else 0");
     metrics::describe_gauge!(TERM, "The term this process leads with (the fencing token), 0 while a follower");
     metrics::describe_counter!(RENEW_FAILURES, "Lease renewals that failed, errored, timed out or were refused");
+    metrics::describe_counter!(
+        CLOCK_DISAGREEMENTS,
+        "Round trips in which the store's clock and this host's boot clock disagreed (the elector stepped down)"
+    );
     metrics::describe_gauge!(
         LEASE_REMAINING_SECONDS,
         metrics::Unit::Seconds,

@@ -15,11 +15,19 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::clock::BootInstant;
+use crate::clock::{BootInstant, ClockSample, ClockVerdict, ClockWatch};
 use crate::config::{Elector, RENEW_JITTER};
 use crate::error::Error;
 use crate::metrics as names;
 use crate::state::{Deadline, Event, FencingToken, LeaderState, Leadership, LossReason};
+
+/// What the store's clock and this host's may differ by in one reading (rounding, the
+/// milliseconds of `remaining`).
+const CLOCK_SLACK: Duration = Duration::from_millis(5);
+/// The gap between the two probes of the store's clock before leading.
+const CLOCK_PROBE_GAP: Duration = Duration::from_millis(100);
+/// Reads the store's clock.
+const STORE_CLOCK_SQL: &str = "SELECT extract(epoch FROM clock_timestamp())::float8";
 
 /// When a call was sent, on both clocks.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +101,12 @@ pub(crate) fn start(elector: Elector) -> ElectorHandle {
         shutdown: shutdown.clone(),
         leader_work: leader_work.clone(),
         metric_labels: [("key", elector.key.clone())],
+        clock: std::sync::Mutex::new(ClockWatch::new(
+            elector.clock_rate_tolerance,
+            CLOCK_SLACK,
+            Duration::from_secs(10),
+        )),
+        clock_agreed: std::sync::atomic::AtomicBool::new(false),
         elector,
     };
     // Every series from start-up, at 0: a follower shows 0, not "No data".
@@ -101,6 +115,7 @@ pub(crate) fn start(elector: Elector) -> ElectorHandle {
     metrics::gauge!(names::TERM, &labels).set(0.0);
     metrics::gauge!(names::LEASE_REMAINING_SECONDS, &labels).set(0.0);
     metrics::counter!(names::RENEW_FAILURES, &labels).increment(0);
+    metrics::counter!(names::CLOCK_DISAGREEMENTS, &labels).increment(0);
     let task = tokio::spawn(runtime.run().instrument(span));
     ElectorHandle { shared, shutdown, leader_work, task: Some(task) }
 }
@@ -236,6 +251,10 @@ struct Runtime {
     shutdown: CancellationToken,
     leader_work: TaskTracker,
     metric_labels: [(&'static str, String); 1],
+    /// The store's clock against this host's boot clock, round trip by round trip.
+    clock: std::sync::Mutex<ClockWatch>,
+    /// The two agreed since the last disagreement: only then does the elector lead.
+    clock_agreed: std::sync::atomic::AtomicBool,
 }
 
 impl Runtime {
@@ -262,9 +281,24 @@ impl Runtime {
             if self.shutdown.is_cancelled() {
                 return None;
             }
+            // Lead only with a clock that agrees with the store's (a leader's deadline is counted
+            // on it): two probes a moment apart, unless acquires have shown it already.
+            if !self.clock_agreed.load(std::sync::atomic::Ordering::Acquire) && !self.probe_clock().await {
+                tokio::select! {
+                    () = self.shutdown.cancelled() => return None,
+                    () = sleep(self.retry_delay()) => {}
+                }
+                continue;
+            }
             let sent = Sent::now();
-            let call_deadline = sent.wake + self.elector.query_timeout;
-            let delay = match self.call(LeaseCall::Acquire, call_deadline).await {
+            let call_deadline = sent.wake + self.elector.acquire_timeout;
+            // Shutdown does not wait for an acquire (which may wait out the old period's grants):
+            // dropping the call cancels its query, and nothing was granted that anyone acts on.
+            let answer = tokio::select! {
+                () = self.shutdown.cancelled() => return None,
+                answer = self.call(LeaseCall::Acquire, call_deadline) => answer,
+            };
+            let delay = match answer {
                 Ok(reply) if reply.ok && self.shutdown.is_cancelled() => {
                     // Shut down while the acquire ran: end the period at once, quietly; it was
                     // never anyone's to act on.
@@ -274,16 +308,24 @@ impl Runtime {
                 Ok(reply)
                     if reply.ok
                         && BootInstant::now()
-                            >= self.deadline(sent, &reply).boot.min(sent.boot + self.elector.query_timeout) =>
+                            >= self.deadline(sent, &reply).boot.min(sent.boot + self.elector.acquire_timeout) =>
                 {
                     // The answer came too late to act on: never publish a period whose deadline
                     // is behind us. The next acquire starts a new period with a new term.
                     warn!(term = ?reply.term, "acquire answered after its call deadline; not leading with it");
                     Duration::ZERO
                 }
+                Ok(reply) if reply.ok && !self.observe_clock(sent.boot, &reply) => {
+                    // The clocks disagree: a deadline counted on this host's clock is not to be
+                    // trusted. The period is given back; the elector leads again once they agree.
+                    warn!(term = ?reply.term, "acquired, but the store's clock disagrees with this host's; not leading");
+                    self.release().await;
+                    self.retry_delay()
+                }
                 Ok(reply) if reply.ok => return Some((reply, sent)),
                 Ok(reply) => {
                     failures = 0;
+                    self.observe_clock(sent.boot, &reply);
                     let seen = (reply.holder.clone(), reply.term);
                     if last_seen.as_ref() != Some(&seen) {
                         debug!(holder = ?seen.0, term = ?seen.1, "lease held by another owner");
@@ -349,6 +391,9 @@ impl Runtime {
                 // period ended at its deadline, whatever the store said since (no revival).
                 Ok(_) if BootInstant::now() >= deadline.boot || token.is_cancelled() => {
                     break LossReason::DeadlinePassed;
+                }
+                Ok(reply) if reply.ok && reply.term == Some(term) && !self.observe_clock(sent.boot, &reply) => {
+                    break LossReason::ClockDisagreement;
                 }
                 Ok(reply) if reply.ok && reply.term == Some(term) => {
                     let renewed = self.deadline(sent, &reply);
@@ -438,6 +483,69 @@ impl Runtime {
         released
     }
 
+    /// Compares the store's clock, as `reply` shows it (its expiry less what remains), with this
+    /// host's boot clock over the call sent at `sent`; false when they disagree (counted, logged).
+    fn observe_clock(&self, sent: BootInstant, reply: &LeaseReply) -> bool {
+        let received = BootInstant::now();
+        let Some(expires_at) = reply.expires_at.filter(|_| !reply.remaining.is_zero()) else { return true };
+        let Ok(since_epoch) = expires_at.duration_since(std::time::UNIX_EPOCH) else { return true };
+        let store_secs = since_epoch.as_secs_f64() - reply.remaining.as_secs_f64();
+        self.clock_verdict(ClockSample { sent, received, store_secs })
+    }
+
+    fn clock_verdict(&self, sample: ClockSample) -> bool {
+        let verdict = match self.clock.lock() {
+            Ok(mut watch) => watch.observe(sample),
+            Err(_) => ClockVerdict::Unknown,
+        };
+        match verdict {
+            ClockVerdict::Unknown => true,
+            ClockVerdict::Agrees { .. } => {
+                self.clock_agreed.store(true, std::sync::atomic::Ordering::Release);
+                true
+            }
+            ClockVerdict::Disagrees { store_secs, local_min_secs, local_max_secs } => {
+                self.clock_agreed.store(false, std::sync::atomic::Ordering::Release);
+                metrics::counter!(names::CLOCK_DISAGREEMENTS, &self.metric_labels).increment(1);
+                warn!(
+                    store_secs,
+                    local_min_secs,
+                    local_max_secs,
+                    "the store's clock and this host's boot clock disagree (a step of the store's wall clock, or a \
+                     clock running fast or slow); see the README's runbook, \"Clocks disagree\""
+                );
+                false
+            }
+        }
+    }
+
+    /// Reads the store's clock twice, a moment apart; true when it agrees with this host's.
+    async fn probe_clock(&self) -> bool {
+        for round in 0..2 {
+            if round > 0 {
+                sleep(CLOCK_PROBE_GAP).await;
+            }
+            let sent = BootInstant::now();
+            let call_deadline = Instant::now() + self.elector.query_timeout;
+            let Ok(client) = self.pooled(call_deadline).await else { return false };
+            let read = timeout_at(call_deadline, client.query_one(STORE_CLOCK_SQL, &[])).await;
+            let store_secs = match read {
+                Ok(Ok(row)) => match row.try_get::<_, f64>(0) {
+                    Ok(secs) => secs,
+                    Err(_) => return false,
+                },
+                Ok(Err(_)) | Err(_) => {
+                    discard(client);
+                    return false;
+                }
+            };
+            if !self.clock_verdict(ClockSample { sent, received: BootInstant::now(), store_secs }) {
+                return false;
+            }
+        }
+        self.clock_agreed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The local deadline: when the call was sent, plus the store's remaining time, minus the
     /// safety margin (S7), on both clocks. Never based on a wall clock.
     fn deadline(&self, sent: Sent, reply: &LeaseReply) -> Deadline {
@@ -488,12 +596,18 @@ impl Runtime {
         let client = self.pooled(call_deadline).await?;
         let (key, owner, ttl) = (&self.elector.key, &self.elector.owner, self.elector.ttl);
         // The server gives up on its own too: a call this process abandoned (timed out, or
-        // the process paused) can never commit later and grant a term nobody uses.
+        // the process paused) can never commit later and grant a term nobody uses. An acquire
+        // may take longer (it waits out the old period's grants); waiting for another caller's
+        // lock never may.
         let limit = self.elector.query_timeout.as_millis().max(1);
+        let statement_limit = match call {
+            LeaseCall::Acquire => self.elector.acquire_timeout.as_millis().max(1),
+            LeaseCall::Renew => limit,
+        };
         // READ COMMITTED whatever the database's default: a new term or a release decides on
-        // the newest rows (fencing.lease_grants_end refuses an older snapshot).
+        // the newest rows (fencing.lease_grant_ms refuses an older snapshot).
         let limits = format!(
-            "SET statement_timeout = {limit}; SET lock_timeout = {limit}; \
+            "SET statement_timeout = {statement_limit}; SET lock_timeout = {limit}; \
              SET default_transaction_isolation = 'read committed'"
         );
         match timeout_at(call_deadline, client.batch_execute(&limits)).await {

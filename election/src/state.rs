@@ -64,6 +64,10 @@ pub enum LossReason {
     RenewTimedOut,
     /// The local deadline passed without a successful renewal.
     DeadlinePassed,
+    /// The store's clock and this host's boot clock disagreed (a step of the store's wall clock,
+    /// or a clock running fast or slow): a deadline counted on this host's clock may not end
+    /// before the store's expiry.
+    ClockDisagreement,
     /// The elector was shut down.
     Shutdown,
 }
@@ -76,6 +80,7 @@ impl LossReason {
             LossReason::RenewFailed { .. } => "renew_failed",
             LossReason::RenewTimedOut => "renew_timed_out",
             LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::ClockDisagreement => "clock_disagreement",
             LossReason::Shutdown => "shutdown",
         }
     }

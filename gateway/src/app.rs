@@ -57,11 +57,14 @@ pub async fn run(
     let fences = Arc::new(FenceStore::new(
         pool,
         database.clone(),
-        config.database.fence_check_timeout,
-        config.upstream.forward_timeout,
-        config.database.max_batches_in_flight,
-        config.database.grant,
-        config.upstream.settle_margin,
+        fence::Settings {
+            check_timeout: config.database.fence_check_timeout,
+            forward_timeout: config.upstream.forward_timeout,
+            max_batches_in_flight: config.database.max_batches_in_flight,
+            grant: config.database.grant,
+            margin: config.upstream.settle_margin,
+            clock_rate_tolerance: config.database.clock_rate_tolerance,
+        },
     ));
     tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
     tokio::spawn(control::lease_view::watch(

@@ -32,6 +32,9 @@ pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
 pub const GRANTED_WRITES: &str = "fencing_granted_writes_total";
 /// Counter `{result}`: grant renewals sent ahead of a grant's end (ok, refused, failed).
 pub const GRANT_RENEWALS: &str = "fencing_grant_renewals_total";
+/// Counter: round trips in which the store's clock and this host's boot clock disagreed (a
+/// step of the store's wall clock, or a clock running fast or slow): grants are dropped.
+pub const CLOCK_DISAGREEMENTS: &str = "fencing_clock_disagreements_total";
 /// Counter: refused writes that could not be written to `fencing.refusals`.
 pub const REFUSALS_DROPPED: &str = "fencing_refusal_records_dropped_total";
 /// Histogram: fence decisions carried by one round trip to Postgres.
@@ -90,6 +93,10 @@ fn describe() {
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
     metrics::describe_counter!(GRANTED_WRITES, "Writes admitted under a grant this gateway holds, without Postgres");
     metrics::describe_counter!(GRANT_RENEWALS, "Grant renewals sent ahead of a grant's end, by result");
+    metrics::describe_counter!(
+        CLOCK_DISAGREEMENTS,
+        "Round trips in which the store's clock and the gateway's boot clock disagreed (grants dropped)"
+    );
     metrics::describe_counter!(CONNECTIONS_REFUSED, "Connections answered 503 because the listener was at its cap");
     metrics::describe_gauge!(LEASE_HELD, "1 while the configured lease has an unexpired holder, by the store");
     metrics::describe_gauge!(LEASE_TERM, "The configured lease's current term, by the store");
@@ -216,7 +223,7 @@ pub fn register_known(config: &crate::config::Config) {
     for result in ["ok", "refused", "failed"] {
         metrics::counter!(GRANT_RENEWALS, "result" => result).absolute(0);
     }
-    for name in [CACHED_REFUSALS, GRANTED_WRITES, REFUSALS_DROPPED, SQL_REFUSALS] {
+    for name in [CACHED_REFUSALS, GRANTED_WRITES, REFUSALS_DROPPED, SQL_REFUSALS, CLOCK_DISAGREEMENTS] {
         metrics::counter!(name).absolute(0);
     }
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);

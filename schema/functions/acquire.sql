@@ -17,7 +17,7 @@ DECLARE
     p_ttl   ALIAS FOR ttl;
     row_    fencing.leases;
     now_    timestamptz;
-    grants_end_ timestamptz;
+    grant_ms_ bigint;
 BEGIN
     PERFORM fencing.check_name('lease key', p_key);
     PERFORM fencing.check_name('owner', p_owner);
@@ -60,12 +60,13 @@ BEGIN
                 fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
     END IF;
 
-    -- A new leadership period, once every grant on the old term has ended (grants.sql):
-    -- until then gateways may still admit the old term, so the caller is told to come back.
-    grants_end_ := fencing.lease_grants_end(row_);
-    IF fencing.grant_outstanding(grants_end_) THEN
-        RETURN (false, row_.owner, row_.term, grants_end_,
-                fencing.remaining_ms(grants_end_, now_))::fencing.lease_result;
+    -- A new leadership period, once every grant on the old term has ended (grants.sql): until
+    -- then gateways may still admit the old term. Holding the row, no grant is given meanwhile;
+    -- each given before lasts at most the longest recorded. The clock is read again after.
+    grant_ms_ := fencing.lease_grant_ms(row_);
+    IF grant_ms_ > 0 THEN
+        PERFORM fencing.sleep_ms(grant_ms_);
+        now_ := clock_timestamp();
     END IF;
     -- The previous period ended when its lease expired, or now when its holder asks for a new
     -- period while still valid.
@@ -75,7 +76,8 @@ BEGIN
      WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
     UPDATE fencing.leases l
        SET owner = p_owner, term = l.term + 1,
-           acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl, grants_until = NULL
+           acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl,
+           grants_ended_term = CASE WHEN grant_ms_ > 0 THEN l.term ELSE l.grants_ended_term END
      WHERE l.key = p_key
     RETURNING * INTO row_;
     INSERT INTO fencing.lease_history (key, term, owner, granted_at)

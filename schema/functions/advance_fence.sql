@@ -1,6 +1,6 @@
 -- Raises a fence's maximum by hand after an incident, so that every writer below `term` is
 -- refused from now on, and records it. A fence never goes back (S3): a term at or below the
--- maximum is refused with 22023. Gateway writes of the new term settle behind the old horizon.
+-- maximum is refused with 22023. Gateway writes of the new term settle behind the old term's (fencing.next_settle).
 CREATE OR REPLACE FUNCTION fencing.advance_fence(resource text, term bigint, actor text, reason text)
 RETURNS fencing.fences
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -26,10 +26,10 @@ BEGIN
             p_resource, old_.max_term, p_term
             USING ERRCODE = '22023';
     ELSE
-        PERFORM fencing.await_grant(old_.granted_until);
+        PERFORM fencing.await_grants(old_);
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_at = greatest(f.settle_at, f.horizon), horizon = NULL, granted_until = NULL
+               settle_ms = fencing.next_settle(old_), forward_ms = NULL, grant_ms = NULL
          WHERE f.resource = p_resource
         RETURNING * INTO new_;
     END IF;

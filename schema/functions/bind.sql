@@ -22,8 +22,8 @@ BEGIN
     SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
     IF fence_.lease_key IS NULL THEN
         -- Unbound grants on it admit any writer of its term: they end first.
-        PERFORM fencing.await_grant(fence_.granted_until);
-        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp(), granted_until = NULL
+        PERFORM fencing.await_grants(fence_);
+        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp(), grant_ms = NULL
          WHERE f.resource = p_resource;
     ELSIF fence_.lease_key <> p_lease_key THEN
         RAISE EXCEPTION 'fencing: resource "%" is bound to lease "%"; rebinding it to "%" is an audited admin action: fencing.rebind(resource, lease_key, actor, reason)',
@@ -36,7 +36,7 @@ $$;
 
 -- Rebinds a resource to another lease after an incident or a migration, and records it in
 -- fencing.admin_audit. The maximum stays: the new lease's leader is refused until its term
--- reaches it. Writes of the new binding settle behind the old binding's horizon (S5).
+-- reaches it. Writes of the new binding settle behind the old binding's (S5, fencing.next_settle).
 CREATE OR REPLACE FUNCTION fencing.rebind(resource text, lease_key text, actor text, reason text)
 RETURNS fencing.fences
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -57,10 +57,10 @@ BEGIN
         RAISE EXCEPTION 'fencing: no fence "%"; use fencing.bind for a new resource', p_resource
             USING ERRCODE = '22023';
     END IF;
-    PERFORM fencing.await_grant(old_.granted_until);
+    PERFORM fencing.await_grants(old_);
     UPDATE fencing.fences f
        SET lease_key = p_lease_key, updated_at = clock_timestamp(),
-           settle_at = greatest(f.settle_at, f.horizon), horizon = NULL, granted_until = NULL
+           settle_ms = fencing.next_settle(old_), forward_ms = NULL, grant_ms = NULL
      WHERE f.resource = p_resource
     RETURNING * INTO new_;
     INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)

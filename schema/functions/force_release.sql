@@ -16,8 +16,9 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'fencing: no lease %', p_key USING ERRCODE = '22023';
     END IF;
-    UPDATE fencing.leases l SET expires_at = least(l.expires_at, clock_timestamp()),
-                                grants_until = fencing.lease_grants_end(old_)
+    -- Grants on the lease's resources outlive the release: the next term waits for them.
+    PERFORM fencing.lease_grant_ms(old_);
+    UPDATE fencing.leases l SET expires_at = least(l.expires_at, clock_timestamp())
      WHERE l.key = p_key
     RETURNING * INTO new_;
     UPDATE fencing.lease_history h SET ended_at = new_.expires_at, end_reason = 'force_released'

@@ -1,15 +1,27 @@
 -- The gateway's fence decision for one write, in one statement (at READ COMMITTED, in a
--- transaction of its own). Returns how long the write must wait before it is forwarded (S5).
+-- transaction of its own). Returns how long the write must wait, counted from the decision,
+-- before it is forwarded (S5), and how long the gateway may admit this term without asking (a
+-- grant). Both are lengths: nothing here compares instants of the wall clock (schema version 8).
 --
 -- Every admission is decided on one version of the fence row:
---   - the common case, a write of the current term whose horizon already covers its forward
---     deadline, on the version one read sees (no lock, no write);
---   - extending the horizon, on the version an UPDATE ... WHERE max_term = term locked
---     (FOR NO KEY UPDATE: it never waits for an SQL writer's FOR KEY SHARE hold);
+--   - the common case, a write of the current term whose forward timeout the row already
+--     records and that asks for no grant, on the version one read sees (no lock, no write);
+--   - recording a longer forward timeout or a grant, on the version an UPDATE ... WHERE
+--     max_term = term locked (FOR NO KEY UPDATE: it never waits for an SQL writer's FOR KEY
+--     SHARE hold);
 --   - a higher term, on the version SELECT ... FOR UPDATE locked (it waits for every open
 --     writer of the lower term), which it then raises;
 --   - the first write ever, on the row it inserts.
 -- A version that changed under the decision is decided again, never mixed with the one read.
+--
+-- S5 as lengths. A gateway write of term t admitted at its decision is sent within the wait this
+-- returns plus the caller's forward timeout of it (the row keeps the longest, forward_ms). When
+-- a higher term is first admitted, every lower-term decision came before (a plain read sees the
+-- old version only until the raise commits), so a write of the new term that waits forward_ms
+-- (plus what the old term still had to settle) from its own decision, which comes after the
+-- raise, starts after every lower-term write's deadline: that sum is the new term's settle_ms,
+-- returned as the wait of every decision at the new term until a gateway has seen it pass
+-- (fencing.mark_settled).
 --
 -- bind_lease: the route's lease. A resource that does not exist yet is created bound to it
 -- (only for a write the lease admits: a refused write leaves no row). A resource bound to
@@ -18,14 +30,13 @@
 -- unbound routes' own (route prefix, '/', resource) and can never be bound.
 --
 -- grant_for > 0 asks for a grant (grants.sql): an admitted write of the current term also
--- returns grant_ms, how long from now the gateway may admit writes of this term for this
--- resource without asking (0: no grant). A grant is renewed only when less than three quarters
--- of grant_for remain. The grant returned never reaches past the horizon minus the caller's
--- forward timeout, so every write admitted under it has a deadline the horizon covers, whatever
--- forward timeout or grant another replica uses. A bound resource's grant ends no later than its
--- lease and is granted only while the lease row is held FOR KEY SHARE, so a release or a new term
--- (FOR UPDATE) waits for it and then counts it. A higher term waits, holding the row, until
--- every grant on the lower term has ended.
+-- returns grant_ms, how long from its decision the gateway may admit writes of this term for this
+-- resource without asking, never more than asked for. The row records the longest grant given
+-- at its term; a higher term waits that long, holding the row, before it is admitted. A grant as
+-- long as one recorded writes nothing: it is given under advisory locks (the fence's, and a bound
+-- fence's lease's) held shared, which every term change takes exclusively before it sleeps, so a
+-- renewal costs a read, not a write. A bound resource's grant never outlasts its lease as this
+-- clock sees it, and a new term of the lease waits out the longest grant on its resources.
 CREATE OR REPLACE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
                                         bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
 RETURNS fencing.gate_result
@@ -37,32 +48,27 @@ DECLARE
     lease_term_ bigint;
     lease_end_  timestamptz;
     lease_seen_ boolean;
-    now_        timestamptz;
-    start_      timestamptz;
-    stretch_    interval;
-    grant_end_  timestamptz;
-    granted_ms_ bigint;
+    forward_ms_ bigint;
+    grant_ms_   bigint;
+    given_ms_   bigint;
 BEGIN
+    forward_ms_ := ceil(extract(epoch FROM forward_timeout) * 1000)::bigint;
     -- The common case in one indexed read.
-    SELECT f.resource, f.max_term, f.lease_key, f.updated_at, f.horizon, f.settle_at, f.granted_until,
+    SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
            l.term, l.expires_at, l.key IS NOT NULL
-      INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.updated_at, fence_.horizon,
-           fence_.settle_at, fence_.granted_until, lease_term_, lease_end_, lease_seen_
+      INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
+           fence_.grant_ms, lease_term_, lease_end_, lease_seen_
       FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
      WHERE f.resource = p_resource;
-    now_ := clock_timestamp();
     IF FOUND AND p_term = fence_.max_term
        AND fence_.lease_key IS NOT DISTINCT FROM coalesce(bind_lease, fence_.lease_key)
-       AND (fence_.lease_key IS NULL OR (lease_term_ = p_term AND lease_end_ > now_))
-       AND fence_.horizon >= greatest(now_, fence_.settle_at) + forward_timeout
+       AND (fence_.lease_key IS NULL OR (lease_term_ = p_term AND lease_end_ > clock_timestamp()))
+       AND fence_.forward_ms >= forward_ms_
        AND forward_timeout > interval '0' AND forward_timeout <= interval '1 hour'
-       AND (grant_for = interval '0' OR (grant_for > interval '0' AND grant_for <= interval '1 minute'
-            AND fence_.granted_until >= now_ + grant_for * 0.75))
+       AND grant_for = interval '0'
        AND current_setting('transaction_isolation') = 'read committed' THEN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_)
-               )::fencing.gate_result;
+                coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
     END IF;
 
     PERFORM fencing.check_name('resource', p_resource);
@@ -78,20 +84,18 @@ BEGIN
             current_setting('transaction_isolation')
             USING ERRCODE = '22023';
     END IF;
-    -- A quarter of the timeout more than needed, so the next writes need no update.
-    stretch_ := forward_timeout * 1.25;
+    grant_ms_ := floor(extract(epoch FROM grant_for) * 1000)::bigint;
 
     FOR attempt IN 1..3 LOOP
         IF attempt > 1 THEN
             -- Read again: the version read before changed under the decision.
-            SELECT f.resource, f.max_term, f.lease_key, f.updated_at, f.horizon, f.settle_at, f.granted_until,
+            SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
                    l.term, l.expires_at, l.key IS NOT NULL
-              INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.updated_at, fence_.horizon,
-                   fence_.settle_at, fence_.granted_until, lease_term_, lease_end_, lease_seen_
+              INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
+                   fence_.grant_ms, lease_term_, lease_end_, lease_seen_
               FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
              WHERE f.resource = p_resource;
         END IF;
-        now_ := clock_timestamp();
 
         IF NOT FOUND OR fence_.resource IS NULL THEN
             -- The first write ever. Never to a fence the daemons keep for themselves.
@@ -106,14 +110,14 @@ BEGIN
                     RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
                 ELSIF p_term < lease_term_ THEN
                     RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
-                ELSIF lease_end_ <= now_ THEN
+                ELSIF lease_end_ <= clock_timestamp() THEN
                     RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
                 END IF;
             END IF;
             -- No grant on the first write: the next one asks for it.
             PERFORM fencing.commit_durably();
-            INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at, horizon)
-            VALUES (p_resource, p_term, bind_lease, now_, now_ + stretch_)
+            INSERT INTO fencing.fences AS f (resource, max_term, lease_key, updated_at, forward_ms)
+            VALUES (p_resource, p_term, bind_lease, clock_timestamp(), forward_ms_)
             ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
             IF FOUND THEN
                 RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
@@ -133,88 +137,102 @@ BEGIN
                 RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             ELSIF p_term < lease_term_ THEN
                 RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
-            ELSIF lease_end_ <= now_ THEN
+            ELSIF lease_end_ <= clock_timestamp() THEN
                 RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
         END IF;
 
         IF p_term = fence_.max_term THEN
-            start_ := greatest(now_, fence_.settle_at);
-            IF fence_.horizon >= start_ + forward_timeout
-               AND (grant_for = interval '0' OR fence_.granted_until >= now_ + grant_for * 0.75) THEN
+            IF fence_.forward_ms >= forward_ms_ AND grant_ms_ = 0 THEN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                        coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                        fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_)
-                       )::fencing.gate_result;
+                        coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
             END IF;
-            grant_end_ := NULL;
-            IF fence_.horizon >= start_ + forward_timeout THEN
-                -- Only the grant needs renewing. A term change holding the row waits for the
-                -- grant to end: skip the renewal rather than wait for it (the write is admitted
-                -- on the version read, as in the common case).
+            -- A bound resource's grant ends no later than its lease as this clock sees it.
+            given_ms_ := CASE WHEN fence_.lease_key IS NULL THEN grant_ms_
+                              ELSE least(grant_ms_, fencing.remaining_ms(lease_end_, clock_timestamp())) END;
+            IF fence_.forward_ms >= forward_ms_ AND coalesce(fence_.grant_ms, 0) >= given_ms_ THEN
+                -- Nothing to record (the row already says this long a grant may be held): the
+                -- grant is given holding the advisory locks shared, which a term change takes
+                -- exclusively before it sleeps out the grants; taken, the version read is checked
+                -- again. A term change in progress holds them: no grant, and the write is
+                -- admitted on the version read, as in the common case.
+                IF NOT pg_try_advisory_xact_lock_shared(1718183525, fencing.fence_lock_id(p_resource))
+                   OR (fence_.lease_key IS NOT NULL
+                       AND NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key))) THEN
+                    RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
+                            coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
+                END IF;
+                PERFORM 1 FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
+                  WHERE f.resource = p_resource AND f.max_term = p_term
+                    AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key AND f.grant_ms >= given_ms_
+                    AND (f.lease_key IS NULL OR (l.term = p_term AND l.expires_at > clock_timestamp()));
+                IF NOT FOUND THEN
+                    CONTINUE; -- the fence or its lease moved on: decide again
+                END IF;
+                RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
+                        coalesce(fence_.settle_ms, 0), given_ms_)::fencing.gate_result;
+            END IF;
+            IF fence_.forward_ms >= forward_ms_ THEN
+                -- A longer grant than recorded is asked for. A term change holding the row sleeps
+                -- out the grants first: give none rather than wait for it.
                 PERFORM 1 FROM fencing.fences f
                   WHERE f.resource = p_resource AND f.max_term = p_term
                     AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
                     FOR NO KEY UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                            coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0),
-                            fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout, now_))::fencing.gate_result;
+                            coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
                 END IF;
             END IF;
-            IF grant_for > interval '0' AND fence_.lease_key IS NOT NULL THEN
-                -- A bound resource's grant: on the lease version held FOR KEY SHARE (a release
-                -- or a new term locks the row FOR UPDATE, so it waits for this transaction, then
-                -- counts its grant; a renewal does not wait), never beyond that lease's expiry.
-                SELECT l.term, l.expires_at INTO lease_term_, lease_end_
-                  FROM fencing.leases l WHERE l.key = fence_.lease_key FOR KEY SHARE;
-                IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp() THEN
-                    CONTINUE; -- the lease moved on: decide again
+            IF given_ms_ > 0 AND fence_.lease_key IS NOT NULL THEN
+                -- A bound resource's grant: holding the lease's advisory lock shared (a new term of
+                -- the lease takes it exclusively, after this transaction, then waits out the grant's
+                -- length; a lease's new term in progress holds it: no grant), on the lease version
+                -- read after it.
+                IF NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key)) THEN
+                    given_ms_ := 0;
+                ELSE
+                    SELECT l.term, l.expires_at INTO lease_term_, lease_end_
+                      FROM fencing.leases l WHERE l.key = fence_.lease_key;
+                    IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp() THEN
+                        CONTINUE; -- the lease moved on: decide again
+                    END IF;
+                    given_ms_ := least(given_ms_, fencing.remaining_ms(lease_end_, clock_timestamp()));
                 END IF;
-                grant_end_ := least(clock_timestamp() + grant_for, lease_end_);
-            ELSIF grant_for > interval '0' THEN
-                grant_end_ := clock_timestamp() + grant_for;
             END IF;
-            -- Extend the horizon (over every write the grant may admit) and the grant on the
-            -- newest version, if it is still of this term and binding.
+            -- Record the forward timeout and the grant on the newest version, if it is still of
+            -- this term and binding (this waits for the row if a term change holds it, and then
+            -- finds it changed).
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
-               SET horizon = greatest(f.horizon, greatest(clock_timestamp(), f.settle_at) + stretch_,
-                                      greatest(grant_end_, f.settle_at) + stretch_),
-                   granted_until = greatest(f.granted_until, grant_end_)
+               SET forward_ms = greatest(f.forward_ms, forward_ms_),
+                   grant_ms = nullif(greatest(coalesce(f.grant_ms, 0), given_ms_), 0)
              WHERE f.resource = p_resource AND f.max_term = p_term
                AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
-            RETURNING f.settle_at, f.granted_until, f.horizon INTO fence_.settle_at, fence_.granted_until, fence_.horizon;
+            RETURNING f.settle_ms INTO fence_.settle_ms;
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
-            -- Counted from now, not from the decision's start: the grant ends grant_for after a
-            -- clock read made after the lock waits, so a grant is never given as longer than asked.
-            granted_ms_ := fencing.grant_left(grant_for, fence_.granted_until, fence_.horizon, forward_timeout,
-                                              clock_timestamp());
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                    coalesce(fencing.remaining_ms(fence_.settle_at, now_), 0), granted_ms_)::fencing.gate_result;
+                    coalesce(fence_.settle_ms, 0), given_ms_)::fencing.gate_result;
         END IF;
 
-        -- A higher term: lock the newest version, then raise it. The lower term's writes may be
-        -- forwarded until its horizon: this term's writes settle behind it.
+        -- A higher term: lock the newest version, wait out the lower term's grants, raise it.
+        -- The lower term's writes may be forwarded for a while yet: this term's settle.
         SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
         IF NOT FOUND OR fence_.max_term >= p_term
            OR fence_.lease_key IS DISTINCT FROM coalesce(bind_lease, fence_.lease_key) THEN
             CONTINUE; -- changed since it was read: decide again on the newest version
         END IF;
-        -- Every grant on the lower term ends first; holding the row, nobody renews one.
-        PERFORM fencing.await_grant(fence_.granted_until);
+        PERFORM fencing.await_grants(fence_);
         PERFORM fencing.commit_durably();
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_at = greatest(f.settle_at, f.horizon),
-               horizon = greatest(clock_timestamp(), f.settle_at, f.horizon) + stretch_,
-               granted_until = NULL
+               settle_ms = fencing.next_settle(fence_), forward_ms = forward_ms_, grant_ms = NULL
          WHERE f.resource = p_resource
-        RETURNING f.settle_at INTO fence_.settle_at;
+        RETURNING f.settle_ms INTO fence_.settle_ms;
         RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                coalesce(fencing.remaining_ms(fence_.settle_at, clock_timestamp()), 0), 0)::fencing.gate_result;
+                coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
     END LOOP;
     RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';
 END

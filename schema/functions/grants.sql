@@ -1,13 +1,17 @@
--- Grants: time-bounded read leases on a fence (schema version 5).
+-- Grants and settle waits, measured as lengths of real time (schema versions 5 and 8).
 --
 -- A gateway that asks fencing.gate for a grant may admit writes of the resource's current term
--- without asking again until fences.granted_until (its own deadline is earlier: the time it
--- asked plus the remaining time reported, minus a margin, on its monotonic clock). Every way a
--- fence can move (a higher term through a gateway, the SQL guard or fencing.admit, an admin
--- advance, reset, bind or rebind) first waits, holding the fence row, until that time has
--- passed; holding the row stops every renewal of the grant meanwhile. A bound resource's grant
--- never outlasts its lease's expiry, and a new term of the lease waits for the grants of the
--- old term (fencing.lease_grants_end): a lease released early keeps its grants' end.
+-- without asking again for the length it was given (its own deadline is shorter: counted from
+-- before it asked, on its monotonic clock, less a clock-rate allowance and a margin). The fence
+-- row records the longest grant given at its term (grant_ms). Every way a fence can move (a
+-- higher term through a gateway, the SQL guard or fencing.admit, an admin advance, reset, bind or
+-- rebind) first takes the row FOR UPDATE, which stops every renewal (a renewal writes the row),
+-- and then sleeps grant_ms: every grant given before the lock has ended by then, whatever the
+-- wall clock did. A new term of a lease sleeps the longest grant on its bound resources, holding
+-- the lease row (every bound grant is given on the lease row held FOR KEY SHARE).
+--
+-- Nothing here compares an instant of the wall clock with another: a step of this database's
+-- clock changes no wait (only a backward step can lengthen the slice of a sleep it falls in).
 
 -- Refuses a null, negative or overlong grant with SQLSTATE 22023.
 CREATE OR REPLACE FUNCTION fencing.check_grant(grant_ interval) RETURNS void
@@ -20,45 +24,66 @@ BEGIN
 END
 $$;
 
--- How long from now_ a gateway that asked for a grant (grant_for > 0) may use the one recorded on
--- a fence version: until the grant's end, but never past the horizon minus the caller's forward
--- timeout (so every write admitted under it has a deadline the horizon covers). Not asked for, no
--- grant recorded, or no horizon: 0 (least() would skip the NULL and hand out a grant nobody
--- recorded, that no raise would wait for).
-DROP FUNCTION IF EXISTS fencing.grant_left(timestamptz, timestamptz, interval, timestamptz);
-CREATE OR REPLACE FUNCTION fencing.grant_left(grant_for interval, granted_until timestamptz, horizon timestamptz,
-                                              forward_timeout interval, now_ timestamptz)
-RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN coalesce(grant_for, interval '0') <= interval '0' OR granted_until IS NULL OR horizon IS NULL THEN 0
-                ELSE fencing.remaining_ms(least(granted_until, horizon - forward_timeout), now_) END
-$$;
-
--- True while a grant ending at until_ may still be in use.
-CREATE OR REPLACE FUNCTION fencing.grant_outstanding(until_ timestamptz) RETURNS boolean
-LANGUAGE sql VOLATILE AS $$
-    SELECT coalesce(until_ > clock_timestamp(), false)
-$$;
-
--- Waits until a grant ending at until_ has ended. The caller holds the fence row FOR UPDATE,
--- so nobody can renew the grant meanwhile; a grant lasts at most a minute, and the session's
--- statement_timeout bounds the wait too.
-CREATE OR REPLACE FUNCTION fencing.await_grant(until_ timestamptz) RETURNS void
+-- Sleeps at least ms milliseconds of real time. pg_sleep's timer is the kernel's, so it sleeps
+-- its whole length across a step of the wall clock; but after a wake-up before its end (an
+-- interrupt) it measures what is left on the wall clock. So the sleep goes in counted slices of
+-- 10 ms, plus one: a forward step can cut short only the slice it falls in.
+CREATE OR REPLACE FUNCTION fencing.sleep_ms(ms bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    WHILE fencing.grant_outstanding(until_) LOOP
-        PERFORM pg_sleep(least(60, extract(epoch FROM (until_ - clock_timestamp()))) + 0.001);
+    IF coalesce(ms, 0) <= 0 THEN
+        RETURN;
+    END IF;
+    FOR n IN 0..ceil(ms / 10.0)::bigint LOOP
+        PERFORM pg_sleep(0.010);
     END LOOP;
 END
 $$;
 
--- When the last grant on the resources bound to lease_'s key, at its current term, ends.
--- The caller holds the lease row FOR UPDATE, so every gateway transaction that granted while it
--- read the lease (FOR KEY SHARE) has committed, and at READ COMMITTED this statement's snapshot
--- sees them all. At other isolation levels the snapshot may predate a grant, and no bound is
--- safe without it (a renewal with a shorter ttl moves the expiry back below grants already
--- given): a new term, a release and a forced release are refused there (SQLSTATE 0A000).
-CREATE OR REPLACE FUNCTION fencing.lease_grants_end(lease_ fencing.leases) RETURNS timestamptz
+-- The advisory locks that order grants before term changes without writing a row: a grant that
+-- records nothing new is given holding the fence's (and a bound fence's lease's) lock shared, and
+-- every term change takes them exclusively, holding the row, before it sleeps out the grants. Two
+-- class ids of their own; a collision of the hashes only makes a decision wait or skip a grant.
+CREATE OR REPLACE FUNCTION fencing.fence_lock_id(resource text) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('fencing.fences/' || resource) $$;
+CREATE OR REPLACE FUNCTION fencing.lease_lock_id(key text) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtext('fencing.leases/' || key) $$;
+
+-- Waits until every grant at fence_'s term has ended: the caller holds the row FOR UPDATE, so no
+-- grant is recorded meanwhile, and the fence's advisory lock (taken here, exclusively, after every
+-- grant given under it shared has committed) stops the grants that record nothing; each given
+-- before lasts at most grant_ms. A bound fence's grants at a term its lease has left behind were
+-- waited for by the lease's new term.
+CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF coalesce(fence_.grant_ms, 0) <= 0 THEN
+        RETURN;
+    END IF;
+    IF fence_.lease_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM fencing.leases l
+         WHERE l.key = fence_.lease_key AND l.grants_ended_term >= fence_.max_term) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(1718183525, fencing.fence_lock_id(fence_.resource));
+    PERFORM fencing.sleep_ms(fence_.grant_ms);
+END
+$$;
+
+-- How long the gateway writes of the next term (or binding) of fence_ settle: the writes of its
+-- current term may be forwarded for up to forward_ms after their decision, and those decided
+-- while it settled itself wait settle_ms first. NULL when no gateway wrote at that term.
+CREATE OR REPLACE FUNCTION fencing.next_settle(fence_ fencing.fences) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT nullif(coalesce(fence_.forward_ms, 0) + coalesce(fence_.settle_ms, 0), 0)
+$$;
+
+-- The longest grant given on the resources bound to lease_'s key at its current term, unless a
+-- new term already waited for them. The caller holds the lease row FOR UPDATE, so every gateway
+-- transaction that granted while it read the lease (FOR KEY SHARE) has committed, and at READ
+-- COMMITTED this statement's snapshot sees them all. At other isolation levels the snapshot may
+-- predate a grant: a new term, a release and a forced release are refused there (SQLSTATE 0A000).
+CREATE OR REPLACE FUNCTION fencing.lease_grant_ms(lease_ fencing.leases) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -66,7 +91,35 @@ BEGIN
             current_setting('transaction_isolation')
             USING ERRCODE = '0A000';
     END IF;
-    RETURN greatest(lease_.grants_until,
-                    (SELECT max(f.granted_until) FROM fencing.fences f WHERE f.lease_key = lease_.key));
+    IF lease_.grants_ended_term >= lease_.term THEN
+        RETURN 0;
+    END IF;
+    -- Every grant given under the lease's advisory lock (shared) has committed once this holds it.
+    PERFORM pg_advisory_xact_lock(1818583397, fencing.lease_lock_id(lease_.key));
+    RETURN coalesce((SELECT max(f.grant_ms) FROM fencing.fences f
+                      WHERE f.lease_key = lease_.key AND f.max_term = lease_.term), 0);
+END
+$$;
+
+-- A gateway says that settle_ms has passed since one of its decisions at term, made while the
+-- fence was bound to lease_key and settled for settle_ms: every write of a lower term (or of the
+-- previous binding) has passed its deadline, so writes of term need not wait any more. Only
+-- gateways call it (grant EXECUTE to the gateway's role only): called early, it would let a
+-- write of term overtake a lower-term write still on its way to the upstream.
+CREATE OR REPLACE FUNCTION fencing.mark_settled(resource text, term bigint, lease_key text, settle_ms bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_resource  ALIAS FOR resource;
+    p_term      ALIAS FOR term;
+    p_lease_key ALIAS FOR lease_key;
+    p_settle_ms ALIAS FOR settle_ms;
+BEGIN
+    PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_term(p_term);
+    UPDATE fencing.fences f SET settle_ms = NULL
+     WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
+       AND f.settle_ms = p_settle_ms;
+    RETURN FOUND;
 END
 $$;

@@ -19,9 +19,10 @@ BEGIN
     IF NOT FOUND OR row_.owner <> p_owner OR row_.expires_at <= now_ THEN
         RETURN false;
     END IF;
-    -- Grants on the lease's resources outlive the release: the next term waits for them.
-    UPDATE fencing.leases l SET expires_at = now_, grants_until = fencing.lease_grants_end(row_)
-     WHERE l.key = p_key;
+    -- Grants on the lease's resources outlive the release: the next term waits for them
+    -- (fencing.lease_grant_ms; called here too, so a release decides at READ COMMITTED only).
+    PERFORM fencing.lease_grant_ms(row_);
+    UPDATE fencing.leases l SET expires_at = now_ WHERE l.key = p_key;
     UPDATE fencing.lease_history h SET ended_at = now_, end_reason = 'released'
      WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
     RETURN true;

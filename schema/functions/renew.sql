@@ -31,8 +31,8 @@ BEGIN
                 fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
     END IF;
 
-    -- A shorter ttl than before moves the expiry back while grants may reach to the old one:
-    -- a release or a new term counts those grants themselves (fencing.lease_grants_end).
+    -- A grant never outlasts its length, whatever the ttl: a new term waits out the longest
+    -- grant on the lease's resources (fencing.lease_grant_ms).
     UPDATE fencing.leases l
        SET renewed_at = now_, expires_at = now_ + p_ttl
      WHERE l.key = p_key

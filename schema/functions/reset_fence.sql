@@ -28,10 +28,10 @@ BEGIN
             p_resource, old_.lease_key
             USING ERRCODE = '22023';
     END IF;
-    PERFORM fencing.await_grant(old_.granted_until);
+    PERFORM fencing.await_grants(old_);
     UPDATE fencing.fences f
        SET max_term = p_term, updated_at = clock_timestamp(),
-           settle_at = greatest(f.settle_at, f.horizon, clock_timestamp()), horizon = NULL, granted_until = NULL
+           settle_ms = fencing.next_settle(old_), forward_ms = NULL, grant_ms = NULL
      WHERE f.resource = p_resource
     RETURNING * INTO new_;
     INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)

@@ -5,8 +5,8 @@
 -- nothing. Every admission is decided on one version of the fence row, and holds it until the
 -- transaction ends (when hold_lock):
 --   - an equal term holds the row FOR KEY SHARE, so no higher term can be admitted before this
---     transaction commits, while the gateway may still extend the term's horizon (FOR NO KEY
---     UPDATE does not conflict with it);
+--     transaction commits, while the gateway may still record forward timeouts and grants (FOR
+--     NO KEY UPDATE does not conflict with it);
 --   - a higher term locks the row FOR UPDATE, which waits for every open equal-term writer,
 --     then raises the maximum.
 -- At REPEATABLE READ and SERIALIZABLE the transaction's snapshot may be older than the newest
@@ -82,19 +82,19 @@ BEGIN
         END IF;
 
         -- A higher term: lock the newest version of the row (waiting for every open writer of
-        -- the lower term), then raise the maximum. Writes of the lower terms may still be on their
-        -- way to an upstream until the horizon: the new term's gateway writes settle behind it (S5).
+        -- the lower term), then raise the maximum. Gateway writes of the lower terms may still be
+        -- on their way to an upstream: the new term's gateway writes settle behind them (S5).
         SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
         IF fence_.max_term > p_term THEN
             RETURN (false, 'stale', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
         END IF;
         IF fence_.max_term < p_term THEN
             -- Gateways may admit the lower term until their grants end (grants.sql).
-            PERFORM fencing.await_grant(fence_.granted_until);
+            PERFORM fencing.await_grants(fence_);
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
                SET max_term = p_term, updated_at = clock_timestamp(),
-                   settle_at = greatest(f.settle_at, f.horizon), horizon = NULL, granted_until = NULL
+                   settle_ms = fencing.next_settle(fence_), forward_ms = NULL, grant_ms = NULL
              WHERE f.resource = p_resource;
         END IF;
         RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;

@@ -42,6 +42,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 5, name: "grants", sql: include_str!("../migrations/0005_grants.sql") },
     Migration { version: 6, name: "members", sql: include_str!("../migrations/0006_members.sql") },
     Migration { version: 7, name: "daemons", sql: include_str!("../migrations/0007_daemons.sql") },
+    Migration { version: 8, name: "clock_safe_waits", sql: include_str!("../migrations/0008_clock_safe_waits.sql") },
 ];
 
 macro_rules! repeatable {
@@ -78,7 +79,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 7;
+pub const LATEST_VERSION: i32 = 8;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -269,10 +269,11 @@ pub struct Gate {
     pub lease_key: Option<String>,
     /// That lease's current term, if it exists.
     pub lease_term: Option<i64>,
-    /// How long to wait before forwarding, so no lower-term write can be overtaken (S5).
+    /// How long to wait before forwarding, counted from the decision, so no lower-term write
+    /// can be overtaken (S5).
     pub wait: Duration,
-    /// How long from the store's answer on writes of this term to this resource may be admitted
-    /// without asking (a grant; zero when none was asked for or given).
+    /// How long, counted from the decision, writes of this term to this resource may be admitted
+    /// without asking (a grant; zero when none was asked for or given; never more than asked).
     pub grant: Duration,
 }
 
@@ -317,7 +318,8 @@ pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, leas
 
 /// `fencing.gate_many(resources, terms, lease keys, owners, bind leases, forward timeout ms,
 /// grant ms)`: one row per item, in order.
-pub const GATE_MANY_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms
+pub const GATE_MANY_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms,
+           extract(epoch FROM clock_timestamp())::float8 AS store_clock
     FROM fencing.gate_many($1, $2, $3, $4, $5, $6::bigint * interval '1 millisecond',
                            $7::bigint * interval '1 millisecond')";
 

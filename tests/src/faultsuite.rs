@@ -48,7 +48,8 @@ pub enum Plant {
     AsyncCommit,
     /// No new term when a lease is acquired after it expired.
     NoNewTerm,
-    /// The race of `fencing.gate` put back: two reads of the fence row in one decision.
+    /// A raise of `fencing.gate` decided on two versions of the fence row: the one it read, and
+    /// the one it locked, whose maximum it no longer checks.
     GateRace,
     /// A term change that ignores grants: a higher term is admitted while gateways may still
     /// admit the lower one without asking.
@@ -342,8 +343,8 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             "IF decision.outcome = 'stale' THEN decision.admitted := true; decision.outcome := 'admitted'; decision.wait_ms := 0; END IF;",
         ),
         Plant::NoSettle => wrap_gate("decision.wait_ms := 0;"),
-        Plant::GrantIgnored => "CREATE OR REPLACE FUNCTION fencing.grant_outstanding(until_ timestamptz)
-             RETURNS boolean LANGUAGE sql AS $$ SELECT false $$;"
+        Plant::GrantIgnored => "CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences)
+             RETURNS void LANGUAGE plpgsql AS $$ BEGIN END $$;"
             .to_owned(),
         Plant::GrantOverstay => wrap_gate("decision.grant_ms := decision.grant_ms * 4;"),
         Plant::AsyncCommit => "CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
@@ -358,41 +359,21 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             planted
         }
         Plant::GateRace => {
-            // The definitions of version 2, which read the fence row twice in one decision.
-            let old = fencing_schema::MIGRATIONS
-                .iter()
-                .find(|m| m.version == 2)
-                .map(|m| m.sql)
-                .ok_or_else(|| anyhow!("no migration 2"))?;
-            let start = old
-                .find("CREATE OR REPLACE FUNCTION fencing.try_admit")
-                .ok_or_else(|| anyhow!("migration 2 has no try_admit"))?;
-            let end = old.find("-- The gateway's stamp mode").ok_or_else(|| anyhow!("migration 2 changed"))?;
-            let mut sql = old[start..end].to_owned();
-            // The old try_admit, under another name, so SQL writers keep today's.
-            sql = sql.replace("FUNCTION fencing.try_admit(", "FUNCTION fencing.try_admit_racy(");
-            sql = sql.replace("decision := fencing.try_admit(", "decision := fencing.try_admit_racy(");
-            // Those definitions also predate the synchronous-commit override; put it in, so that
-            // the race is the only bug planted (every gate call commits durably).
-            let gate = sql.find("FUNCTION fencing.gate(").ok_or_else(|| anyhow!("migration 2 has no gate"))?;
-            let begin = sql[gate..].find("\nBEGIN\n").map(|at| gate + at + "\nBEGIN\n".len());
-            let begin = begin.ok_or_else(|| anyhow!("migration 2's gate has no BEGIN line"))?;
-            sql.insert_str(begin, "    PERFORM fencing.commit_durably();\n");
-            // They also predate grants: the decision row gained grant_ms (always 0 here), and
-            // today's gate_lease and gate_many call a gate with a grant argument: the old gate
-            // goes in under another name, behind one that takes (and ignores) the grant.
-            let sql = sql.replace(")::fencing.gate_result", ", 0)::fencing.gate_result");
-            let sql = sql.replace("FUNCTION fencing.gate(", "FUNCTION fencing.gate_racy(");
-            format!(
-                "DROP FUNCTION fencing.gate(text, bigint, interval, text, interval);
-                 {sql}
-                 CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
-                                              bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
-                 RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
-                 BEGIN
-                     RETURN fencing.gate_racy(resource, term, forward_timeout, bind_lease);
-                 END $$;"
-            )
+            // A raise that decides on two versions of the fence row: the one it read, and the
+            // one it locked, whose maximum it no longer checks (a concurrent higher term that
+            // committed in between is overwritten by this lower one).
+            let gate = function("gate")?;
+            let checked = "        IF NOT FOUND OR fence_.max_term >= p_term
+           OR fence_.lease_key IS DISTINCT FROM coalesce(bind_lease, fence_.lease_key) THEN
+            CONTINUE; -- changed since it was read: decide again on the newest version
+        END IF;";
+            let planted = gate.replace(checked, "        IF NOT FOUND THEN\n            CONTINUE;\n        END IF;");
+            if planted == gate {
+                bail!(
+                    "the gate function's raise no longer checks the locked version as it did: update the planted bug"
+                );
+            }
+            planted
         }
     })
 }

@@ -54,6 +54,8 @@ pub struct PgCluster {
     run_as: Option<RunAs>,
     /// The supervisor; its stdin is the pipe whose closing removes the cluster.
     supervisor: Mutex<Option<Child>>,
+    /// With a fake clock: the file libfaketime reads the server's wall-clock offset from.
+    clock_file: Option<PathBuf>,
 }
 
 impl PgCluster {
@@ -71,16 +73,33 @@ impl PgCluster {
     /// As [`PgCluster::start_with`], with more lines for `postgresql.conf` (for example
     /// `"synchronous_commit = off\nwal_writer_delay = 10s\n"` for durability tests).
     pub fn start_with_settings(durability: Durability, extra_settings: &str) -> Result<PgCluster> {
+        PgCluster::start_cluster(durability, extra_settings, false)
+    }
+
+    /// As [`PgCluster::start`], with the server's wall clock under the test's control: the
+    /// server runs under libfaketime (Debian's `faketime` package), which moves only the wall
+    /// clock (`CLOCK_REALTIME`: `clock_timestamp()`, `now()`), never the monotonic clocks, by the
+    /// offset [`PgCluster::set_clock_offset`] sets. Kernel timers (a `pg_sleep`'s timeout) go on
+    /// in real time, as they do when an operator or NTP steps a real clock.
+    pub fn start_with_fake_clock() -> Result<PgCluster> {
+        PgCluster::start_cluster(Durability::Off, "", true)
+    }
+
+    fn start_cluster(durability: Durability, extra_settings: &str, fake_clock: bool) -> Result<PgCluster> {
         let bin_dir = find_bin_dir().map_err(|message| anyhow!(message))?;
         let run_as = unprivileged_user().map_err(|message| anyhow!(message))?;
         let root = make_root(run_as.as_ref())?;
         let data_dir = root.join("data");
         let log_file = root.join("server.log");
+        let clock_file = fake_clock.then(|| root.join("clock-offset"));
         let mut cluster =
-            PgCluster { bin_dir, root, data_dir, log_file, port: 0, run_as, supervisor: Mutex::new(None) };
+            PgCluster { bin_dir, root, data_dir, log_file, port: 0, run_as, supervisor: Mutex::new(None), clock_file };
         // The supervisor is started first, so the temp dir is removed even if initdb fails.
         cluster.spawn_supervisor()?;
         cluster.initdb()?;
+        if cluster.clock_file.is_some() {
+            cluster.set_clock_offset(0)?;
+        }
         let mut last_error = None;
         for _ in 0..5 {
             cluster.port = free_port()?;
@@ -134,10 +153,35 @@ impl PgCluster {
         text.lines().next()?.trim().parse().ok()
     }
 
+    /// Steps the server's wall clock to `offset_ms` from the real time (with a fake clock; every
+    /// backend reads the offset at each reading of the clock).
+    pub fn set_clock_offset(&self, offset_ms: i64) -> Result<()> {
+        let file = self.clock_file.as_ref().ok_or_else(|| anyhow!("this cluster has no fake clock"))?;
+        // Written whole and renamed into place: a reader never sees half a line.
+        let next = file.with_extension("next");
+        fs::write(&next, format!("{:+.3}\n", offset_ms as f64 / 1000.0)).context("write the clock offset")?;
+        if let Some(user) = &self.run_as {
+            nix::unistd::chown(
+                &next,
+                Some(nix::unistd::Uid::from_raw(user.uid)),
+                Some(nix::unistd::Gid::from_raw(user.gid)),
+            )?;
+        }
+        fs::rename(&next, file).context("move the clock offset into place")?;
+        Ok(())
+    }
+
     /// Starts the server again after [`PgCluster::stop`] or [`PgCluster::crash`], on the same port.
     pub fn start_server(&self) -> Result<()> {
-        let output = self
-            .pg_command("pg_ctl")
+        let mut command = self.pg_command("pg_ctl");
+        if let Some(file) = &self.clock_file {
+            command
+                .env("LD_PRELOAD", faketime_library()?)
+                .env("FAKETIME_TIMESTAMP_FILE", file)
+                .env("FAKETIME_NO_CACHE", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let output = command
             .arg("-D")
             .arg(&self.data_dir)
             .arg("-l")
@@ -424,6 +468,16 @@ fn make_root(run_as: Option<&RunAs>) -> Result<PathBuf> {
         .with_context(|| format!("give {} to user {}", root.display(), user.name))?;
     }
     Ok(root)
+}
+
+/// libfaketime, from Debian's `faketime` package.
+pub fn faketime_library() -> Result<PathBuf> {
+    let candidates = ["/usr/lib/x86_64-linux-gnu/faketime", "/usr/lib/aarch64-linux-gnu/faketime", "/usr/lib/faketime"];
+    candidates
+        .iter()
+        .map(|dir| Path::new(dir).join("libfaketime.so.1"))
+        .find(|path| path.is_file())
+        .ok_or_else(|| anyhow!("libfaketime is needed for the clock tests: install it (`apt-get install faketime`)"))
 }
 
 /// A loopback port that was free a moment ago.

@@ -70,6 +70,8 @@ pub const DEFAULT_MAX_TTL: Duration = fencing_schema::MAX_TTL;
 /// How long shutdown waits for in-flight requests.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// How much two clocks may differ in rate (see [`DatabaseConfig::clock_rate_tolerance`]).
+pub const DEFAULT_CLOCK_RATE_TOLERANCE: f64 = 0.01;
 /// Where the embedded Postgres keeps its data when no database URL is configured.
 pub const DEFAULT_EMBEDDED_DATA_DIR: &str = ".fencing-gateway/pgdata";
 
@@ -163,6 +165,10 @@ pub struct DatabaseConfig {
     /// holds a grant on a resource, the gateway admits writes of its current term without a
     /// round trip; a new term for the resource waits until every grant on the old one ended.
     pub grant: Duration,
+    /// How much two clocks (this gateway's, the store's, another gateway's) may differ in rate,
+    /// as a fraction: a grant's local length is shortened by it and a settle wait stretched by it,
+    /// and a clock seen to differ by more drops this gateway's grants.
+    pub clock_rate_tolerance: f64,
 }
 
 /// See [`Config::upstream`].

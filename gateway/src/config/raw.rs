@@ -71,6 +71,7 @@ pub(super) struct RawDatabase {
     pub(super) max_batches_in_flight: Option<u64>,
     pub(super) fence_check_timeout_ms: Option<u64>,
     pub(super) grant_ms: Option<u64>,
+    pub(super) clock_rate_tolerance: Option<f64>,
     pub(super) data_dir: Option<String>,
 }
 

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use crate::config::checks::Checks;
 use crate::config::model::{
-    DEFAULT_CONTROL_POOL_SIZE, DEFAULT_EMBEDDED_DATA_DIR, DEFAULT_FENCE_CHECK_TIMEOUT, DEFAULT_FORWARD_TIMEOUT,
-    DEFAULT_MAX_BATCHES_IN_FLIGHT, DEFAULT_POOL_SIZE, DEFAULT_SETTLE_MARGIN, DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
-    DatabaseConfig, UpstreamConfig,
+    DEFAULT_CLOCK_RATE_TOLERANCE, DEFAULT_CONTROL_POOL_SIZE, DEFAULT_EMBEDDED_DATA_DIR, DEFAULT_FENCE_CHECK_TIMEOUT,
+    DEFAULT_FORWARD_TIMEOUT, DEFAULT_MAX_BATCHES_IN_FLIGHT, DEFAULT_POOL_SIZE, DEFAULT_SETTLE_MARGIN,
+    DEFAULT_UPSTREAM_CONNECT_TIMEOUT, DatabaseConfig, UpstreamConfig,
 };
 use crate::config::raw::{RawDatabase, RawUpstream};
 use crate::security::database::Database;
@@ -86,6 +86,14 @@ pub(super) fn database(raw: RawDatabase, upstream: &UpstreamConfig, checks: &mut
             1
         }
     };
+    let clock_rate_tolerance = match raw.clock_rate_tolerance {
+        None => DEFAULT_CLOCK_RATE_TOLERANCE,
+        Some(rho) if (0.0..=0.5).contains(&rho) => rho,
+        Some(rho) => {
+            checks.push(format!("database.clock_rate_tolerance: a fraction between 0 and 0.5, got {rho}"));
+            DEFAULT_CLOCK_RATE_TOLERANCE
+        }
+    };
     let url = raw.url.filter(|url| !url.is_empty());
     if let Some(url) = &url
         && let Err(error) = Database::parse(url)
@@ -99,6 +107,7 @@ pub(super) fn database(raw: RawDatabase, upstream: &UpstreamConfig, checks: &mut
         fence_check_timeout,
         max_batches_in_flight,
         grant,
+        clock_rate_tolerance,
         data_dir: PathBuf::from(raw.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),
     }
 }

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use fencing_election::clock::{BootInstant, ClockSample};
 use fencing_schema::store::{GATE_MANY_SQL, Gate};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, timeout_at};
 use tracing::{debug, warn};
 
+use crate::fence::clock::StoreClock;
 use crate::fence::decision::{Presented, Undecided};
 use crate::fence::pool::discard;
 use crate::metrics as names;
@@ -53,6 +55,8 @@ pub(super) struct Batcher {
     pub(super) grant_ms: i64,
     pub(super) in_flight: Arc<Semaphore>,
     pub(super) max_batch: usize,
+    /// Each round trip is a sample of the store's clock.
+    pub(super) clock: Arc<StoreClock>,
 }
 
 impl Batcher {
@@ -122,6 +126,7 @@ impl Batcher {
             }
         }
         let bind_leases: Vec<Option<&str>> = batch.iter().map(|item| item.bind_lease.as_deref()).collect();
+        let sent = BootInstant::now();
         let answer = timeout_at(deadline, async {
             let statement = client.prepare_cached(GATE_MANY_SQL).await?;
             client
@@ -132,6 +137,12 @@ impl Batcher {
                 .await
         })
         .await;
+        let received = BootInstant::now();
+        if let Ok(Ok(rows)) = &answer
+            && let Some(store_secs) = rows.first().and_then(|row| row.try_get::<_, f64>("store_clock").ok())
+        {
+            self.clock.observe(ClockSample { sent, received, store_secs });
+        }
         match answer {
             Ok(Ok(rows)) if rows.len() == batch.len() => rows
                 .iter()

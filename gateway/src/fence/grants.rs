@@ -17,7 +17,9 @@ use tokio::time::{Instant, timeout_at};
 use tokio::sync::mpsc;
 
 use crate::fence::batcher::Pending;
+use crate::fence::clock::StoreClock;
 use crate::fence::decision::{Decision, Presented};
+use crate::fence::settles::Settles;
 use crate::metrics as names;
 
 /// Beyond this many grants the table starts over (the grants simply end: writes ask again).
@@ -31,8 +33,14 @@ pub(super) struct Grants {
     length: Duration,
     /// Taken off every grant's deadline (the settle margin).
     margin: Duration,
+    /// The clock-rate allowance: a grant's local length is shortened by this fraction, since this
+    /// gateway's clock may run slower than the store's.
+    rho: f64,
     /// A renewal's answer is awaited this long.
     check_timeout: Duration,
+    /// The store's clock as this gateway sees it: grants are used only while it agrees with this
+    /// host's boot clock.
+    clock: Arc<StoreClock>,
     /// The runtime the store was made on (the gateway's shared one): grant renewals run there,
     /// whichever proxy thread sent them, so none is dropped with a proxy thread's runtime.
     runtime: tokio::runtime::Handle,
@@ -58,6 +66,8 @@ struct Grant {
     renew_after: Instant,
     /// A renewal is out.
     renewing: bool,
+    /// The store clock's generation it was given under ([`StoreClock::generation`]).
+    generation: u64,
 }
 
 impl Grant {
@@ -81,8 +91,22 @@ impl Grant {
 
 impl Grants {
     /// No grant held yet; `length` zero: grants are off.
-    pub(super) fn new(length: Duration, margin: Duration, check_timeout: Duration) -> Grants {
-        Grants { table: Arc::default(), length, margin, check_timeout, runtime: tokio::runtime::Handle::current() }
+    pub(super) fn new(
+        length: Duration,
+        margin: Duration,
+        rho: f64,
+        check_timeout: Duration,
+        clock: Arc<StoreClock>,
+    ) -> Grants {
+        Grants {
+            table: Arc::default(),
+            length,
+            margin,
+            rho,
+            check_timeout,
+            clock,
+            runtime: tokio::runtime::Handle::current(),
+        }
     }
 
     /// Whether this gateway asks for grants.
@@ -107,11 +131,21 @@ impl Grants {
         presented: &Presented,
         bind_lease: Option<&str>,
         lane: &mpsc::UnboundedSender<Pending>,
+        settles: &Settles,
     ) -> Option<Decision> {
         let now = Instant::now();
         let boot_now = BootInstant::now();
+        // The clocks must agree, and have since the grant was given.
+        if !self.clock.trusted() {
+            return None;
+        }
+        let generation = self.clock.generation();
         let mut grants = self.table.lock().ok()?;
         let grant = grants.get_mut(resource)?;
+        if grant.generation != generation {
+            grants.remove(resource);
+            return None;
+        }
         if !grant.covers(presented, bind_lease) {
             return None;
         }
@@ -143,7 +177,7 @@ impl Grants {
         // takes per write (a thread preempted by the woken one would stall them all).
         drop(grants);
         if renew
-            && !self.renew(resource, presented, bind_lease, lane)
+            && !self.renew(resource, presented, bind_lease, lane, settles)
             && let Ok(mut grants) = self.table.lock()
             && let Some(held) = grants.get_mut(resource)
         {
@@ -160,6 +194,7 @@ impl Grants {
         presented: &Presented,
         bind_lease: Option<&str>,
         lane: &mpsc::UnboundedSender<Pending>,
+        settles: &Settles,
     ) -> bool {
         let (pending, answer) = Pending::new(resource, presented, bind_lease);
         let started = Instant::now();
@@ -168,14 +203,31 @@ impl Grants {
             return false;
         }
         let grants = Arc::clone(&self.table);
-        let (grant, margin, check_timeout) = (self.length, self.margin, self.check_timeout);
+        let settles = settles.clone();
+        let clock = Arc::clone(&self.clock);
+        let (grant, margin, rho, check_timeout) = (self.length, self.margin, self.rho, self.check_timeout);
         let (resource, presented, bind_lease) = (resource.to_owned(), presented.clone(), bind_lease.map(str::to_owned));
         self.runtime.spawn(async move {
             let key = GrantKey { resource: &resource, presented: &presented, bind_lease: bind_lease.as_deref() };
             let result = match timeout_at(started + check_timeout, answer).await {
-                Ok(Ok(Ok(gate))) => {
+                Ok(Ok(Ok(mut gate))) => {
+                    let answered = Instant::now();
                     let granted = gate.is_admitted() && !gate.grant.is_zero();
-                    install(&grants, &key, &gate, (started, boot_started, Instant::now()), grant, margin);
+                    if let (true, Some(term)) = (gate.is_admitted(), gate.term) {
+                        let lease_key = gate.lease_key.clone();
+                        gate.wait = settles.wait(&resource, term, lease_key.as_deref(), gate.wait, answered);
+                    }
+                    if !gate.is_admitted() || clock.trusted() {
+                        let generation = clock.generation();
+                        install(
+                            &grants,
+                            &key,
+                            &gate,
+                            (started, boot_started, answered),
+                            (grant, margin, rho),
+                            generation,
+                        );
+                    }
                     if granted { "ok" } else { "refused" }
                 }
                 _ => "failed",
@@ -205,25 +257,30 @@ impl Grants {
     /// refused the write). `anchors`: when the decision was asked for, on both clocks, and when
     /// its answer came.
     pub(super) fn record(&self, key: &GrantKey<'_>, gate: &Gate, anchors: (Instant, BootInstant, Instant)) {
-        install(&self.table, key, gate, anchors, self.length, self.margin);
+        // An untrusted clock gives no grant; a refusal drops the one held all the same.
+        if !gate.is_admitted() || self.clock.trusted() {
+            install(&self.table, key, gate, anchors, (self.length, self.margin, self.rho), self.clock.generation());
+        }
     }
 }
 
 /// Records the grant an answer carries (or drops the one held, when the answer refused the write).
 /// `(started, boot_started, answered)`: when the decision was asked for, on both clocks, and when
-/// its answer came. `asked`: the grant length asked for.
+/// its answer came. `(asked, margin, rho)`: the grant length asked for, the settle margin and the
+/// clock-rate allowance. The grant lasts, counted from before the decision was asked for, what
+/// the store gave and never more than was asked, shortened by the clock-rate allowance (this
+/// gateway's clock may run slower than the store's) and by the margin.
 fn install(
     grants: &Mutex<HashMap<String, Grant>>,
     key: &GrantKey<'_>,
     gate: &Gate,
     (started, boot_started, answered): (Instant, BootInstant, Instant),
-    asked: Duration,
-    margin: Duration,
+    (asked, margin, rho): (Duration, Duration, f64),
+    generation: u64,
 ) {
     let Ok(mut grants) = grants.lock() else { return };
-    let (true, Some(term), Some(lasts)) =
-        (gate.is_admitted(), gate.term, gate.grant.checked_sub(margin).filter(|lasts| !lasts.is_zero()))
-    else {
+    let lasts = gate.grant.min(asked).mul_f64(1.0 - rho).checked_sub(margin).filter(|lasts| !lasts.is_zero());
+    let (true, Some(term), Some(lasts)) = (gate.is_admitted(), gate.term, lasts) else {
         if !gate.is_admitted() {
             grants.remove(key.resource);
         }
@@ -242,11 +299,12 @@ fn install(
         asked: started,
         answered,
         wait: gate.wait,
-        // Renew once half of the asked-for grant is left: the store renews a grant only when
-        // less than three quarters of it remain. An answer that did not extend it (another
-        // replica's renewal held the row) is tried again a sixteenth of a grant later.
+        // Renew once half of the asked-for grant is left. An answer that gave no grant (a term
+        // change held the fence) leaves this one to its end; the next renewal goes a sixteenth
+        // of a grant after the answer at the earliest.
         renew_after: (started + lasts).checked_sub(asked / 2).unwrap_or(started).max(answered + asked / 16),
         renewing: false,
+        generation,
     };
     if grants.len() >= CAPACITY && !grants.contains_key(key.resource) {
         grants.clear();

@@ -21,10 +21,12 @@
 //! `max_batches_in_flight` calls out at once, where it cannot hold up the common case.
 
 mod batcher;
+mod clock;
 mod decision;
 mod grants;
 mod pool;
 pub mod refusals;
+mod settles;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +40,9 @@ use tokio::time::{Instant, timeout_at};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::fence::batcher::{Batcher, Pending};
+use crate::fence::clock::StoreClock;
 use crate::fence::grants::{GrantKey, Grants};
+use crate::fence::settles::Settles;
 use crate::metrics as names;
 use crate::security::database::Database;
 
@@ -68,23 +72,51 @@ pub struct FenceStore {
     raise_lane: Option<mpsc::UnboundedSender<Pending>>,
     /// The grants this gateway holds (none when grants are off).
     grants: Grants,
+    /// The settles this gateway has seen (S5 waits, as lengths).
+    settles: Settles,
     /// Metric handles, resolved once: a decision records through them without a registry lookup.
     granted_writes: metrics::Counter,
     cached_refusals: metrics::Counter,
     check_duration: metrics::Histogram,
 }
 
+/// How a fence store decides: its timeouts, its grants, its allowances.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// A decision not made within this fails (S6).
+    pub check_timeout: Duration,
+    /// This gateway's forward timeout, which the store records (S5).
+    pub forward_timeout: Duration,
+    /// Decision round trips out at once on the general lane.
+    pub max_batches_in_flight: usize,
+    /// How long a grant is asked for (zero: no grants).
+    pub grant: Duration,
+    /// Taken off every grant and added to every settle: bytes may still be on their way.
+    pub margin: Duration,
+    /// How much two clocks may differ in rate, as a fraction.
+    pub clock_rate_tolerance: f64,
+}
+
 impl FenceStore {
     /// A fence store on `pool`, with its batcher running on the current Tokio runtime.
-    pub fn new(
-        pool: Pool,
-        database: Database,
-        check_timeout: Duration,
-        forward_timeout: Duration,
-        max_batches_in_flight: usize,
-        grant: Duration,
-        grant_margin: Duration,
-    ) -> FenceStore {
+    pub fn new(pool: Pool, database: Database, settings: Settings) -> FenceStore {
+        let Settings {
+            check_timeout,
+            forward_timeout,
+            max_batches_in_flight,
+            grant,
+            margin: grant_margin,
+            clock_rate_tolerance: rho,
+        } = settings;
+        // Grants are used once the store's clock has agreed with this host's over a span of half a
+        // grant (a tenth of a second at least, a second at most: with the settle margin off every
+        // grant, a clock off by more than the tolerance shows within that), and never while they
+        // disagree.
+        let trust_after = (grant / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let clock = Arc::new(StoreClock::new(rho, trust_after));
+        if !grant.is_zero() {
+            tokio::spawn(clock::earn_trust(pool.clone(), Arc::clone(&clock), check_timeout));
+        }
         let lane = |in_flight: usize, max_batch: usize| {
             let (queue, pending) = mpsc::unbounded_channel();
             let batcher = Batcher {
@@ -95,6 +127,7 @@ impl FenceStore {
                 grant_ms: i64::try_from(grant.as_millis()).unwrap_or(0),
                 in_flight: Arc::new(Semaphore::new(in_flight.max(1))),
                 max_batch,
+                clock: Arc::clone(&clock),
             };
             tokio::spawn(batcher.run(pending));
             queue
@@ -108,6 +141,7 @@ impl FenceStore {
         // for one, is batched as before: a raise among those may wait longer, up to the
         // fence-check timeout, which fails closed).
         let raise_lane = (!grant.is_zero()).then(|| lane(max_batches_in_flight, 1));
+        let settles = Settles::new(pool.clone(), grant_margin, rho, check_timeout);
         FenceStore {
             pool,
             database,
@@ -116,7 +150,9 @@ impl FenceStore {
             fast_lane,
             general_lane,
             raise_lane,
-            grants: Grants::new(grant, grant_margin, check_timeout),
+            grants: Grants::new(grant, grant_margin, rho, check_timeout, clock),
+            settles,
+
             granted_writes: metrics::counter!(names::GRANTED_WRITES),
             cached_refusals: metrics::counter!(names::CACHED_REFUSALS),
             check_duration: metrics::histogram!(names::CHECK_DURATION),
@@ -158,7 +194,7 @@ impl FenceStore {
         bind_lease: Option<&str>,
     ) -> Result<Decision, Undecided> {
         if self.grants.enabled()
-            && let Some(decision) = self.grants.admit(resource, presented, bind_lease, &self.fast_lane)
+            && let Some(decision) = self.grants.admit(resource, presented, bind_lease, &self.fast_lane, &self.settles)
         {
             self.granted_writes.increment(1);
             return Ok(decision);
@@ -199,6 +235,13 @@ impl FenceStore {
         };
         let answered = Instant::now();
         self.check_duration.record(answered.duration_since(started).as_secs_f64());
+        let mut result = result;
+        if let Ok(gate) = &mut result
+            && let (true, Some(term)) = (gate.is_admitted(), gate.term)
+        {
+            // The settle, as this gateway counts it (`settles`).
+            gate.wait = self.settles.wait(resource, term, gate.lease_key.as_deref(), gate.wait, answered);
+        }
         match &result {
             Ok(gate) => {
                 self.remember(resource, gate.max_term);

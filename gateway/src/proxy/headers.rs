@@ -52,6 +52,17 @@ pub(crate) fn client_address_header(name: &str) -> bool {
         )
 }
 
+/// Whether `headers`' `Connection` names `name`: a hop-by-hop header for the gateway alone, removed
+/// before anything reads the request (a bearer token named there authenticates nobody).
+pub(crate) fn named_in_connection(headers: &http::HeaderMap, name: &HeaderName) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|named| named.trim().eq_ignore_ascii_case(name.as_str()))
+}
+
 /// Headers with which a client asks an upstream to apply another method than the request's
 /// (Rails, Symfony, ASP.NET, Google's APIs and many more honour one of them). On an unfenced
 /// method they would turn a read into a write nobody fenced, so they are refused there.

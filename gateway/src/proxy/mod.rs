@@ -34,7 +34,7 @@ use crate::listener::{Connection, Handler};
 use crate::metrics as names;
 use crate::metrics::RouteMetrics;
 use crate::proxy::forward::{Forwarder, Target};
-use crate::proxy::headers::{REQUEST_ID, RequestId};
+use crate::proxy::headers::{REQUEST_ID, RequestId, named_in_connection};
 use crate::proxy::rejection::{Outcome, Rejection};
 use crate::proxy::route::Routed;
 use crate::proxy::upstream::{Peer, UpstreamConnector};
@@ -128,7 +128,12 @@ impl Proxy {
         }
         // Who is asking: with clients configured, a fenced write must be a client's (an
         // unfenced read passes without a token, as it would without the gateway).
-        let caller = self.config.clients.authenticate(request.headers());
+        // A token in a header that `Connection` names is hop-by-hop: removed, never read.
+        let caller = if named_in_connection(request.headers(), &http::header::AUTHORIZATION) {
+            self.config.clients.authenticate(&HeaderMap::new())
+        } else {
+            self.config.clients.authenticate(request.headers())
+        };
         let (index, request) = match route::route(&self.config.routes, request) {
             Ok(Routed::Read { index, request }) => {
                 tracing::Span::current().record("route", self.config.routes[index].prefix.as_str());

@@ -248,6 +248,11 @@ fn has_body(request: &Request<Incoming>) -> Result<bool, Rejection> {
 /// (Apache CXF, Akka HTTP and others can be set to apply it on GET).
 fn check_unfenced(request: &Request<Incoming>) -> Result<(), Rejection> {
     let method = request.method();
+    if request.headers().contains_key(http::header::TRANSFER_ENCODING) {
+        return Err(Rejection::Malformed(format!(
+            "{method} is not fenced on this route, so it may not carry a body (Transfer-Encoding)"
+        )));
+    }
     if has_body(request)? {
         return Err(Rejection::Malformed(format!("{method} is not fenced on this route, so it may not carry a body")));
     }

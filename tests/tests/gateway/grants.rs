@@ -57,6 +57,16 @@ async fn grants_admit_steady_writes_without_round_trips_and_a_new_term_waits_for
         .unwrap()
         .get(0)
     };
+    // Grants are used once the database's clock has agreed with the gateway's over half a grant
+    // (fence/clock.rs): a gateway checks that at start-up; writes of that first moment ask.
+    let warm = Instant::now();
+    let mut n = 0;
+    while warm.elapsed() < Duration::from_millis(GRANT_MS) {
+        assert_eq!(write(&holder, 1, &format!("warm-{n}")).await, StatusCode::OK);
+        n += 1;
+    }
+    let granted_before = counter(&holder, "fencing_granted_writes_total").await;
+    let renewals_before = counter(&holder, "fencing_grant_renewals_total{result=\"ok\"}").await;
     let before = transactions().await;
     let started = Instant::now();
     let mut n = 0;
@@ -65,8 +75,8 @@ async fn grants_admit_steady_writes_without_round_trips_and_a_new_term_waits_for
         n += 1;
     }
     let spent = transactions().await - before;
-    let granted = counter(&holder, "fencing_granted_writes_total").await;
-    let renewals = counter(&holder, "fencing_grant_renewals_total{result=\"ok\"}").await;
+    let granted = counter(&holder, "fencing_granted_writes_total").await - granted_before;
+    let renewals = counter(&holder, "fencing_grant_renewals_total{result=\"ok\"}").await - renewals_before;
     println!("{n} writes, {granted} under a grant, {renewals} renewals, {spent} transactions");
     assert!(granted >= n as f64 - 5.0, "only {granted} of {n} writes were admitted under a grant");
     // Two seconds hold ten renewals of a 400 ms grant (one per 200 ms); the rest of the
@@ -140,8 +150,13 @@ async fn s6_a_gateway_cut_off_from_postgres_stops_admitting_at_its_grants_deadli
     let link = FaultProxy::start(format!("127.0.0.1:{pg_port}").parse().unwrap()).await.unwrap();
     let url = db.url().replace(&format!("127.0.0.1:{pg_port}"), &link.addr().to_string());
     let gateway = Gateway::start(&url, &config(&upstream, GRANT_MS)).await.unwrap();
-    for n in 0..5 {
+    // Until the database's clock has agreed with the gateway's over half a grant, no grant is used.
+    let warm = Instant::now();
+    let mut n = 0;
+    while warm.elapsed() < Duration::from_millis(GRANT_MS) {
         assert_eq!(write(&gateway, 1, &format!("warm-{n}")).await, StatusCode::OK);
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Postgres unreachable from now on: nothing of the gateway's reaches it or comes back.
     link.set(Mode::Hold);

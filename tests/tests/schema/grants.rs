@@ -1,7 +1,8 @@
-//! Grants (schema version 5): while a gateway may admit a term without asking, nothing moves the
-//! fence past that term, and a bound lease gets no new term. Each test is the session that would
-//! break the rule if a term change ignored grants: it measures that the change waited for the
-//! grant's end, and that a grant never reaches past its lease.
+//! Grants (schema versions 5 and 8): while a gateway may admit a term without asking, nothing
+//! moves the fence past that term, and a bound lease gets no new term. Each test is the session
+//! that would break the rule if a term change ignored grants: it measures that the change waited
+//! for the grant's end (a length of real time from before the grant was asked for), and that a
+//! grant is never longer than asked nor reaches past its lease.
 
 use std::time::Duration;
 
@@ -44,8 +45,8 @@ async fn grant_zero_keeps_the_per_write_decision_and_records_no_grant() {
         assert!(gate.is_admitted());
         assert_eq!(gate.grant, Duration::ZERO);
     }
-    let granted: Option<std::time::SystemTime> =
-        client.query_one("SELECT granted_until FROM fencing.fences WHERE resource = 'r'", &[]).await.unwrap().get(0);
+    let granted: Option<i64> =
+        client.query_one("SELECT grant_ms FROM fencing.fences WHERE resource = 'r'", &[]).await.unwrap().get(0);
     assert_eq!(granted, None);
     // And a higher term goes through at once.
     let started = Instant::now();
@@ -54,20 +55,57 @@ async fn grant_zero_keeps_the_per_write_decision_and_records_no_grant() {
 }
 
 #[tokio::test]
-async fn a_grant_is_renewed_once_per_period_not_once_per_write() {
+async fn a_renewal_as_long_as_the_recorded_grant_writes_nothing() {
     let db = TestDb::new().await;
     let client = db.connect().await;
     take_grant(&client, "r", 1, None).await;
-    let read = "SELECT granted_until, xmin::text FROM fencing.fences WHERE resource = 'r'";
+    let read = "SELECT grant_ms, xmin::text FROM fencing.fences WHERE resource = 'r'";
     let before = client.query_one(read, &[]).await.unwrap();
     for _ in 0..50 {
         let gate = store::gate_granted(&client, "r", 1, FORWARD, None, GRANT).await.unwrap();
-        assert!(gate.is_admitted() && !gate.grant.is_zero(), "{gate:?}");
+        assert!(gate.is_admitted() && gate.grant == GRANT, "{gate:?}");
     }
     let after = client.query_one(read, &[]).await.unwrap();
     let (x0, x1): (String, String) = (before.get(1), after.get(1));
-    // Fifty decisions in the first quarter of the grant: the fence row was not written again.
-    assert_eq!(x0, x1, "a grant with more than three quarters left is not renewed");
+    // Fifty renewals of the length the row records: the fence row was not written again.
+    assert_eq!(x0, x1, "a renewal that records nothing new wrote the fence row");
+    assert_eq!(after.get::<_, Option<i64>>(0), Some(GRANT.as_millis() as i64));
+    // A bound fence's renewal writes neither the fence nor the lease.
+    let term = store::acquire(&client, "k", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    take_grant(&client, "acct", term, Some("k")).await;
+    let rows = "SELECT (SELECT xmin::text FROM fencing.fences WHERE resource = 'acct'), \
+                (SELECT xmin::text FROM fencing.leases WHERE key = 'k')";
+    let before = client.query_one(rows, &[]).await.unwrap();
+    for _ in 0..20 {
+        let gate = store::gate_granted(&client, "acct", term, FORWARD, Some("k"), GRANT).await.unwrap();
+        assert!(gate.is_admitted() && !gate.grant.is_zero(), "{gate:?}");
+    }
+    let after = client.query_one(rows, &[]).await.unwrap();
+    assert_eq!(
+        (before.get::<_, String>(0), before.get::<_, String>(1)),
+        (after.get::<_, String>(0), after.get::<_, String>(1)),
+        "a bound renewal wrote the fence or the lease row"
+    );
+}
+
+/// A renewal that would record nothing new, while a term change sleeps out the grants holding the
+/// advisory lock: no grant (the change waits for no grant given after it began), and the write
+/// is admitted on the version read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_while_a_term_change_sleeps_out_the_grants_gets_no_grant() {
+    let db = TestDb::new().await;
+    let holder = db.connect().await;
+    let raiser = db.connect().await;
+    let (asked, lasts) = take_grant(&holder, "/free/r", 1, None).await;
+    let raise = tokio::spawn(async move { raiser.query_one("SELECT fencing.admit('/free/r', 2)", &[]).await.unwrap() });
+    tokio::time::sleep(GRANT / 3).await;
+    let during = store::gate_granted(&holder, "/free/r", 1, FORWARD, None, GRANT).await.unwrap();
+    assert!(during.is_admitted(), "the raise has not committed: {during:?}");
+    assert_eq!(during.grant, Duration::ZERO, "a grant given after the term change began: {during:?}");
+    raise.await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "the raise ended before the grant");
+    let late = store::gate_granted(&holder, "/free/r", 1, FORWARD, None, GRANT).await.unwrap();
+    assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
 }
 
 #[tokio::test]
@@ -132,15 +170,9 @@ async fn a_released_lease_gets_no_new_term_before_its_grants_end() {
     let (asked, lasts) = take_grant(&client, "acct", term, Some("k")).await;
     assert!(store::release(&client, "k", "a").await.unwrap());
 
-    // Another owner, and the old one asking for a new period: both told to come back.
-    let refused = store::acquire(&client, "k", "b", ttl).await.unwrap();
-    assert!(!refused.ok, "a new term while a grant on the old one may still admit writes: {refused:?}");
-    let again = store::acquire_new_period(&client, "k", "a", ttl).await.unwrap();
-    assert!(!again.ok, "{again:?}");
-
-    // After the grant, the next period starts with a new term.
-    tokio::time::sleep_until(asked + lasts + SLACK).await;
+    // Another owner: the new period starts only once the grant has ended.
     let taken = store::acquire(&client, "k", "b", ttl).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "a new term while a grant on the old one may still admit writes");
     assert!(taken.ok, "{taken:?}");
     assert_eq!(taken.term, Some(term + 1));
     let zombie = store::gate_granted(&client, "acct", term, FORWARD, Some("k"), GRANT).await.unwrap();
@@ -155,10 +187,14 @@ async fn a_force_released_lease_gets_no_new_term_before_its_grants_end() {
     let term = store::acquire(&client, "k", "a", ttl).await.unwrap().term.unwrap();
     let (asked, lasts) = take_grant(&client, "acct", term, Some("k")).await;
     client.query_one("SELECT fencing.force_release('k', 'ops', 'test')", &[]).await.unwrap();
-    let refused = store::acquire(&client, "k", "b", ttl).await.unwrap();
-    assert!(!refused.ok && Instant::now() < asked + lasts, "{refused:?}");
-    tokio::time::sleep_until(asked + lasts + SLACK).await;
-    assert!(store::acquire(&client, "k", "b", ttl).await.unwrap().ok);
+    let taken = store::acquire(&client, "k", "b", ttl).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "a new term under an outstanding grant: {taken:?}");
+    assert_eq!(taken.term, Some(term + 1), "{taken:?}");
+    // The new holder's next period starts at once: no grant was given at its term.
+    let again = Instant::now();
+    let old = store::acquire_new_period(&client, "k", "b", ttl).await.unwrap();
+    assert_eq!(old.term, Some(term + 2), "{old:?}");
+    assert!(again.elapsed() < GRANT, "a new period with no grant at its old term waited");
 }
 
 #[tokio::test]
@@ -201,10 +237,9 @@ async fn a_renewal_with_a_shorter_ttl_does_not_let_a_new_term_in_before_the_gran
     // The holder shortens its lease below the grant, and lets it expire.
     assert!(store::renew(&client, "k", "a", Duration::from_millis(100)).await.unwrap().ok);
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let refused = store::acquire(&client, "k", "b", Duration::from_secs(30)).await.unwrap();
-    assert!(!refused.ok && Instant::now() < asked + lasts, "a new term under an outstanding grant: {refused:?}");
-    tokio::time::sleep_until(asked + lasts + SLACK).await;
-    assert!(store::acquire(&client, "k", "b", Duration::from_secs(30)).await.unwrap().ok);
+    let taken = store::acquire(&client, "k", "b", Duration::from_secs(30)).await.unwrap();
+    assert!(Instant::now() + SLACK >= asked + lasts, "a new term under an outstanding grant: {taken:?}");
+    assert!(taken.ok, "{taken:?}");
 }
 
 #[tokio::test]
@@ -256,7 +291,8 @@ async fn a_raise_racing_a_grant_never_ends_before_the_grant() {
     for round in 0..60_i64 {
         let resource = format!("/race/r{round}");
         let t = 1_i64;
-        // The fence exists at term t, with a horizon that must be extended (short forward timeout).
+        // The fence exists at term t, recording a forward timeout shorter than the decision's (so
+        // the decision writes the row).
         store::gate(&*gate_session, &resource, t, Duration::from_millis(5), None).await.unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (g, r) = (std::sync::Arc::clone(&gate_session), std::sync::Arc::clone(&raise_session));
@@ -286,8 +322,8 @@ async fn a_raise_racing_a_grant_never_ends_before_the_grant() {
     println!("{granted} of 60 decisions came back with a grant");
 }
 
-/// The fault suite's find: a fence whose horizon covers the next write but on which no grant was
-/// recorded (the last decisions came from a replica without grants), a raise holding the row
+/// The fault suite's find: a fence whose forward timeout is recorded but on which no grant was
+/// (the last decisions came from a replica without grants), a raise holding the row
 /// (uncommitted), and a decision asking for a grant: it may be admitted on the version it read,
 /// but must not come back with a grant, since the raise waits for no grant on that row.
 #[tokio::test]
@@ -296,7 +332,7 @@ async fn a_decision_that_skips_a_locked_row_never_hands_out_a_grant_nobody_recor
     let no_grants = db.connect().await;
     let raiser = db.connect().await;
     let granting = db.connect().await;
-    // Term 1 through a replica without grants: the horizon covers, granted_until stays NULL.
+    // Term 1 through a replica without grants: forward_ms is recorded, grant_ms stays NULL.
     for _ in 0..2 {
         assert!(store::gate(&no_grants, "/free/r", 1, FORWARD, None).await.unwrap().is_admitted());
     }

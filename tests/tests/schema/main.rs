@@ -7,6 +7,7 @@
 mod audit;
 mod bad_input;
 mod binding;
+mod clock_steps;
 mod daemons;
 mod decide_on_one_version;
 mod drivers;

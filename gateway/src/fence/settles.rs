@@ -1,0 +1,130 @@
+//! Settle waits, as lengths (S5). A store decision at a term that is still settling says how long
+//! a write must wait, counted from the decision: every lower-term write through any gateway may
+//! be forwarded until then. The store cannot say how much of that length is left (it would need
+//! an instant of its wall clock), so this gateway remembers, per fence, the earliest end it has
+//! seen for that settle on its own monotonic clock: a later decision at the same term waits only
+//! until then. Once that end has passed (plus the settle margin), every lower-term write has
+//! passed its deadline, and this gateway tells the store (`fencing.mark_settled`), so that the
+//! next decisions, through any gateway, wait no more.
+//!
+//! A settle length is stretched by the clock-rate allowance: the lower-term gateways counted
+//! their deadlines on their own clocks, which may run slower than this one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::time::{Instant, sleep_until, timeout};
+use tracing::debug;
+
+/// Beyond this many settling fences the table starts over (a forgotten settle is waited again).
+const CAPACITY: usize = 100_000;
+
+/// What the store said of one fence's settle, and what this gateway made of it.
+#[derive(Debug, Clone)]
+struct Settle {
+    term: i64,
+    lease_key: Option<String>,
+    /// The length the store recorded (what `fencing.mark_settled` names).
+    settle_ms: i64,
+    /// The earliest end seen, on this gateway's monotonic clock.
+    end: Instant,
+    /// The store has been (or is being) told.
+    marking: bool,
+}
+
+/// The fences this gateway has seen settling (cheap to clone: one table).
+#[derive(Debug, Clone)]
+pub(super) struct Settles {
+    table: Arc<Mutex<HashMap<String, Settle>>>,
+    pool: Pool,
+    /// Added to the end before the store is told: bytes sent just before a deadline may still be
+    /// on their way.
+    margin: Duration,
+    /// The clock-rate allowance: a settle length is stretched by this fraction.
+    rho: f64,
+    check_timeout: Duration,
+    /// The runtime the store was made on: the marks are sent from there.
+    runtime: tokio::runtime::Handle,
+}
+
+impl Settles {
+    pub(super) fn new(pool: Pool, margin: Duration, rho: f64, check_timeout: Duration) -> Settles {
+        Settles { table: Arc::default(), pool, margin, rho, check_timeout, runtime: tokio::runtime::Handle::current() }
+    }
+
+    /// The wait of a write whose decision, answered at `answered`, said `wait` at `term` of
+    /// `resource` (bound to `lease_key`): until the earliest end this gateway has seen for that
+    /// settle, stretched by the clock-rate allowance. Zero when there is nothing to wait for.
+    pub(super) fn wait(
+        &self,
+        resource: &str,
+        term: i64,
+        lease_key: Option<&str>,
+        wait: Duration,
+        answered: Instant,
+    ) -> Duration {
+        if wait.is_zero() {
+            return Duration::ZERO;
+        }
+        let settle_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+        let end = answered + wait.mul_f64(1.0 + self.rho);
+        let Ok(mut table) = self.table.lock() else { return end.saturating_duration_since(answered) };
+        if table.len() >= CAPACITY && !table.contains_key(resource) {
+            table.clear();
+        }
+        let same =
+            |held: &Settle| held.term == term && held.lease_key.as_deref() == lease_key && held.settle_ms == settle_ms;
+        let fresh = Settle { term, lease_key: lease_key.map(str::to_owned), settle_ms, end, marking: false };
+        let entry = table.entry(resource.to_owned()).or_insert_with(|| fresh.clone());
+        if same(entry) {
+            entry.end = entry.end.min(end);
+        } else {
+            *entry = fresh;
+        }
+        let end = entry.end;
+        if !entry.marking {
+            entry.marking = true;
+            let mark = (resource.to_owned(), term, entry.lease_key.clone(), settle_ms);
+            drop(table);
+            self.mark_after(end + self.margin, mark);
+        }
+        end.saturating_duration_since(answered)
+    }
+
+    /// Tells the store, once `at` has passed, that the settle of `(resource, term, lease_key,
+    /// settle_ms)` is over. A failure costs only waits: decisions keep saying the length, and
+    /// this gateway's table still knows its end.
+    fn mark_after(&self, at: Instant, (resource, term, lease_key, settle_ms): (String, i64, Option<String>, i64)) {
+        let (pool, check_timeout, table) = (self.pool.clone(), self.check_timeout, Arc::clone(&self.table));
+        self.runtime.spawn(async move {
+            sleep_until(at).await;
+            let marked = timeout(check_timeout, async {
+                let client = pool.get().await.map_err(|error| error.to_string())?;
+                client
+                    .query_one(
+                        "SELECT fencing.mark_settled($1, $2, $3, $4)",
+                        &[&resource, &term, &lease_key, &settle_ms],
+                    )
+                    .await
+                    .map_err(|error| error.to_string())
+            })
+            .await;
+            match marked {
+                // The store says no wait any more: the entry is of no further use.
+                Ok(Ok(_)) => {
+                    if let Ok(mut table) = table.lock()
+                        && table.get(&resource).is_some_and(|held| held.term == term && held.settle_ms == settle_ms)
+                    {
+                        table.remove(&resource);
+                    }
+                }
+                // The store goes on saying the length; this gateway's entry keeps its end, so its
+                // own writes wait no more, and another gateway marks it after its own wait.
+                Ok(Err(error)) => debug!(%resource, term, %error, "could not mark a settle as over"),
+                Err(_) => debug!(%resource, term, "marking a settle as over timed out"),
+            }
+        });
+    }
+}

@@ -1,0 +1,154 @@
+//! The store's own clock faults: Postgres's wall clock stepped forward and back (libfaketime,
+//! only `CLOCK_REALTIME` moved) while grants and settle waits are out. Each test is the session
+//! that broke S3, S4 or S5 when waits compared instants of that clock (schema version 7): a
+//! forward step ended every grant and settle wait at once, a backward step lengthened a grant by
+//! the whole step. Waits are lengths of real time now, measured here on the test's monotonic
+//! clock from before the grant was asked for.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use fencing_schema::store::{self, Outcome};
+use fencing_tests::pg::{PgCluster, connect};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+const FORWARD: Duration = Duration::from_secs(4);
+const GRANT: Duration = Duration::from_millis(400);
+/// Rounding between the store's milliseconds and this process's clock.
+const SLACK: Duration = Duration::from_millis(30);
+
+/// One cluster with a fake clock for these tests, and a lock: its clock is one for all.
+fn cluster() -> &'static PgCluster {
+    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| match PgCluster::start_with_fake_clock() {
+        Ok(cluster) => cluster,
+        Err(error) => panic!("cannot start the fake-clock PostgreSQL: {error:#}"),
+    })
+}
+
+static CLOCK: Mutex<()> = Mutex::const_new(());
+
+/// A fresh migrated database in the fake-clock cluster, its clock at the real time.
+async fn database(name: &str) -> (Client, Client) {
+    let cluster = cluster();
+    cluster.set_clock_offset(0).unwrap();
+    let admin = connect(&cluster.url("postgres")).await;
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+    let mut client = connect(&cluster.url(name)).await;
+    fencing_schema::migrate(&mut client).await.unwrap();
+    let other = connect(&cluster.url(name)).await;
+    (client, other)
+}
+
+/// Takes a grant on `resource` at `term`: when it was asked for, and how long it lasts.
+async fn take_grant(client: &Client, resource: &str, term: i64, bind: Option<&str>) -> (Instant, Duration) {
+    for _ in 0..2 {
+        let asked = Instant::now();
+        let gate = store::gate_granted(client, resource, term, FORWARD, bind, GRANT).await.unwrap();
+        assert!(gate.is_admitted(), "{gate:?}");
+        if !gate.grant.is_zero() {
+            assert!(gate.grant <= GRANT, "a grant is never longer than asked: {gate:?}");
+            return (asked, gate.grant);
+        }
+    }
+    panic!("no grant on {resource}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_forward_step_of_the_stores_clock_does_not_end_a_grant_early() {
+    let _clock = CLOCK.lock().await;
+    let (holder, raiser) = database("step_forward_grant").await;
+    let (asked, lasts) = take_grant(&holder, "/free/r", 1, None).await;
+    cluster().set_clock_offset(60_000).unwrap();
+    // Through the SQL guard's function and through a gateway's decision.
+    raiser.query_one("SELECT fencing.admit('/free/r', 2)", &[]).await.unwrap();
+    let raised = Instant::now();
+    assert!(
+        raised + SLACK >= asked + lasts,
+        "term 2 admitted {:?} before term 1's grant ended",
+        (asked + lasts) - raised
+    );
+    let (asked, lasts) = take_grant(&holder, "/free/s", 1, None).await;
+    cluster().set_clock_offset(120_000).unwrap();
+    let gate = store::gate(&raiser, "/free/s", 2, FORWARD, None).await.unwrap();
+    assert!(gate.is_admitted() && Instant::now() + SLACK >= asked + lasts, "{gate:?}");
+    let late = store::gate_granted(&holder, "/free/s", 1, FORWARD, None, GRANT).await.unwrap();
+    assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
+    cluster().set_clock_offset(0).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_backward_step_of_the_stores_clock_does_not_lengthen_a_grant() {
+    let _clock = CLOCK.lock().await;
+    let (holder, raiser) = database("step_back_grant").await;
+    store::gate(&holder, "/free/r", 1, FORWARD, None).await.unwrap();
+    cluster().set_clock_offset(-120_000).unwrap();
+    let (asked, lasts) = take_grant(&holder, "/free/r", 1, None).await;
+    assert!(lasts <= GRANT, "{lasts:?}");
+    // The clock is set right again (a forward step of 120 s): the raise waits the grant's length,
+    // not the step, and not less.
+    cluster().set_clock_offset(0).unwrap();
+    let started = Instant::now();
+    let gate = store::gate(&raiser, "/free/r", 2, FORWARD, None).await.unwrap();
+    assert!(gate.is_admitted(), "{gate:?}");
+    assert!(Instant::now() + SLACK >= asked + lasts, "the raise ended before the grant");
+    assert!(started.elapsed() < GRANT * 3, "the raise waited {:?}, not one grant", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_the_settle_wait_is_a_length_whatever_the_stores_clock_did() {
+    let _clock = CLOCK.lock().await;
+    let (first, second) = database("step_forward_settle").await;
+    // Term 1's gateway writes may be forwarded for up to FORWARD after their decisions.
+    assert!(store::gate(&first, "/free/r", 1, FORWARD, None).await.unwrap().is_admitted());
+    cluster().set_clock_offset(60_000).unwrap();
+    let raised = store::gate(&second, "/free/r", 2, FORWARD, None).await.unwrap();
+    assert!(raised.is_admitted(), "{raised:?}");
+    assert!(raised.wait >= FORWARD, "term 2 settles for {:?} after a forward step, not {FORWARD:?}", raised.wait);
+    // A follower through another session waits the same length, counted from its own decision.
+    let follower = store::gate(&first, "/free/r", 2, FORWARD, None).await.unwrap();
+    assert_eq!(follower.wait, raised.wait, "{follower:?}");
+    // The same through an SQL raise.
+    assert!(store::gate(&first, "/free/s", 3, FORWARD, None).await.unwrap().is_admitted());
+    cluster().set_clock_offset(180_000).unwrap();
+    assert_eq!(store::admit(&second, "/free/s", 4).await.unwrap(), 4);
+    let next = store::gate(&first, "/free/s", 4, FORWARD, None).await.unwrap();
+    assert!(next.wait >= FORWARD, "{next:?}");
+    cluster().set_clock_offset(0).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_new_term_of_a_lease_waits_out_its_grants_after_a_forward_step() {
+    let _clock = CLOCK.lock().await;
+    let (holder, taker) = database("step_forward_lease").await;
+    let term = store::acquire(&holder, "k", "a", Duration::from_secs(30)).await.unwrap().term.unwrap();
+    let (asked, lasts) = take_grant(&holder, "acct", term, Some("k")).await;
+    // The store's clock jumps past the lease's expiry: a new term may start, but only once the
+    // grant on the old one has ended.
+    cluster().set_clock_offset(60_000).unwrap();
+    let taken = store::acquire(&taker, "k", "b", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(taken.term, Some(term + 1), "{taken:?}");
+    assert!(Instant::now() + SLACK >= asked + lasts, "a new term while a grant on the old one could admit writes");
+    let zombie = store::gate_granted(&holder, "acct", term, FORWARD, Some("k"), GRANT).await.unwrap();
+    assert_eq!(zombie.outcome, Outcome::Stale, "{zombie:?}");
+    cluster().set_clock_offset(0).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_clock_moves_the_stores_wall_clock_only() {
+    let _clock = CLOCK.lock().await;
+    let (client, _) = database("fake_clock_itself").await;
+    let read = "SELECT extract(epoch FROM clock_timestamp())::float8";
+    let before: f64 = client.query_one(read, &[]).await.unwrap().get(0);
+    cluster().set_clock_offset(3_600_000).unwrap();
+    let after: f64 = client.query_one(read, &[]).await.unwrap().get(0);
+    assert!((after - before - 3600.0).abs() < 5.0, "the offset did not move clock_timestamp(): {before} -> {after}");
+    // pg_sleep still sleeps real time.
+    let started = Instant::now();
+    client.batch_execute("SELECT pg_sleep(0.2)").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(190) && started.elapsed() < Duration::from_secs(2));
+    cluster().set_clock_offset(0).unwrap();
+}
