@@ -21,7 +21,8 @@
 -- (plus what the old term still had to settle) from its own decision, which comes after the
 -- raise, starts after every lower-term write's deadline: that sum is the new term's settle_ms,
 -- returned as the wait of every decision at the new term until a gateway has seen it pass
--- (fencing.mark_settled).
+-- (fencing.mark_settled; the decisions made before that mark still wait it, so the term after
+-- settles behind it, drain_ms, until a gateway marks those writes past: fencing.mark_drained).
 --
 -- bind_lease: the route's lease. A resource that does not exist yet is created bound to it
 -- (only for a write the lease admits: a refused write leaves no row). A resource bound to
@@ -228,7 +229,7 @@ BEGIN
         PERFORM fencing.commit_durably();
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_ms = fencing.next_settle(fence_), forward_ms = forward_ms_, grant_ms = NULL
+               settle_ms = fencing.next_settle(fence_), forward_ms = forward_ms_, grant_ms = NULL, drain_ms = NULL
          WHERE f.resource = p_resource
         RETURNING f.settle_ms INTO fence_.settle_ms;
         RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,

@@ -72,10 +72,12 @@ $$;
 
 -- How long the gateway writes of the next term (or binding) of fence_ settle: the writes of its
 -- current term may be forwarded for up to forward_ms after their decision, and those decided
--- while it settled itself wait settle_ms first. NULL when no gateway wrote at that term.
+-- while it settled itself wait settle_ms first; once its settle was marked over, those decided
+-- before the mark may still be waiting drain_ms (until a gateway marks them drained). NULL when
+-- no gateway wrote at that term.
 CREATE OR REPLACE FUNCTION fencing.next_settle(fence_ fencing.fences) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT nullif(coalesce(fence_.forward_ms, 0) + coalesce(fence_.settle_ms, 0), 0)
+    SELECT nullif(coalesce(fence_.forward_ms, 0) + coalesce(fence_.settle_ms, fence_.drain_ms, 0), 0)
 $$;
 
 -- The longest grant given on the resources bound to lease_'s key at its current term, unless a
@@ -106,7 +108,45 @@ $$;
 -- previous binding) has passed its deadline, so writes of term need not wait any more. Only
 -- gateways call it (grant EXECUTE to the gateway's role only): called early, it would let a
 -- write of term overtake a lower-term write still on its way to the upstream.
+--
+-- The writes of term decided before this mark still wait settle_ms from their decision and are
+-- then forwarded for up to forward_ms: the row keeps settle_ms as drain_ms, and a term change
+-- settles behind it until a gateway has seen drain_ms plus forward_ms pass since the mark
+-- (fencing.mark_drained). Returns that length, counted from the return of this call, when the
+-- settle is over (marked now or before), else NULL.
 CREATE OR REPLACE FUNCTION fencing.mark_settled(resource text, term bigint, lease_key text, settle_ms bigint)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_resource  ALIAS FOR resource;
+    p_term      ALIAS FOR term;
+    p_lease_key ALIAS FOR lease_key;
+    p_settle_ms ALIAS FOR settle_ms;
+    drain_for   bigint;
+BEGIN
+    PERFORM fencing.check_name('resource', p_resource);
+    PERFORM fencing.check_term(p_term);
+    UPDATE fencing.fences f SET settle_ms = NULL, drain_ms = p_settle_ms
+     WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
+       AND f.settle_ms = p_settle_ms
+    RETURNING f.drain_ms + coalesce(f.forward_ms, 0) INTO drain_for;
+    IF FOUND THEN
+        RETURN drain_for;
+    END IF;
+    -- Marked before (by this gateway or another): the mark is earlier than now.
+    SELECT f.drain_ms + coalesce(f.forward_ms, 0) INTO drain_for
+      FROM fencing.fences f
+     WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
+       AND f.settle_ms IS NULL AND f.drain_ms = p_settle_ms;
+    RETURN drain_for;
+END
+$$;
+
+-- A gateway says that the length fencing.mark_settled returned has passed since that call
+-- returned: every write of term decided before the settle was marked over has passed its
+-- deadline, so the next term need not settle behind them. Only gateways call it, as
+-- fencing.mark_settled.
+CREATE OR REPLACE FUNCTION fencing.mark_drained(resource text, term bigint, lease_key text, settle_ms bigint)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -117,9 +157,9 @@ DECLARE
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_term(p_term);
-    UPDATE fencing.fences f SET settle_ms = NULL
+    UPDATE fencing.fences f SET drain_ms = NULL
      WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
-       AND f.settle_ms = p_settle_ms;
+       AND f.settle_ms IS NULL AND f.drain_ms = p_settle_ms;
     RETURN FOUND;
 END
 $$;

@@ -94,7 +94,7 @@ BEGIN
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
                SET max_term = p_term, updated_at = clock_timestamp(),
-                   settle_ms = fencing.next_settle(fence_), forward_ms = NULL, grant_ms = NULL
+                   settle_ms = fencing.next_settle(fence_), forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
              WHERE f.resource = p_resource;
         END IF;
         RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;

@@ -11,6 +11,10 @@
 --   - fences.settle_ms: how long a gateway write of max_term waits, counted from its own decision,
 --     before it is forwarded (lower-term writes may still be on their way); NULL once a gateway
 --     has seen that length pass since a decision at max_term (fencing.mark_settled);
+--   - fences.drain_ms: the settle_ms that max_term's decisions made before the settle was marked
+--     over still wait; their writes may be forwarded until drain_ms plus forward_ms after the
+--     mark. NULL once a gateway has seen that pass (fencing.mark_drained). A term change
+--     settles behind forward_ms plus settle_ms or, once settled, drain_ms;
 --   - leases.grants_ended_term: every grant at this term or below on the lease's resources has
 --     ended (a new term waited for them).
 -- A term change holding the fence row sleeps grant_ms in counted slices (fencing.sleep_ms), and
@@ -22,6 +26,7 @@
 ALTER TABLE fencing.fences ADD COLUMN IF NOT EXISTS forward_ms bigint NULL;
 ALTER TABLE fencing.fences ADD COLUMN IF NOT EXISTS grant_ms bigint NULL;
 ALTER TABLE fencing.fences ADD COLUMN IF NOT EXISTS settle_ms bigint NULL;
+ALTER TABLE fencing.fences ADD COLUMN IF NOT EXISTS drain_ms bigint NULL;
 ALTER TABLE fencing.leases ADD COLUMN IF NOT EXISTS grants_ended_term bigint NULL;
 
 -- Carry what the instants said as lengths counted from now (the one read of the wall clock this
@@ -50,6 +55,8 @@ COMMENT ON COLUMN fencing.fences.grant_ms IS
     'The longest grant (ms) given at max_term: a term change waits this long, holding the row; NULL: none.';
 COMMENT ON COLUMN fencing.fences.settle_ms IS
     'Gateway writes of max_term wait this long (ms) from their decision before they are forwarded; NULL: settled.';
+COMMENT ON COLUMN fencing.fences.drain_ms IS
+    'The settle (ms) that writes of max_term decided before it was marked over still wait; NULL: drained.';
 COMMENT ON COLUMN fencing.leases.grants_ended_term IS
     'Every grant on this lease''s resources at this term or below has ended (a new term waited for them).';
 

@@ -54,7 +54,8 @@ pub enum Plant {
     /// A term change that ignores grants: a higher term is admitted while gateways may still
     /// admit the lower one without asking.
     GrantIgnored,
-    /// A grant used past its end: the store reports four times the grant it recorded.
+    /// A grant used past its end: the store gives four times the grant it records, so a term
+    /// change waits for a quarter of it.
     GrantOverstay,
 }
 
@@ -315,6 +316,11 @@ async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str)
 /// Renames today's `fencing.gate` and puts a wrapper in its place that runs `tweak` (plpgsql
 /// statements on `decision`, the real decision) before returning it.
 fn wrap_gate(tweak: &str) -> String {
+    wrap_gate_asking("grant_for", tweak)
+}
+
+/// [`wrap_gate`], the real gate asked for the grant `grant_for` (an SQL expression).
+fn wrap_gate_asking(grant_for: &str, tweak: &str) -> String {
     format!(
         "ALTER FUNCTION fencing.gate(text, bigint, interval, text, interval) RENAME TO gate_planted;
          CREATE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval, bind_lease text DEFAULT NULL,
@@ -322,7 +328,7 @@ fn wrap_gate(tweak: &str) -> String {
          RETURNS fencing.gate_result LANGUAGE plpgsql AS $$
          DECLARE decision fencing.gate_result;
          BEGIN
-             decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, grant_for);
+             decision := fencing.gate_planted(resource, term, forward_timeout, bind_lease, {grant_for});
              {tweak}
              RETURN decision;
          END $$;"
@@ -346,7 +352,8 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
         Plant::GrantIgnored => "CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences)
              RETURNS void LANGUAGE plpgsql AS $$ BEGIN END $$;"
             .to_owned(),
-        Plant::GrantOverstay => wrap_gate("decision.grant_ms := decision.grant_ms * 4;"),
+        // The store records a quarter of the grant it gives: a term change waits too little.
+        Plant::GrantOverstay => wrap_gate_asking("grant_for / 4", "decision.grant_ms := decision.grant_ms * 4;"),
         Plant::AsyncCommit => "CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
              LANGUAGE plpgsql AS $$ BEGIN END $$;"
             .to_owned(),
@@ -474,6 +481,8 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
                 format!("FENCING_DATABASE_URL={database_url}"),
                 format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),
                 format!("FENCING_CONTROL_LISTEN=127.0.0.1:{control_port}"),
+                // The histories pair each write with its arrival by the writer's request id.
+                "FENCING_PROXY_CLIENT_REQUEST_IDS=true".to_owned(),
                 workspace_bin("fencing-gateway")?.display().to_string(),
                 "serve".to_owned(),
                 "--config".to_owned(),

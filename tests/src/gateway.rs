@@ -191,6 +191,16 @@ impl Gateway {
             .env("FENCING_DATABASE_URL", database_url)
             .env("FENCING_PROXY_LISTEN", "127.0.0.1:0")
             .env("FENCING_CONTROL_LISTEN", "127.0.0.1:0")
+            // The tests find their requests at the upstream by the id they sent, unless a test
+            // configures the setting itself.
+            .env(
+                if config.contains("client_request_ids") {
+                    "FENCING_UNUSED"
+                } else {
+                    "FENCING_PROXY_CLIENT_REQUEST_IDS"
+                },
+                "true",
+            )
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()))
             .env("FENCING_LOG_FORMAT", if capture_logs { "json" } else { "text" })
             .stdout(Stdio::piped())

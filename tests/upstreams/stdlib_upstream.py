@@ -9,7 +9,8 @@ where real upstreams are:
   is read as the next request, as http.server and many frameworks do;
 - it maps headers onto a WSGI environ with wsgiref's own code, so `Fencing_Token` and
   `Fencing-Token` both land in HTTP_FENCING_TOKEN (joined with a comma);
-- it decodes the path once, as wsgiref does, into PATH_INFO.
+- it decodes the path once, as wsgiref does, into PATH_INFO;
+- on a path with `forge-reply` in it, it answers with `Fencing-*` headers of its own.
 
 It prints one JSON line per request it acts on ({"kind": "request", ...}) and, when a connection
 ends, one line with every byte it received on it ({"kind": "connection", "raw": ...}, the bytes
@@ -102,6 +103,11 @@ class Handler(WSGIRequestHandler):
         answer = b'{"ok":true}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        if "forge-reply" in self.path:
+            # An upstream (or whoever answers in its place) that claims what only the gateway says.
+            for name, value in [("Fencing-Token", "999999"), ("Fencing-Resource", "forged"),
+                                ("Fencing-Lease", "x"), ("Fencing-Current-Term", "7"), ("Fencing-Other", "1")]:
+                self.send_header(name, value)
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
         if self.command != "HEAD":

@@ -76,9 +76,11 @@ pub(super) fn apply_environment(table: &mut toml::Table, env: &dyn Environment) 
     for (_, section, key, value) in overrides {
         let entry = table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
         if let toml::Value::Table(section) = entry {
-            let typed = match value.parse::<i64>() {
-                Ok(number) => toml::Value::Integer(number),
-                Err(_) => toml::Value::String(value),
+            let typed = match (value.parse::<i64>(), value.as_str()) {
+                (Ok(number), _) => toml::Value::Integer(number),
+                (_, "true") => toml::Value::Boolean(true),
+                (_, "false") => toml::Value::Boolean(false),
+                _ => toml::Value::String(value),
             };
             section.insert(key, typed);
         }

@@ -64,6 +64,20 @@ pub(super) fn proxy(raw: RawProxy, database: &DatabaseConfig, checks: &mut Check
             }
         })
         .collect();
+    let client_claim_headers = raw
+        .client_claim_headers
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|text| match http::HeaderName::from_bytes(text.as_bytes()) {
+            Ok(name) if name.as_str().bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') => {
+                Some(name)
+            }
+            _ => {
+                checks.push(format!("proxy.client_claim_headers: {text:?} is not a header name of a-z 0-9 - only"));
+                None
+            }
+        })
+        .collect();
     ProxyConfig {
         listen,
         body_limit_bytes,
@@ -76,6 +90,8 @@ pub(super) fn proxy(raw: RawProxy, database: &DatabaseConfig, checks: &mut Check
         write_timeout,
         hosts: host_names("proxy.hosts", raw.hosts, checks),
         trusted_proxies,
+        client_claim_headers,
+        client_request_ids: raw.client_request_ids.unwrap_or(false),
         tls: listener_tls("proxy.tls", raw.tls, checks),
     }
 }

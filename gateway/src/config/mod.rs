@@ -134,6 +134,25 @@ mod tests {
         assert_eq!(config.database.url.as_deref(), Some("postgres://b@127.0.0.1/two"));
         assert_eq!(config.proxy.listen.port(), 18080);
         assert_eq!(config.upstream.forward_timeout.as_millis(), 2500);
+        assert!(!config.proxy.client_request_ids);
+        let config = Config::parse(EXAMPLE, &env(&[("FENCING_PROXY_CLIENT_REQUEST_IDS", "true")])).expect("valid");
+        assert!(config.proxy.client_request_ids);
+    }
+
+    #[test]
+    fn prefixes_that_differ_only_in_case_or_trailing_dots_are_one() {
+        let text = r#"
+            [[routes]]
+            prefix = "/ledger"
+            upstream = "http://127.0.0.1:9000"
+            resource = { segment = 2 }
+            [[routes]]
+            prefix = "/LEDGER/"
+            upstream = "http://127.0.0.1:9001"
+            resource = { segment = 2 }
+        "#;
+        let error = Config::parse(text, &env(&[])).expect_err("one prefix twice");
+        assert!(error.problems.join("\n").contains("is configured twice"), "{error}");
     }
 
     #[test]
@@ -155,6 +174,18 @@ mod tests {
             upstream = "http://127.0.0.1:9000"
             resource = { fixed = "jobs" }
             body_methods = ["GET", "post"]
+            [[routes]]
+            prefix = "/x_job"
+            upstream = "http://127.0.0.1:9000"
+            resource = { header = "X_Job" }
+            [[routes]]
+            prefix = "/a@b"
+            upstream = "http://127.0.0.1:9000"
+            resource = { header = "Fencing-Token" }
+            [[routes]]
+            prefix = "/Jobs."
+            upstream = "http://127.0.0.1:9000"
+            resource = { fixed = "job." }
         "#;
         let error = Config::parse(text, &env(&[])).expect_err("invalid");
         let all = error.problems.join("\n");
@@ -168,6 +199,11 @@ mod tests {
             "routes[0].unfenced_methods",
             "routes[1].body_methods: GET is unfenced on this route",
             "routes[1].body_methods: \"post\" is not an upper-case method",
+            "routes[2].resource: a resource header's name is made of a-z 0-9 - only",
+            "routes[3].resource: \"Fencing-Token\" is a header the gateway sets",
+            "routes[3].prefix: a route prefix is made of / and A-Z a-z 0-9 . _ ~ - only",
+            "routes[4].prefix: a route prefix has no segment ending with a dot",
+            "routes[4].resource: a resource name does not end with a dot",
         ] {
             assert!(all.contains(expected), "{expected:?} missing from:\n{all}");
         }

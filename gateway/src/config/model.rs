@@ -123,9 +123,17 @@ pub struct ProxyConfig {
     pub write_timeout: Duration,
     /// When not empty, the only names `Host` may carry (without the port).
     pub hosts: Vec<String>,
-    /// Peers whose `Forwarded`, `X-Forwarded-*` and `X-Real-IP` are passed on; from anyone
+    /// Peers whose claims about the client (`Forwarded`, `X-Forwarded-*`, `X-Real-IP`, the
+    /// scheme, TLS and identity headers of proxies and frameworks) are passed on; from anyone
     /// else they are removed.
     pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// More header names (lower case) removed from requests of peers outside
+    /// `trusted_proxies`, for what an upstream of one's own trusts.
+    pub client_claim_headers: Vec<http::HeaderName>,
+    /// A sane `X-Request-Id` (1 to 64 visible ASCII characters) is kept from any client, not
+    /// only from `trusted_proxies` (default off: the gateway makes its own, so a client cannot
+    /// make its refusals carry another request's id).
+    pub client_request_ids: bool,
     /// TLS on this listener.
     pub tls: Option<ListenerTls>,
 }

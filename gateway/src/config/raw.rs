@@ -41,6 +41,8 @@ pub(super) struct RawProxy {
     pub(super) write_timeout_ms: Option<u64>,
     pub(super) hosts: Option<Vec<String>>,
     pub(super) trusted_proxies: Option<Vec<String>>,
+    pub(super) client_claim_headers: Option<Vec<String>>,
+    pub(super) client_request_ids: Option<bool>,
     pub(super) tls: Option<RawTls>,
 }
 

@@ -5,7 +5,7 @@ use http::{Method, Uri};
 
 use crate::config::model::{ResourceNaming, Route};
 use crate::config::raw::{RawResource, RawRoute};
-use crate::names::{check_path, check_resource_name};
+use crate::names::{check_prefix, check_resource_header, check_resource_name, folded};
 
 /// The routes, longest prefix first, and the warnings about their bindings.
 pub(super) fn routes(raw: Vec<RawRoute>, problems: &mut Vec<String>) -> (Vec<Route>, Vec<String>) {
@@ -16,8 +16,16 @@ pub(super) fn routes(raw: Vec<RawRoute>, problems: &mut Vec<String>) -> (Vec<Rou
         }
     }
     for (i, a) in routes.iter().enumerate() {
-        if routes[..i].iter().any(|b| b.prefix.trim_end_matches('/') == a.prefix.trim_end_matches('/')) {
-            problems.push(format!("routes[{i}].prefix: {:?} is configured twice", a.prefix));
+        let spelling = |route: &Route| {
+            let prefix = route.prefix.trim_end_matches('/');
+            folded(prefix).unwrap_or_else(|| prefix.to_owned())
+        };
+        if routes[..i].iter().any(|b| spelling(b) == spelling(a)) {
+            problems.push(format!(
+                "routes[{i}].prefix: {:?} is configured twice (prefixes that differ only in case or trailing dots \
+                 are one to many upstreams)",
+                a.prefix
+            ));
         }
     }
     // Longest prefix first, so the first match is the longest.
@@ -91,10 +99,12 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
                 None
             }
         },
-        RawResource::Header(name) => match http::HeaderName::from_bytes(name.as_bytes()) {
+        RawResource::Header(name) => match check_resource_header(&name)
+            .and_then(|()| http::HeaderName::from_bytes(name.as_bytes()).map_err(|error| error.to_string()))
+        {
             Ok(header) => Some(ResourceNaming::Header(header)),
-            Err(_) => {
-                problems.push(format!("{}: {name:?} is not a header name", key("resource")));
+            Err(reason) => {
+                problems.push(format!("{}: {reason}", key("resource")));
                 None
             }
         },
@@ -140,12 +150,10 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
             key("body_methods")
         ));
     }
-    if raw.prefix.starts_with('/') && check_path(&raw.prefix).is_err() {
-        problems.push(format!(
-            "{}: {:?} must be a plain path (no dot or empty segments, no ; or \\, no needless percent-encoding)",
-            key("prefix"),
-            raw.prefix
-        ));
+    if raw.prefix.starts_with('/')
+        && let Err(reason) = check_prefix(&raw.prefix)
+    {
+        problems.push(format!("{}: {reason}", key("prefix")));
     }
     if problems.len() > before {
         return None;

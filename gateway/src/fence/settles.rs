@@ -7,6 +7,11 @@
 //! passed its deadline, and this gateway tells the store (`fencing.mark_settled`), so that the
 //! next decisions, through any gateway, wait no more.
 //!
+//! The writes decided before that mark still wait the settle, so the store keeps it (drain_ms) and
+//! the next term settles behind it, until this gateway has seen the settle and the longest
+//! forward timeout pass since the mark and says so too (`fencing.mark_drained`): so a settle
+//! never grows from term to term.
+//!
 //! A settle length is stretched by the clock-rate allowance: the lower-term gateways counted
 //! their deadlines on their own clocks, which may run slower than this one.
 
@@ -15,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::debug;
 
 /// Beyond this many settling fences the table starts over (a forgotten settle is waited again).
@@ -42,8 +47,9 @@ pub(super) struct Settles {
     /// Added to the end before the store is told: bytes sent just before a deadline may still be
     /// on their way.
     margin: Duration,
-    /// The clock-rate allowance: a settle length is stretched by this fraction.
-    rho: f64,
+    /// A length another gateway counted on its clock, counted on this one: (1 + rho) / (1 - rho)
+    /// for the clock-rate allowance rho (one clock may run that much slow, the other as fast).
+    stretch: f64,
     check_timeout: Duration,
     /// The runtime the store was made on: the marks are sent from there.
     runtime: tokio::runtime::Handle,
@@ -51,7 +57,15 @@ pub(super) struct Settles {
 
 impl Settles {
     pub(super) fn new(pool: Pool, margin: Duration, rho: f64, check_timeout: Duration) -> Settles {
-        Settles { table: Arc::default(), pool, margin, rho, check_timeout, runtime: tokio::runtime::Handle::current() }
+        let stretch = (1.0 + rho) / (1.0 - rho);
+        Settles {
+            table: Arc::default(),
+            pool,
+            margin,
+            stretch,
+            check_timeout,
+            runtime: tokio::runtime::Handle::current(),
+        }
     }
 
     /// The wait of a write whose decision, answered at `answered`, said `wait` at `term` of
@@ -69,7 +83,7 @@ impl Settles {
             return Duration::ZERO;
         }
         let settle_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
-        let end = answered + wait.mul_f64(1.0 + self.rho);
+        let end = answered + wait.mul_f64(self.stretch);
         let Ok(mut table) = self.table.lock() else { return end.saturating_duration_since(answered) };
         if table.len() >= CAPACITY && !table.contains_key(resource) {
             table.clear();
@@ -94,36 +108,55 @@ impl Settles {
     }
 
     /// Tells the store, once `at` has passed, that the settle of `(resource, term, lease_key,
-    /// settle_ms)` is over. A failure costs only waits: decisions keep saying the length, and
-    /// this gateway's table still knows its end.
+    /// settle_ms)` is over; then, once the length the store answers has passed since, that the
+    /// writes decided before that mark (which still waited the settle) have passed their
+    /// deadlines too, so the next term need not settle behind them. A failure costs only waits:
+    /// decisions keep saying the length, and this gateway's table still knows its end.
     fn mark_after(&self, at: Instant, (resource, term, lease_key, settle_ms): (String, i64, Option<String>, i64)) {
         let (pool, check_timeout, table) = (self.pool.clone(), self.check_timeout, Arc::clone(&self.table));
+        let (margin, stretch) = (self.margin, self.stretch);
         self.runtime.spawn(async move {
             sleep_until(at).await;
-            let marked = timeout(check_timeout, async {
-                let client = pool.get().await.map_err(|error| error.to_string())?;
-                client
-                    .query_one(
-                        "SELECT fencing.mark_settled($1, $2, $3, $4)",
-                        &[&resource, &term, &lease_key, &settle_ms],
-                    )
-                    .await
-                    .map_err(|error| error.to_string())
-            })
-            .await;
-            match marked {
+            let call = |sql: &'static str| {
+                let (pool, resource, lease_key) = (pool.clone(), resource.clone(), lease_key.clone());
+                async move {
+                    let client = pool.get().await.map_err(|error| error.to_string())?;
+                    client
+                        .query_one(sql, &[&resource, &term, &lease_key, &settle_ms])
+                        .await
+                        .map_err(|error| error.to_string())
+                }
+            };
+            let marked = timeout(check_timeout, call("SELECT fencing.mark_settled($1, $2, $3, $4)")).await;
+            let drain = match marked {
                 // The store says no wait any more: the entry is of no further use.
-                Ok(Ok(_)) => {
+                Ok(Ok(row)) => {
                     if let Ok(mut table) = table.lock()
                         && table.get(&resource).is_some_and(|held| held.term == term && held.settle_ms == settle_ms)
                     {
                         table.remove(&resource);
                     }
+                    row.try_get::<_, Option<i64>>(0).ok().flatten()
                 }
                 // The store goes on saying the length; this gateway's entry keeps its end, so its
                 // own writes wait no more, and another gateway marks it after its own wait.
-                Ok(Err(error)) => debug!(%resource, term, %error, "could not mark a settle as over"),
-                Err(_) => debug!(%resource, term, "marking a settle as over timed out"),
+                Ok(Err(error)) => {
+                    debug!(%resource, term, %error, "could not mark a settle as over");
+                    None
+                }
+                Err(_) => {
+                    debug!(%resource, term, "marking a settle as over timed out");
+                    None
+                }
+            };
+            // Counted from now, after the mark: the writes decided before it were sent within
+            // `drain` of it, each on its own gateway's clock.
+            let Some(drain) = drain.and_then(|ms| u64::try_from(ms).ok()) else { return };
+            sleep(Duration::from_millis(drain).mul_f64(stretch) + margin).await;
+            match timeout(check_timeout, call("SELECT fencing.mark_drained($1, $2, $3, $4)")).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => debug!(%resource, term, %error, "could not mark a settle as drained"),
+                Err(_) => debug!(%resource, term, "marking a settle as drained timed out"),
             }
         });
     }

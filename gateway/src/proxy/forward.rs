@@ -22,7 +22,7 @@ use crate::fence::Decision;
 use crate::metrics::RouteMetrics;
 use crate::proxy::headers::{
     FENCING_LEASE, FENCING_OWNER, FENCING_RESOURCE, FENCING_TOKEN, FORWARDED, REQUEST_ID, RequestId,
-    client_address_header,
+    client_claim_header,
 };
 use crate::proxy::rejection::Rejection;
 use crate::proxy::route::{Write, strip_hop_by_hop};
@@ -108,8 +108,14 @@ impl Forwarder {
         let resource_value = HeaderValue::from_str(&resource)
             .map_err(|_| Rejection::Malformed("resource is not a header value".to_owned()))?;
         headers.insert(FENCING_RESOURCE, resource_value);
-        headers.remove(CONTENT_LENGTH);
         headers.remove(http::header::TRANSFER_ENCODING);
+        if body.is_empty() && self.config.routes[target.index].body_methods.contains(&parts.method) {
+            // A method that carries content says it has none (IIS and others answer 411 to a
+            // bodiless POST or PUT without a length); hyper frames every other body itself.
+            headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+        } else {
+            headers.remove(CONTENT_LENGTH);
+        }
         self.forward(target, parts, Body::from(body), deadline, Some(term)).await
     }
 
@@ -129,12 +135,12 @@ impl Forwarder {
         let Target { index, metrics, peer, request_id } = target;
         let route = &self.config.routes[index];
         parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
-        if !self.config.proxy.trusted_proxies.contains(&peer.remote.ip())
-            && parts.headers.keys().any(|name| client_address_header(name.as_str()))
-        {
+        let claims = |name: &HeaderName| {
+            client_claim_header(name.as_str()) || self.config.proxy.client_claim_headers.contains(name)
+        };
+        if !self.config.proxy.trusted_proxies.contains(&peer.remote.ip()) && parts.headers.keys().any(claims) {
             // Who the client is comes from the gateway, not from what the client says.
-            let claimed: Vec<HeaderName> =
-                parts.headers.keys().filter(|name| client_address_header(name.as_str())).cloned().collect();
+            let claimed: Vec<HeaderName> = parts.headers.keys().filter(|name| claims(name)).cloned().collect();
             for name in claimed {
                 parts.headers.remove(name);
             }
@@ -166,8 +172,10 @@ impl Forwarder {
             return Err(Rejection::UpstreamUnreachable);
         }
         strip_hop_by_hop(&mut parts.headers);
-        // Only the gateway says which term a refused writer lost to.
-        parts.headers.remove(crate::problem::FENCING_CURRENT_TERM);
+        // Only the gateway says which term a write was admitted for (and which term a refused
+        // writer lost to): an upstream's `Fencing-*` headers never reach the client, so a read's
+        // answer cannot pass for an admitted write's.
+        remove_fencing_headers(&mut parts.headers);
         if let Some(term) = term {
             parts.headers.insert(FENCING_TOKEN, HeaderValue::from(term));
         }
@@ -185,8 +193,8 @@ fn upstream_failure(metrics: &RouteMetrics, failure: &Failure) -> Rejection {
     Rejection::UpstreamUnreachable
 }
 
-/// Removes every `Fencing-*` header a client sent: only the gateway says which term and resource
-/// a write was admitted for (and what a refused one lost to).
+/// Removes every `Fencing-*` header a client or an upstream sent: only the gateway says which
+/// term and resource a write was admitted for (and what a refused one lost to).
 fn remove_fencing_headers(headers: &mut HeaderMap) {
     for name in [FENCING_TOKEN, FENCING_RESOURCE, FENCING_LEASE, FENCING_OWNER] {
         headers.remove(name);

@@ -15,7 +15,7 @@ pub const FENCING_LEASE: HeaderName = HeaderName::from_static("fencing-lease");
 /// `Fencing-Owner`: the lease owner, presented in stamp mode; never forwarded.
 pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 
-/// The request id, taken from the client when it sends a sane one, else made up.
+/// The request id, taken from a trusted proxy when it sends a sane one, else made up.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
@@ -31,13 +31,30 @@ impl RequestId {
     }
 }
 
-/// Whether a client could claim another address, host or origin with the header `name` (lower
-/// case): `Forwarded`, every `X-Forwarded*`, `X-Real-IP` and the client-address headers of CDNs
-/// and frameworks. Removed unless the peer is one of `proxy.trusted_proxies`.
-pub(crate) fn client_address_header(name: &str) -> bool {
-    name.starts_with("x-forwarded")
+/// Whether a client could claim another address, host, scheme or identity with the header
+/// `name` (lower case): `Forwarded`, every `X-Forwarded*`, `X-Real-IP`, and the client-address,
+/// "this was TLS" and authenticated-user headers that CDNs, load balancers, auth proxies and
+/// frameworks set and their upstreams trust (Jetty's `Proxy-ssl-id`, WebLogic's
+/// `WL-Proxy-Client-IP`, oauth2-proxy's `X-Auth-Request-User`, AWS ALB's `X-Amzn-Oidc-*`).
+/// Removed unless the peer is one of `proxy.trusted_proxies`; `proxy.client_claim_headers`
+/// adds more. A fixed list has gaps: name your upstream's own in the configuration.
+pub(crate) fn client_claim_header(name: &str) -> bool {
+    const PREFIXES: [&str; 10] = [
+        "x-forwarded",
+        "x-auth-request-",
+        "x-amzn-oidc-",
+        "x-ms-client-principal",
+        "x-goog-authenticated-user-",
+        "cf-access-",
+        "x-ssl-",
+        "ssl-client-",
+        "x-client-cert",
+        "x-arr-",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix))
         || matches!(
             name,
+            // Addresses and hosts.
             "forwarded"
                 | "forwarded-for"
                 | "x-real-ip"
@@ -46,9 +63,42 @@ pub(crate) fn client_address_header(name: &str) -> bool {
                 | "true-client-ip"
                 | "x-cluster-client-ip"
                 | "cf-connecting-ip"
+                | "cf-connecting-ipv6"
                 | "fastly-client-ip"
+                | "fly-client-ip"
                 | "x-original-forwarded-for"
                 | "x-original-host"
+                | "x-host"
+                | "wl-proxy-client-ip"
+                | "proxy-client-ip"
+                | "x-originating-ip"
+                | "x-remote-ip"
+                | "x-remote-addr"
+                | "x-envoy-external-address"
+                | "x-envoy-internal"
+                | "x-proxyuser-ip"
+                | "x-azure-clientip"
+                | "x-azure-socketip"
+                | "x-appengine-user-ip"
+                // "This came over TLS", and client certificates.
+                | "x-proxied-https"
+                | "front-end-https"
+                | "x-url-scheme"
+                | "x-scheme"
+                | "x-https"
+                | "wl-proxy-ssl"
+                | "proxy-auth-cert"
+                | "proxy-ssl-id"
+                | "wl-proxy-client-cert"
+                // Who the user is, as an auth proxy says.
+                | "remote-user"
+                | "x-remote-user"
+                | "x-remote-group"
+                | "x-webauth-user"
+                | "x-user"
+                | "x-email"
+                | "x-authenticated-user"
+                | "x-auth-user"
         )
 }
 
@@ -72,15 +122,19 @@ pub(crate) const METHOD_OVERRIDE_HEADERS: [HeaderName; 3] = [
     HeaderName::from_static("x-http-method"),
 ];
 
-/// Headers with which a client asks an upstream (IIS, Symfony, Zend, nginx's `auth_request`) to
-/// act on another path than the request's, and `Proxy`, which CGI upstreams read as the
-/// `HTTP_PROXY` setting (httpoxy): removed from every request, so the upstream acts on the path
-/// that was fenced.
-pub(crate) const ALWAYS_REMOVED: [HeaderName; 4] = [
+/// Headers with which a client asks an upstream (IIS, Symfony, Zend, nginx's `auth_request`,
+/// Envoy) to act on another path than the request's, `Proxy`, which CGI upstreams read as the
+/// `HTTP_PROXY` setting (httpoxy), and `Expect`: removed from every request, so the upstream
+/// acts on the path that was fenced.
+pub(crate) const ALWAYS_REMOVED: [HeaderName; 7] = [
     HeaderName::from_static("x-original-url"),
     HeaderName::from_static("x-rewrite-url"),
     HeaderName::from_static("x-original-uri"),
+    HeaderName::from_static("x-original-path"),
+    HeaderName::from_static("x-envoy-original-path"),
     HeaderName::from_static("proxy"),
+    // The gateway holds the whole body: an upstream has nothing to continue.
+    http::header::EXPECT,
 ];
 
 /// The hop-by-hop headers of RFC 9110 section 7.6.1, and the old ones proxies still see.

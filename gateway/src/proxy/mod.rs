@@ -92,7 +92,7 @@ impl Proxy {
     /// Its span is at debug level: at the default level it costs nothing per request, and the
     /// few events of the request path that an operator sees (warnings) name the request id.
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>, peer: Arc<Peer>) -> Response<Body> {
-        let id = RequestId(self.request_id(request.headers()));
+        let id = RequestId(self.request_id(request.headers(), &peer));
         let span = debug_span!(
             "request",
             request_id = id.as_str(),
@@ -106,13 +106,17 @@ impl Proxy {
         response
     }
 
-    /// The client's request id when it is sane (1 to 64 visible ASCII characters), else a new one.
-    fn request_id(&self, headers: &HeaderMap) -> HeaderValue {
+    /// The request id a trusted proxy (or, with `proxy.client_request_ids`, any client) sent
+    /// when it is sane (1 to 64 visible ASCII characters), else a new one: any other client
+    /// could make its refusals carry another request's id.
+    fn request_id(&self, headers: &HeaderMap, peer: &Peer) -> HeaderValue {
         let sane = |value: &&HeaderValue| {
             let id = value.as_bytes();
             !id.is_empty() && id.len() <= 64 && id.iter().all(u8::is_ascii_graphic)
         };
-        if let Some(id) = headers.get(&REQUEST_ID).filter(sane) {
+        if (self.config.proxy.client_request_ids || self.config.proxy.trusted_proxies.contains(&peer.remote.ip()))
+            && let Some(id) = headers.get(&REQUEST_ID).filter(sane)
+        {
             return id.clone();
         }
         let id = format!("{:08x}-{}", self.request_id_prefix, self.next_request_id.fetch_add(1, Ordering::Relaxed));

@@ -15,10 +15,10 @@ use hyper::body::Incoming;
 
 use crate::config::{ProxyConfig, ResourceNaming, Route};
 use crate::fence::Presented;
-use crate::names::{check_path, check_resource_name};
+use crate::names::{check_path, check_resource_name, folded};
 use crate::proxy::headers::{
     ALWAYS_REMOVED, FENCING_LEASE, FENCING_OWNER, FENCING_RESOURCE, FENCING_TOKEN, HOP_BY_HOP, METHOD_OVERRIDE_HEADERS,
-    REQUEST_ID, client_address_header,
+    REQUEST_ID, client_claim_header,
 };
 use crate::proxy::rejection::Rejection;
 use crate::security::auth::{Caller, Unauthenticated};
@@ -73,6 +73,15 @@ pub fn route(routes: &[Route], mut request: Request<Incoming>) -> Result<Routed,
     // never normalised, so the upstream receives exactly the path that was fenced.
     check_path(request.uri().path()).map_err(Rejection::Malformed)?;
     let index = find(routes, request.uri().path()).ok_or(Rejection::NoRoute)?;
+    if let Some(other) = aliased(routes, index, request.uri().path()) {
+        return Err(Rejection::Malformed(format!(
+            "the path {:?} reads as one under the route {:?} to an upstream that ignores case, folds letters or \
+             drops trailing dots, but would be decided under {:?}; send it in its one plain spelling",
+            request.uri().path(),
+            routes[other].prefix,
+            routes[index].prefix
+        )));
+    }
     let route = &routes[index];
     check_header_names(request.headers_mut(), route)?;
     if route.unfenced_methods.contains(request.method()) {
@@ -91,8 +100,26 @@ pub fn find(routes: &[Route], path: &str) -> Option<usize> {
 
 /// True when `path` falls under `route`'s prefix, at a segment boundary.
 fn matches(route: &Route, path: &str) -> bool {
-    let prefix = route.prefix.trim_end_matches('/');
+    under(route.prefix.trim_end_matches('/'), path)
+}
+
+fn under(prefix: &str, path: &str) -> bool {
     prefix.is_empty() || path == prefix || path.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// S8: the route, other than `routes[index]`, whose prefix `path` spells for an upstream that
+/// ignores case (ASP.NET Core's routing, IIS), folds letters (Windows' best-fit conversions) or
+/// drops trailing dots (`/LEDGER/x`, `/l%C4%95dger/x` and `/ledger./x` are `/ledger/x` to them),
+/// when that route's prefix is at least as long: the write would be decided under one route
+/// and applied under another. None for a path already in its folded form.
+fn aliased(routes: &[Route], index: usize, path: &str) -> Option<usize> {
+    let spelled = folded(path)?;
+    let own = routes[index].prefix.trim_end_matches('/').len();
+    let aliases = |(other, route): &(usize, &Route)| {
+        let prefix = route.prefix.trim_end_matches('/');
+        *other != index && prefix.len() >= own && under(&folded(prefix).unwrap_or_else(|| prefix.to_owned()), &spelled)
+    };
+    routes.iter().enumerate().find(aliases).map(|(other, _)| other)
 }
 
 /// The name of the fence a write to `resource` through `route` is decided on: the resource
@@ -227,7 +254,7 @@ fn gateway_owned(name: &str, route: &Route) -> bool {
     known.iter().any(|owned| owned == name)
         || name.starts_with("fencing-")
         || name == http::header::AUTHORIZATION
-        || client_address_header(name)
+        || client_claim_header(name)
         || HOP_BY_HOP.iter().any(|owned| owned == name)
         || METHOD_OVERRIDE_HEADERS.iter().any(|owned| owned == name)
         || ALWAYS_REMOVED.iter().any(|owned| owned == name)
@@ -272,22 +299,21 @@ fn check_unfenced(request: &Request<Incoming>) -> Result<(), Rejection> {
 }
 
 /// Whether a query names a method to apply instead of the request's: a `_method` parameter,
-/// however its name is spelled (case, percent-encoding).
+/// however its name is spelled as the frameworks read it. Decoded once (`+` as a space), cut at
+/// a NUL or an array's `[` (PHP, Rack, Node's `qs`), every character but a letter or a digit
+/// read as `_` (PHP turns ` ` and `.` into `_`), trailing ones dropped and leading ones
+/// counted as one: `_method`, `.method`, `%20method`, `__method`, `_method[]`, `_method%00`
+/// and `_Method.` all name it; `method` does not.
 fn overrides_method(query: &str) -> bool {
     query.split(['&', ';']).any(|pair| {
-        let name = pair.split('=').next().unwrap_or_default();
+        let name = pair.split('=').next().unwrap_or_default().as_bytes();
         let mut decoded = Vec::with_capacity(name.len());
-        let bytes = name.as_bytes();
         let mut index = 0;
-        while let Some(&byte) = bytes.get(index) {
-            let hex = (byte == b'%')
-                .then(|| bytes.get(index + 1..index + 3))
-                .flatten()
-                .and_then(|pair| std::str::from_utf8(pair).ok())
-                .and_then(|pair| u8::from_str_radix(pair, 16).ok());
-            match hex {
-                Some(value) => {
-                    decoded.push(value);
+        while let Some(&byte) = name.get(index) {
+            let hex = name.get(index + 1..index + 3).filter(|pair| pair.iter().all(u8::is_ascii_hexdigit));
+            match hex.filter(|_| byte == b'%').and_then(|pair| std::str::from_utf8(pair).ok()) {
+                Some(pair) => {
+                    decoded.push(u8::from_str_radix(pair, 16).unwrap_or(0));
                     index += 3;
                 }
                 None => {
@@ -296,7 +322,14 @@ fn overrides_method(query: &str) -> bool {
                 }
             }
         }
-        decoded.trim_ascii().eq_ignore_ascii_case(b"_method")
+        let end = decoded.iter().position(|&b| b == 0 || b == b'[').unwrap_or(decoded.len());
+        let read: Vec<u8> = decoded[..end]
+            .iter()
+            .map(|b| if b.is_ascii_alphanumeric() { b.to_ascii_lowercase() } else { b'_' })
+            .collect();
+        let read = &read[..read.iter().rposition(|&b| b != b'_').map_or(0, |last| last + 1)];
+        let word = read.iter().position(|&b| b != b'_').unwrap_or(read.len());
+        word > 0 && &read[word..] == b"method"
     })
 }
 
@@ -460,7 +493,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use crate::config::Config;
-    use crate::proxy::route::{find, parse_token, strip_hop_by_hop};
+    use crate::proxy::route::{find, overrides_method, parse_token, strip_hop_by_hop};
 
     fn check_token(text: &str, expected: Option<i64>) {
         match (parse_token(text), expected) {
@@ -515,6 +548,31 @@ resource = { fixed = "special" }
             "١",
         ] {
             check_token(bad, None);
+        }
+    }
+
+    #[test]
+    fn a_method_override_is_found_however_a_framework_spells_its_name() {
+        for query in [
+            "_method=DELETE",
+            "a=1&_METHOD=DELETE",
+            "a=1;_method=DELETE",
+            ".method=DELETE",
+            "%20method=DELETE",
+            "+method=DELETE",
+            "__method=DELETE",
+            "_method.=DELETE",
+            "_method[]=DELETE",
+            "_method%5B%5D=DELETE",
+            "_method%00x=DELETE",
+            "%5Fmethod=DELETE",
+            "%5fMethod=DELETE",
+            "_method",
+        ] {
+            assert!(overrides_method(query), "{query:?} should name _method");
+        }
+        for query in ["method=card", "x_method=1", "_methods=1", "a=_method", "%+Fmethod=1", "_me%74hod2=1", ""] {
+            assert!(!overrides_method(query), "{query:?} should not name _method");
         }
     }
 

@@ -159,8 +159,21 @@ async fn s8_method_overrides_on_unfenced_methods_are_refused_and_rewrite_headers
         assert!(status_line(&reply).starts_with("HTTP/1.1 400"), "{method} {header}: {reply}");
     }
     // A `_method` query parameter, however its name is spelled.
-    for (n, query) in ["_method=DELETE", "x=1&_METHOD=put", "%5Fmethod=DELETE", "a=b;_method=PATCH"].iter().enumerate()
-    {
+    // PHP turns `.` and a space in a name into `_` and cuts it at NUL or `[`; Rack and Node's
+    // `qs` read `_method[]` as `_method`.
+    let queries = [
+        "_method=DELETE",
+        "x=1&_METHOD=put",
+        "%5Fmethod=DELETE",
+        "a=b;_method=PATCH",
+        ".method=DELETE",
+        "%20method=DELETE",
+        "__method=DELETE",
+        "_method[]=DELETE",
+        "_method%00=DELETE",
+        "_method.=DELETE",
+    ];
+    for (n, query) in queries.iter().enumerate() {
         let request = format!(
             "GET /fixed?{query} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: query-override-{n}\r\nConnection: close\r\n\r\n"
         );
@@ -196,9 +209,12 @@ async fn s8_method_overrides_on_unfenced_methods_are_refused_and_rewrite_headers
 async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
     let mut h = hygiene().await;
     let proxy = h.gateway.proxy;
-    let paths: [&[u8]; 26] = [
-        b"/fixed/%2B",
-        b"/fixed/%3A%40%21",
+    let paths: [&[u8]; 36] = [
+        b"/fixed/a+b",
+        b"/fixed/a%3fb",
+        b"/fixed/a%3Fb",
+        b"/fixed/a%23b",
+        b"/fixed/%2D",
         b"/fixed/a\"b",
         b"/fixed/a|b",
         b"/fixed/[x]",
@@ -212,17 +228,26 @@ async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
         b"/fixed/%E2%80%8B",
         b"/fixed/%00",
         b"/fixed/a%00b",
-        b"/fixed/%0a",
-        b"/fixed/%c0%ae%c0%ae/x",
-        b"/fixed/%e0%80%ae",
-        b"/fixed/%252e%252e/x",
-        b"/fixed/%252f",
-        b"/fixed/%255c",
-        b"/fixed/%ff",
-        b"/fixed/caf%e9",
-        b"/fixed/%3b/x",
+        b"/fixed/%0A",
+        b"/fixed/%C0%AE%C0%AE/x",
+        b"/fixed/%E0%80%AE",
+        b"/fixed/%252E%252E/x",
+        b"/fixed/%252F",
+        b"/fixed/%255C",
+        b"/fixed/%FF",
+        b"/fixed/caf%E9",
+        b"/fixed/%3B/x",
         b"/fixed/\xff",
         b"/fixed/caf\xc3\xa9",
+        // Windows' best-fit conversions: yen and won signs to \, division and fraction slashes to /.
+        b"/fixed/..%C2%A5..%C2%A5windows%C2%A5win.ini",
+        b"/fixed/..%E2%82%A9x",
+        b"/fixed/..%E2%88%95..%E2%88%95x",
+        b"/fixed/..%E2%81%84x",
+        // NFKC to ASCII (an ellipsis, a fullwidth digit), and a decomposed (NFD) e with acute.
+        b"/fixed/%E2%80%A6",
+        b"/fixed/%EF%BC%91",
+        b"/fixed/cafe%CC%81",
     ];
     for (n, path) in paths.iter().enumerate() {
         for (method, token) in [("GET", ""), ("POST", "Fencing-Token: 1\r\n")] {
@@ -244,7 +269,11 @@ async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
         }
     }
     // Their one plain spellings pass: a UTF-8 name percent-encoded, a percent sign encoded.
-    for (n, path) in ["/fixed/caf%C3%A9", "/fixed/100%25", "/fixed/a%20b"].iter().enumerate() {
+    // What encodeURIComponent and its kin send for @ : + , is one spelling too (no route prefix
+    // or resource name holds them).
+    let plain =
+        ["/fixed/caf%C3%A9", "/fixed/100%25", "/fixed/a%20b", "/fixed/alice%40example.com", "/fixed/%2B1555%3A1"];
+    for (n, path) in plain.iter().enumerate() {
         let request =
             format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: plain-{n}\r\nConnection: close\r\n\r\n");
         let reply = answer(proxy, request.as_bytes()).await;
@@ -253,7 +282,7 @@ async fn s8_a_path_whose_decoded_form_is_another_spelling_is_refused() {
 
     let (requests, received) = upstream_log(&mut h.upstream).await;
     let paths: Vec<&str> = requests.iter().filter_map(|r| r["path"].as_str()).collect();
-    assert_eq!(paths, ["/fixed/caf%C3%A9", "/fixed/100%25", "/fixed/a%20b"], "{requests:?}");
+    assert_eq!(paths, plain, "{requests:?}");
     assert!(!received.contains("path-"), "a refused spelling reached the upstream: {received:?}");
 }
 
@@ -348,7 +377,10 @@ async fn s8_client_claims_and_foreign_fencing_headers_never_reach_the_upstream()
     let claims = "X-Forwarded-Uri: /admin\r\nX-Forwarded-Path: /admin\r\nX-Forwarded-Client-Cert: CN=admin\r\n\
                   X-Forwarded-Scheme: https\r\nX-Forwarded-Ssl: on\r\nX-Original-URI: /admin\r\nTrue-Client-IP: 6.6.6.6\r\n\
                   X-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nFencing-Current-Term: 5\r\nFencing-Whatever: 1\r\n\
-                  Proxy: http://evil.example\r\n";
+                  Proxy: http://evil.example\r\nWL-Proxy-Client-IP: 6.6.6.6\r\nX-Originating-IP: 6.6.6.6\r\n\
+                  X-Envoy-Original-Path: /admin\r\nX-Proxied-Https: on\r\nProxy-ssl-id: 1\r\nRemote-User: admin\r\n\
+                  X-Auth-Request-User: admin\r\nX-Amzn-Oidc-Identity: admin\r\nSsl-Client-Verify: SUCCESS\r\n\
+                  X-Tenant: admin\r\n";
     for (id, method, token) in [("claims-read", "GET", ""), ("claims-write", "POST", "Fencing-Token: 1\r\n")] {
         let request = format!(
             "{method} /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: {id}\r\n{token}{claims}Content-Length: 0\r\n\
@@ -357,8 +389,13 @@ async fn s8_client_claims_and_foreign_fencing_headers_never_reach_the_upstream()
         let reply = answer(h.gateway.proxy, request.as_bytes()).await;
         assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
     }
+    // The gateway holds the whole body: an upstream has nothing to continue.
+    let expecting = "GET /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: continue-asked\r\nExpect: 100-continue\r\n\
+                     Connection: close\r\n\r\n";
+    let reply = answer(h.gateway.proxy, expecting.as_bytes()).await;
+    assert!(reply.contains("HTTP/1.1 200"), "{reply}");
     let (requests, received) = upstream_log(&mut h.upstream).await;
-    assert_eq!(requests.len(), 2, "{requests:?}");
+    assert_eq!(requests.len(), 3, "{requests:?}");
     let lower = received.to_ascii_lowercase();
     for claim in [
         "x-forwarded-uri",
@@ -373,9 +410,138 @@ async fn s8_client_claims_and_foreign_fencing_headers_never_reach_the_upstream()
         "fencing-current-term",
         "fencing-whatever",
         "proxy:",
+        "wl-proxy-client-ip",
+        "x-originating-ip",
+        "x-envoy-original-path",
+        "x-proxied-https",
+        "proxy-ssl-id",
+        "remote-user",
+        "x-auth-request-user",
+        "x-amzn-oidc-identity",
+        "ssl-client-verify",
+        // Named in the gateway's `proxy.client_claim_headers`.
+        "x-tenant",
+        "expect:",
         "6.6.6.6",
         "/admin",
+        "admin",
     ] {
         assert!(!lower.contains(claim), "{claim} reached the upstream: {received:?}");
     }
+}
+
+/// What the upstream claims of the fence never reaches the client: only the gateway says which
+/// term a write was admitted for, so a read's answer cannot pass for an admitted write's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_an_upstreams_fencing_headers_never_reach_the_client() {
+    let h = hygiene().await;
+    let read = "GET /fixed/forge-reply HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let reply = answer(h.gateway.proxy, read.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        !reply.to_ascii_lowercase().contains("fencing-"),
+        "an upstream's Fencing-* header reached the client: {reply}"
+    );
+    let write = "POST /fixed/forge-reply HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 2\r\nContent-Length: 0\r\n\
+                 Connection: close\r\n\r\n";
+    let reply = answer(h.gateway.proxy, write.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    let fencing: Vec<&str> = reply.lines().filter(|line| line.to_ascii_lowercase().starts_with("fencing-")).collect();
+    assert_eq!(fencing, ["fencing-token: 2"], "{reply}");
+}
+
+/// An admitted POST without a body still says how long its body is: IIS and other front ends
+/// answer 411 to a POST or PUT with neither `Content-Length` nor `Transfer-Encoding`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_empty_post_carries_content_length_0() {
+    let mut h = hygiene().await;
+    for (id, framing) in
+        [("empty-length", "Content-Length: 0\r\n"), ("empty-chunked", "Transfer-Encoding: chunked\r\n")]
+    {
+        let body = if framing.starts_with("Transfer") { "0\r\n\r\n" } else { "" };
+        let request = format!(
+            "POST /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: {id}\r\nFencing-Token: 1\r\n{framing}\
+             Connection: close\r\n\r\n{body}"
+        );
+        let reply = answer(h.gateway.proxy, request.as_bytes()).await;
+        assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+    }
+    let (requests, received) = upstream_log(&mut h.upstream).await;
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    for request in &requests {
+        assert_eq!(request["environ"]["CONTENT_LENGTH"], "0", "{request}");
+    }
+    assert_eq!(received.to_ascii_lowercase().matches("content-length: 0\r\n").count(), 2, "{received:?}");
+}
+
+/// The spellings of a route's prefix that upstreams fold into it: case (ASP.NET Core's routing
+/// and IIS ignore it), letters with diacritics (Windows' best-fit conversions drop them) and
+/// trailing dots (Windows drops them). Each would be decided under the catch-all route and
+/// applied under the bound one. A resource name never ends with a dot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s8_a_path_that_folds_into_a_longer_routes_prefix_is_refused() {
+    let db = TestDb::new().await;
+    let mut upstream = Upstream::start_stdlib().await.unwrap();
+    let url = upstream.url();
+    let config = format!(
+        "[[routes]]\nprefix = \"/ledger\"\nupstream = \"{url}\"\nresource = {{ segment = 2 }}\nlease = \"ledger-writer\"\n\
+         [[routes]]\nprefix = \"/\"\nupstream = \"{url}\"\nresource = {{ fixed = \"everything\" }}\n"
+    );
+    let gateway = Gateway::start(&db.url(), &config).await.unwrap();
+    for path in
+        ["/LEDGER/acct-1/e", "/Ledger/acct-1/e", "/l%C4%95dger/acct-1/e", "/ledger./acct-1/e", "/ledger../acct-1/e"]
+    {
+        for (method, token) in [("GET", ""), ("POST", "Fencing-Token: 1\r\n")] {
+            let request = format!(
+                "{method} {path} HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: folded\r\n{token}Content-Length: 0\r\n\
+                 Connection: close\r\n\r\n"
+            );
+            assert_refused(&answer(gateway.proxy, request.as_bytes()).await, &format!("{method} {path}"));
+        }
+    }
+    let dotted = "POST /ledger/acct-1./e HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: folded\r\n\
+                  Fencing-Lease: ledger-writer\r\nFencing-Owner: o\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    assert_refused(&answer(gateway.proxy, dotted.as_bytes()).await, "a resource name ending with a dot");
+    // The catch-all route's own paths pass.
+    let other = "POST /other/x HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: other\r\nFencing-Token: 1\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n";
+    let reply = answer(gateway.proxy, other.as_bytes()).await;
+    assert!(status_line(&reply).starts_with("HTTP/1.1 200"), "{reply}");
+
+    let (requests, _) = upstream_log(&mut upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids, ["other"], "{requests:?}");
+    let client = db.connect().await;
+    let fences = client.query("SELECT resource FROM fencing.fences ORDER BY resource", &[]).await.unwrap();
+    let fences: Vec<String> = fences.iter().map(|row| row.get(0)).collect();
+    assert_eq!(fences, ["/everything"], "a refused write changed a fence");
+}
+
+/// A client's `X-Request-Id` is kept only from a trusted proxy (or with
+/// `proxy.client_request_ids`): any other client would make its refusals, and the upstream's
+/// log, carry another request's id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_request_id_is_replaced_unless_it_comes_from_a_trusted_proxy() {
+    let db = TestDb::new().await;
+    let mut upstream = Upstream::start_stdlib().await.unwrap();
+    let url = upstream.url();
+    let routes = format!("[[routes]]\nprefix = \"/fixed\"\nupstream = \"{url}\"\nresource = {{ fixed = \"f\" }}\n");
+    let untrusted = Gateway::start(&db.url(), &format!("[proxy]\nclient_request_ids = false\n{routes}")).await.unwrap();
+    let trusted = Gateway::start(
+        &db.url(),
+        &format!("[proxy]\nclient_request_ids = false\ntrusted_proxies = [\"127.0.0.1\"]\n{routes}"),
+    )
+    .await
+    .unwrap();
+    let request =
+        "GET /fixed HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: someone-elses-id\r\nConnection: close\r\n\r\n";
+    let replaced = answer(untrusted.proxy, request.as_bytes()).await;
+    let kept = answer(trusted.proxy, request.as_bytes()).await;
+    assert!(status_line(&replaced).starts_with("HTTP/1.1 200"), "{replaced}");
+    assert!(!replaced.contains("someone-elses-id"), "{replaced}");
+    assert!(kept.contains("someone-elses-id"), "{kept}");
+    let (requests, _) = upstream_log(&mut upstream).await;
+    let ids: Vec<&str> = requests.iter().filter_map(|r| r["x_request_id"].as_str()).collect();
+    assert_eq!(ids.len(), 2, "{requests:?}");
+    assert_eq!(ids.iter().filter(|id| **id == "someone-elses-id").count(), 1, "{requests:?}");
 }

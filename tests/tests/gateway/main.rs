@@ -41,6 +41,7 @@ pub fn routes(upstream: &str) -> String {
 [proxy]
 body_limit_bytes = 1024
 header_read_timeout_ms = 500
+client_claim_headers = ["X-Tenant"]
 [upstream]
 forward_timeout_ms = 1500
 [[routes]]

@@ -188,3 +188,52 @@ async fn a_refused_write_to_a_new_resource_on_a_bound_route_creates_no_fence_row
     let fence = store::get_fence(&client, "new-1").await.unwrap().unwrap();
     assert_eq!((fence.max_term, fence.lease_key.as_deref()), (1, Some("writer")));
 }
+
+/// A settle marked over (`fencing.mark_settled`) ends the wait of the decisions that come after
+/// the mark, not of those before it: a term-2 write decided just before the mark still waits the
+/// settle and is then forwarded for up to its forward timeout. So a term 3 that comes right after
+/// the mark must settle behind both (drain_ms), until a gateway has seen that length pass since
+/// the mark (`fencing.mark_drained`); only then does it settle behind the forward timeout alone.
+/// Before drain_ms, term 3 settled behind FORWARD only, and a term-2 write that waited overtook
+/// none of term 1 but arrived after term 3's first write (seen as "term 5 after 6" with three
+/// gateways in `tests/tests/gateway/replicas.rs`).
+#[tokio::test]
+async fn s5_writes_that_waited_before_a_settle_was_marked_over_still_hold_back_the_next_term() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap();
+    store::gate(&client, "r", 1, FORWARD, None).await.unwrap();
+    let raised = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
+    assert_eq!(raised.wait, FORWARD, "term 2 settles behind term 1's forward timeout");
+    // A term-2 write decided before the mark: it waits the settle, then has FORWARD to be sent.
+    let before_mark = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
+    assert_eq!(before_mark.wait, FORWARD);
+
+    // The mark answers how long those writes may still be on their way, counted from now.
+    let mark = "SELECT fencing.mark_settled('r', 2, NULL, $1)";
+    let drain: Option<i64> = client.query_one(mark, &[&ms(FORWARD)]).await.unwrap().get(0);
+    assert_eq!(drain, Some(ms(FORWARD) * 2));
+    // Marked again (another gateway), the same answer; a mark of another length or term, none.
+    let again: Option<i64> = client.query_one(mark, &[&ms(FORWARD)]).await.unwrap().get(0);
+    assert_eq!(again, Some(ms(FORWARD) * 2));
+    let wrong: Option<i64> = client.query_one(mark, &[&1_i64]).await.unwrap().get(0);
+    assert_eq!(wrong, None);
+    let after_mark = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
+    assert_eq!(after_mark.wait, Duration::ZERO, "decisions after the mark wait no more");
+
+    // Term 3, raised right after the mark: behind term 2's forward timeout and its drain.
+    let third = store::gate(&client, "r", 3, FORWARD, None).await.unwrap();
+    assert_eq!(third.wait, FORWARD * 2, "term 3 must settle behind the writes that waited before the mark");
+
+    // Once drained (a gateway saw that length pass since the mark), the next term settles behind
+    // the forward timeout alone: a settle never grows from term to term.
+    let settled: Option<i64> =
+        client.query_one("SELECT fencing.mark_settled('r', 3, NULL, $1)", &[&ms(FORWARD * 2)]).await.unwrap().get(0);
+    assert_eq!(settled, Some(ms(FORWARD) * 3));
+    let drain = "SELECT fencing.mark_drained('r', 3, NULL, $1)";
+    let other: bool = client.query_one(drain, &[&1_i64]).await.unwrap().get(0);
+    assert!(!other, "a drain of another length changes nothing");
+    let drained: bool = client.query_one(drain, &[&ms(FORWARD * 2)]).await.unwrap().get(0);
+    assert!(drained);
+    assert_eq!(store::gate(&client, "r", 4, FORWARD, None).await.unwrap().wait, FORWARD, "behind FORWARD alone");
+}
