@@ -161,23 +161,48 @@ impl Gateway {
     /// As [`Gateway::start`], without waiting for `/readyz` (a control listener that speaks TLS,
     /// or a store that is not meant to be reachable).
     pub async fn spawn(database_url: &str, config: &str) -> Result<Gateway> {
-        Gateway::spawn_with(database_url, config, false).await
+        Gateway::spawn_with(database_url, config, false, &[]).await
     }
 
     /// As [`Gateway::start`], with the log as JSON lines in [`Gateway::logs`] instead of on the
     /// test's stderr.
     pub async fn start_capturing_logs(database_url: &str, config: &str) -> Result<Gateway> {
-        let gateway = Gateway::spawn_with(database_url, config, true).await?;
+        let gateway = Gateway::spawn_with(database_url, config, true, &[]).await?;
         gateway.wait_ready().await?;
         Ok(gateway)
     }
 
     /// As [`Gateway::spawn`], with the log as JSON lines in [`Gateway::logs`].
     pub async fn spawn_capturing_logs(database_url: &str, config: &str) -> Result<Gateway> {
-        Gateway::spawn_with(database_url, config, true).await
+        Gateway::spawn_with(database_url, config, true, &[]).await
     }
 
-    async fn spawn_with(database_url: &str, config: &str, capture_logs: bool) -> Result<Gateway> {
+    /// As [`Gateway::start`], with more environment variables (libfaketime's, for a gateway
+    /// whose clocks run slow or fast).
+    pub async fn start_with_env(database_url: &str, config: &str, env: &[(&str, String)]) -> Result<Gateway> {
+        let gateway = Gateway::spawn_with(database_url, config, false, env).await?;
+        gateway.wait_ready().await?;
+        Ok(gateway)
+    }
+
+    /// The value of the metric line starting with `name` (labels included, as in the text
+    /// format), or `None` when the gateway does not export it.
+    pub async fn metric(&self, name: &str) -> Result<Option<f64>> {
+        let reply = send(self.control, Method::GET, "/metrics", &[], "").await?;
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
+        Ok(text
+            .lines()
+            .find(|line| line.starts_with(name) && !line.starts_with('#'))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse().ok()))
+    }
+
+    async fn spawn_with(
+        database_url: &str,
+        config: &str,
+        capture_logs: bool,
+        env: &[(&str, String)],
+    ) -> Result<Gateway> {
         let config_path = std::env::temp_dir().join(format!(
             "fencing-gateway-test-{}-{}.toml",
             std::process::id(),
@@ -203,6 +228,7 @@ impl Gateway {
             )
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()))
             .env("FENCING_LOG_FORMAT", if capture_logs { "json" } else { "text" })
+            .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
             .stdout(Stdio::piped())
             .stderr(if capture_logs { Stdio::piped() } else { Stdio::inherit() })
             .kill_on_drop(true)

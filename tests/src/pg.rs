@@ -113,6 +113,17 @@ impl PgCluster {
         Err(last_error.unwrap_or_else(|| anyhow!("the server did not start")))
     }
 
+    /// The fake-clock cluster ([`PgCluster::start_with_fake_clock`]) every test of this test
+    /// binary shares, started on first use, and the lock a test holds while it moves the clock
+    /// (the clock is one for all the cluster's databases): [`FakeClock::database`].
+    pub fn fake_clock() -> &'static FakeClock {
+        static FAKE: OnceLock<FakeClock> = OnceLock::new();
+        FAKE.get_or_init(|| match PgCluster::start_with_fake_clock() {
+            Ok(cluster) => FakeClock { cluster, lock: tokio::sync::Mutex::const_new(()) },
+            Err(error) => panic!("cannot start the fake-clock PostgreSQL: {error:#}"),
+        })
+    }
+
     /// The cluster every test of this test binary shares, started on first use.
     pub fn shared() -> &'static PgCluster {
         static SHARED: OnceLock<PgCluster> = OnceLock::new();
@@ -369,6 +380,44 @@ impl Drop for PgCluster {
             // Closing stdin lets the supervisor stop the server and remove the temp dir.
             drop(child.stdin.take());
             let _ = child.wait();
+        }
+    }
+}
+
+/// The shared fake-clock cluster and the lock of its clock.
+#[derive(Debug)]
+pub struct FakeClock {
+    /// The cluster.
+    pub cluster: PgCluster,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl FakeClock {
+    /// Takes the clock (waits for other tests that move it), sets it to the real time, and
+    /// makes a fresh migrated database `name`: its URL, and the guard that holds the clock.
+    pub async fn database(&self, name: &str) -> (String, tokio::sync::MutexGuard<'_, ()>) {
+        let guard = self.lock.lock().await;
+        if let Err(error) = self.cluster.set_clock_offset(0) {
+            panic!("cannot set the fake clock: {error:#}");
+        }
+        let admin = connect(&self.cluster.url("postgres")).await;
+        for statement in [format!("DROP DATABASE IF EXISTS {name}"), format!("CREATE DATABASE {name}")] {
+            if let Err(error) = admin.batch_execute(&statement).await {
+                panic!("{statement}: {error}");
+            }
+        }
+        let url = self.cluster.url(name);
+        let mut client = connect(&url).await;
+        if let Err(error) = fencing_schema::migrate(&mut client).await {
+            panic!("cannot migrate {name}: {error}");
+        }
+        (url, guard)
+    }
+
+    /// Steps the server's wall clock to `offset_ms` from the real time.
+    pub fn step_to(&self, offset_ms: i64) {
+        if let Err(error) = self.cluster.set_clock_offset(offset_ms) {
+            panic!("cannot set the fake clock: {error:#}");
         }
     }
 }

@@ -267,9 +267,10 @@ impl Grants {
 /// Records the grant an answer carries (or drops the one held, when the answer refused the write).
 /// `(started, boot_started, answered)`: when the decision was asked for, on both clocks, and when
 /// its answer came. `(asked, margin, rho)`: the grant length asked for, the settle margin and the
-/// clock-rate allowance. The grant lasts, counted from before the decision was asked for, what
-/// the store gave and never more than was asked, shortened by the clock-rate allowance (this
-/// gateway's clock may run slower than the store's) and by the margin.
+/// clock-rate allowance rho. The grant lasts, counted from before the decision was asked for,
+/// what the store gave and never more than was asked, times (1 - rho) / (1 + rho) (this gateway's
+/// clock may run rho slow, and the store's sleep, which a term change waits the grant out with,
+/// rho fast), less the margin.
 fn install(
     grants: &Mutex<HashMap<String, Grant>>,
     key: &GrantKey<'_>,
@@ -279,7 +280,8 @@ fn install(
     generation: u64,
 ) {
     let Ok(mut grants) = grants.lock() else { return };
-    let lasts = gate.grant.min(asked).mul_f64(1.0 - rho).checked_sub(margin).filter(|lasts| !lasts.is_zero());
+    let lasts =
+        gate.grant.min(asked).mul_f64((1.0 - rho) / (1.0 + rho)).checked_sub(margin).filter(|lasts| !lasts.is_zero());
     let (true, Some(term), Some(lasts)) = (gate.is_admitted(), gate.term, lasts) else {
         if !gate.is_admitted() {
             grants.remove(key.resource);

@@ -7,9 +7,10 @@
 //! ```
 //! Each lane owns one unbound resource (`race-<lane>`, on the routes `/free1` and `/free2`, so
 //! through the checking and the applying upstream) and repeats a trial: one write of its current
-//! term t; a pause until the gateways' horizon for t no longer covers a new write (a quarter of
-//! the forward timeout), so that the next decision for t extends it; then, at once, one to four
-//! writes of t and one of t + 1 through random gateways. A decision that reads the fence twice
+//! term t; a pause of a quarter of the forward timeout and more, past half of the suite's grants,
+//! so that the next decisions for t through the gateways with grants renew them (a decision that
+//! writes or locks, not the plain read); then, at once, one to four writes of t and one of t + 1
+//! through random gateways. A decision that reads the fence twice
 //! (the gate race of the fence-integrity issue) or a new term that does not wait for the lower
 //! term's writes in flight (the settle wait) lets a write of t reach the upstream after one of
 //! t + 1; with the store deciding on one row version, every write of t is either sent before
@@ -194,10 +195,9 @@ impl Racer {
         // Lanes start spread out, so their trials do not all fall on the same instants.
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
         loop {
-            // The resource's maximum is t (or becomes it), and the horizon covers this write.
+            // The resource's maximum is t (or becomes it), with this write's forward timeout.
             self.write(lane, term, rng.random_range(0..gateways)).await;
-            // The horizon has a quarter of the forward timeout to spare: past that, the next
-            // decision for t must extend it.
+            // Past half of a grant: the next decisions for t renew the gateways' grants.
             let spare = forward_timeout / 4;
             tokio::time::sleep(spare + Duration::from_millis(rng.random_range(20..200))).await;
             let lower = rng.random_range(1..=4);

@@ -23,13 +23,7 @@ fn config(upstream: &Upstream, grant_ms: u64) -> String {
 }
 
 async fn counter(gateway: &Gateway, name: &str) -> f64 {
-    let reply = send(gateway.control, Method::GET, "/metrics", &[], "").await.unwrap();
-    let text = String::from_utf8_lossy(&reply.body).into_owned();
-    text.lines()
-        .find(|line| line.starts_with(name) && !line.starts_with('#'))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    gateway.metric(name).await.unwrap().unwrap_or_else(|| panic!("the gateway does not export {name}"))
 }
 
 async fn write(gateway: &Gateway, term: i64, id: &str) -> StatusCode {

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bounded;
+mod clocks;
 mod contract;
 mod control_api;
 mod demo;

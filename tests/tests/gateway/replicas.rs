@@ -93,14 +93,14 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
 
 /// A `fault-upstream` process (it records the arrival time of each request's head and of
 /// every body piece), answering at once on a request's head when `early`.
-struct TimingUpstream {
-    addr: std::net::SocketAddr,
+pub(crate) struct TimingUpstream {
+    pub(crate) addr: std::net::SocketAddr,
     log: std::path::PathBuf,
     _child: tokio::process::Child,
 }
 
 impl TimingUpstream {
-    async fn start(early: bool) -> TimingUpstream {
+    pub(crate) async fn start(early: bool) -> TimingUpstream {
         use tokio::io::AsyncBufReadExt;
         let log =
             std::env::temp_dir().join(format!("fencing-timing-{}-{}.jsonl", std::process::id(), rand::random::<u32>()));
@@ -117,7 +117,7 @@ impl TimingUpstream {
     }
 
     /// Every request recorded so far, by request id.
-    fn records(&self) -> HashMap<String, serde_json::Value> {
+    pub(crate) fn records(&self) -> HashMap<String, serde_json::Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
@@ -135,7 +135,7 @@ impl Drop for TimingUpstream {
 }
 
 /// Every arrival time (head and body pieces) of a recorded request, in microseconds.
-fn arrivals(record: &serde_json::Value) -> Vec<i64> {
+pub(crate) fn arrivals(record: &serde_json::Value) -> Vec<i64> {
     let mut times = vec![record["head_at_us"].as_i64().unwrap()];
     times.extend(record["chunks"].as_array().unwrap().iter().filter_map(|c| c[0].as_i64()));
     times

@@ -5,12 +5,11 @@
 //! the whole step. Waits are lengths of real time now, measured here on the test's monotonic
 //! clock from before the grant was asked for.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use fencing_schema::store::{self, Outcome};
-use fencing_tests::pg::{PgCluster, connect};
-use tokio::sync::Mutex;
+use fencing_tests::pg::{FakeClock, PgCluster, connect};
+use tokio::sync::MutexGuard;
 use tokio::time::Instant;
 use tokio_postgres::Client;
 
@@ -19,28 +18,16 @@ const GRANT: Duration = Duration::from_millis(400);
 /// Rounding between the store's milliseconds and this process's clock.
 const SLACK: Duration = Duration::from_millis(30);
 
-/// One cluster with a fake clock for these tests, and a lock: its clock is one for all.
-fn cluster() -> &'static PgCluster {
-    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| match PgCluster::start_with_fake_clock() {
-        Ok(cluster) => cluster,
-        Err(error) => panic!("cannot start the fake-clock PostgreSQL: {error:#}"),
-    })
+/// The fake-clock cluster of this test binary.
+fn clock() -> &'static FakeClock {
+    PgCluster::fake_clock()
 }
 
-static CLOCK: Mutex<()> = Mutex::const_new(());
-
-/// A fresh migrated database in the fake-clock cluster, its clock at the real time.
-async fn database(name: &str) -> (Client, Client) {
-    let cluster = cluster();
-    cluster.set_clock_offset(0).unwrap();
-    let admin = connect(&cluster.url("postgres")).await;
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).await.unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-    let mut client = connect(&cluster.url(name)).await;
-    fencing_schema::migrate(&mut client).await.unwrap();
-    let other = connect(&cluster.url(name)).await;
-    (client, other)
+/// A fresh migrated database in the fake-clock cluster, its clock at the real time, two
+/// sessions to it, and the clock's lock.
+async fn database(name: &str) -> (Client, Client, MutexGuard<'static, ()>) {
+    let (url, guard) = clock().database(name).await;
+    (connect(&url).await, connect(&url).await, guard)
 }
 
 /// Takes a grant on `resource` at `term`: when it was asked for, and how long it lasts.
@@ -59,10 +46,9 @@ async fn take_grant(client: &Client, resource: &str, term: i64, bind: Option<&st
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_a_forward_step_of_the_stores_clock_does_not_end_a_grant_early() {
-    let _clock = CLOCK.lock().await;
-    let (holder, raiser) = database("step_forward_grant").await;
+    let (holder, raiser, _clock) = database("step_forward_grant").await;
     let (asked, lasts) = take_grant(&holder, "/free/r", 1, None).await;
-    cluster().set_clock_offset(60_000).unwrap();
+    clock().step_to(60_000);
     // Through the SQL guard's function and through a gateway's decision.
     raiser.query_one("SELECT fencing.admit('/free/r', 2)", &[]).await.unwrap();
     let raised = Instant::now();
@@ -72,25 +58,24 @@ async fn s3_a_forward_step_of_the_stores_clock_does_not_end_a_grant_early() {
         (asked + lasts) - raised
     );
     let (asked, lasts) = take_grant(&holder, "/free/s", 1, None).await;
-    cluster().set_clock_offset(120_000).unwrap();
+    clock().step_to(120_000);
     let gate = store::gate(&raiser, "/free/s", 2, FORWARD, None).await.unwrap();
     assert!(gate.is_admitted() && Instant::now() + SLACK >= asked + lasts, "{gate:?}");
     let late = store::gate_granted(&holder, "/free/s", 1, FORWARD, None, GRANT).await.unwrap();
     assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
-    cluster().set_clock_offset(0).unwrap();
+    clock().step_to(0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_a_backward_step_of_the_stores_clock_does_not_lengthen_a_grant() {
-    let _clock = CLOCK.lock().await;
-    let (holder, raiser) = database("step_back_grant").await;
+    let (holder, raiser, _clock) = database("step_back_grant").await;
     store::gate(&holder, "/free/r", 1, FORWARD, None).await.unwrap();
-    cluster().set_clock_offset(-120_000).unwrap();
+    clock().step_to(-120_000);
     let (asked, lasts) = take_grant(&holder, "/free/r", 1, None).await;
     assert!(lasts <= GRANT, "{lasts:?}");
     // The clock is set right again (a forward step of 120 s): the raise waits the grant's length,
     // not the step, and not less.
-    cluster().set_clock_offset(0).unwrap();
+    clock().step_to(0);
     let started = Instant::now();
     let gate = store::gate(&raiser, "/free/r", 2, FORWARD, None).await.unwrap();
     assert!(gate.is_admitted(), "{gate:?}");
@@ -100,11 +85,10 @@ async fn s3_a_backward_step_of_the_stores_clock_does_not_lengthen_a_grant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s5_the_settle_wait_is_a_length_whatever_the_stores_clock_did() {
-    let _clock = CLOCK.lock().await;
-    let (first, second) = database("step_forward_settle").await;
+    let (first, second, _clock) = database("step_forward_settle").await;
     // Term 1's gateway writes may be forwarded for up to FORWARD after their decisions.
     assert!(store::gate(&first, "/free/r", 1, FORWARD, None).await.unwrap().is_admitted());
-    cluster().set_clock_offset(60_000).unwrap();
+    clock().step_to(60_000);
     let raised = store::gate(&second, "/free/r", 2, FORWARD, None).await.unwrap();
     assert!(raised.is_admitted(), "{raised:?}");
     assert!(raised.wait >= FORWARD, "term 2 settles for {:?} after a forward step, not {FORWARD:?}", raised.wait);
@@ -113,42 +97,40 @@ async fn s5_the_settle_wait_is_a_length_whatever_the_stores_clock_did() {
     assert_eq!(follower.wait, raised.wait, "{follower:?}");
     // The same through an SQL raise.
     assert!(store::gate(&first, "/free/s", 3, FORWARD, None).await.unwrap().is_admitted());
-    cluster().set_clock_offset(180_000).unwrap();
+    clock().step_to(180_000);
     assert_eq!(store::admit(&second, "/free/s", 4).await.unwrap(), 4);
     let next = store::gate(&first, "/free/s", 4, FORWARD, None).await.unwrap();
     assert!(next.wait >= FORWARD, "{next:?}");
-    cluster().set_clock_offset(0).unwrap();
+    clock().step_to(0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4_a_new_term_of_a_lease_waits_out_its_grants_after_a_forward_step() {
-    let _clock = CLOCK.lock().await;
-    let (holder, taker) = database("step_forward_lease").await;
+    let (holder, taker, _clock) = database("step_forward_lease").await;
     let term = store::acquire(&holder, "k", "a", Duration::from_secs(30)).await.unwrap().term.unwrap();
     let (asked, lasts) = take_grant(&holder, "acct", term, Some("k")).await;
     // The store's clock jumps past the lease's expiry: a new term may start, but only once the
     // grant on the old one has ended.
-    cluster().set_clock_offset(60_000).unwrap();
+    clock().step_to(60_000);
     let taken = store::acquire(&taker, "k", "b", Duration::from_secs(30)).await.unwrap();
     assert_eq!(taken.term, Some(term + 1), "{taken:?}");
     assert!(Instant::now() + SLACK >= asked + lasts, "a new term while a grant on the old one could admit writes");
     let zombie = store::gate_granted(&holder, "acct", term, FORWARD, Some("k"), GRANT).await.unwrap();
     assert_eq!(zombie.outcome, Outcome::Stale, "{zombie:?}");
-    cluster().set_clock_offset(0).unwrap();
+    clock().step_to(0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fake_clock_moves_the_stores_wall_clock_only() {
-    let _clock = CLOCK.lock().await;
-    let (client, _) = database("fake_clock_itself").await;
+    let (client, _, _clock) = database("fake_clock_itself").await;
     let read = "SELECT extract(epoch FROM clock_timestamp())::float8";
     let before: f64 = client.query_one(read, &[]).await.unwrap().get(0);
-    cluster().set_clock_offset(3_600_000).unwrap();
+    clock().step_to(3_600_000);
     let after: f64 = client.query_one(read, &[]).await.unwrap().get(0);
     assert!((after - before - 3600.0).abs() < 5.0, "the offset did not move clock_timestamp(): {before} -> {after}");
     // pg_sleep still sleeps real time.
     let started = Instant::now();
     client.batch_execute("SELECT pg_sleep(0.2)").await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(190) && started.elapsed() < Duration::from_secs(2));
-    cluster().set_clock_offset(0).unwrap();
+    clock().step_to(0);
 }
