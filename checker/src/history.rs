@@ -273,6 +273,75 @@ pub struct Election {
     pub at_us: i64,
 }
 
+/// One line of `clock.jsonl`: the store's wall clock was set to read real time plus `offset_us`
+/// at some instant between `before_us` and `at_us` (real time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockStep {
+    /// Real time just before the step was made.
+    pub before_us: i64,
+    /// Real time just after.
+    pub at_us: i64,
+    /// What the store's clock reads ahead of real time from then on (negative: behind).
+    pub offset_us: i64,
+}
+
+/// How far a store time read just around a step may lie outside the step's recorded instants:
+/// a backend reads the new offset at its next reading of the clock.
+const STEP_SLACK_US: i64 = 50_000;
+
+/// How long before the schedule's start and after its end the store may write lease history
+/// (leaders start before traffic does, release as they are stopped, and the history is read
+/// after that): the clock windows of `clock.jsonl` are taken to span no further.
+const AROUND_SCHEDULE_US: i64 = 30_000_000;
+
+/// The store's clock over a schedule: the offsets in force, from `clock.jsonl`, with offset 0
+/// before the first step.
+struct StoreClockLog {
+    /// `(before_us, at_us, offset_us)`, the first with offset 0 from before the schedule.
+    windows: Vec<(i64, i64, i64)>,
+    /// Real time after which the store read nothing that was recorded.
+    end_us: i64,
+}
+
+impl StoreClockLog {
+    fn new(steps: &[ClockStep], meta: &Meta) -> StoreClockLog {
+        let start = meta.started_us.saturating_sub(AROUND_SCHEDULE_US);
+        let mut windows = vec![(start, start, 0)];
+        windows.extend(steps.iter().map(|s| (s.before_us, s.at_us, s.offset_us)));
+        StoreClockLog { windows, end_us: meta.ended_us.saturating_add(AROUND_SCHEDULE_US) }
+    }
+
+    /// The real time at which the store's clock read `store_us`: the one window whose real span
+    /// holds `store_us` less its offset; for a time the clock stepped over, the first step that
+    /// carried it past. Err when two windows could have read it (steps whose store spans
+    /// overlap: the runner must not make them) or none did.
+    fn real(&self, store_us: i64) -> Result<i64, String> {
+        let w = &self.windows;
+        let mut found = None;
+        for (i, &(before, _, offset)) in w.iter().enumerate() {
+            let until = w.get(i + 1).map_or(self.end_us, |next| next.1.saturating_add(STEP_SLACK_US));
+            let real = store_us.saturating_sub(offset);
+            if real >= before.saturating_sub(STEP_SLACK_US) && real < until {
+                if found.is_some() {
+                    return Err(format!("store time {store_us} could have been read in two clock windows"));
+                }
+                found = Some(real);
+            }
+        }
+        if let Some(real) = found {
+            return Ok(real);
+        }
+        // Stepped over: the first step after which the clock reads past it, having read before it.
+        for pair in w.windows(2) {
+            let ((_, _, offset), (before, at, next_offset)) = (pair[0], pair[1]);
+            if before.saturating_add(offset) <= store_us && store_us < at.saturating_add(next_offset) {
+                return Ok(at);
+            }
+        }
+        Err(format!("store time {store_us} was never read by the store's clock as `clock.jsonl` has it"))
+    }
+}
+
 /// Everything recorded for one schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
@@ -332,8 +401,20 @@ impl History {
             source,
         })?;
 
+        // Lease times are the store's: with steps of its clock recorded, they become real time.
+        let clock_path = dir.join("clock.jsonl");
+        let steps: Vec<ClockStep> = read_lines::<ClockStep>(&clock_path)?.into_iter().map(|(_, r)| r).collect();
+        let store_clock = StoreClockLog::new(&steps, &meta);
         let leases_path = dir.join("leases.jsonl");
-        let leases = read_lines::<LeasePeriod>(&leases_path)?.into_iter().map(|(_, r)| r).collect();
+        let mut leases = Vec::new();
+        for (line, mut period) in read_lines::<LeasePeriod>(&leases_path)? {
+            if !steps.is_empty() {
+                let real = |t: i64| store_clock.real(t).map_err(|reason| invalid(&leases_path, line, reason));
+                period.granted_at_us = real(period.granted_at_us)?;
+                period.ended_at_us = period.ended_at_us.map(real).transpose()?;
+            }
+            leases.push(period);
+        }
 
         let mut upstream = Vec::new();
         for path in upstream_files(dir)? {

@@ -280,3 +280,57 @@ fn bin_json_prints_the_run_report() {
     assert_eq!(report, check_run(&run).unwrap());
     fs::remove_dir_all(run).unwrap();
 }
+
+fn write_clock(dir: &Path, steps: &[(i64, i64, i64)]) {
+    let mut text = String::new();
+    for (before, at, offset) in steps {
+        text.push_str(&format!("{{\"before_us\": {before}, \"at_us\": {at}, \"offset_us\": {offset}}}\n"));
+    }
+    fs::write(dir.join("clock.jsonl"), text).unwrap();
+}
+
+#[test]
+fn store_times_become_real_times_across_steps_of_the_stores_clock() {
+    // Forward by 100 s from 5 s to 5.5 s, back by 300 s from 7 s to 8 s (real time).
+    let steps = [(5 * S - 1_000, 5 * S, 100 * S), (5 * S + 500_000, 5 * S + 500_000, 0), (7 * S, 7 * S, -300 * S)];
+    let steps = [steps[0], steps[1], steps[2], (8 * S, 8 * S, 0)];
+    let dir = temp_dir("clock-steps");
+    let mut h = base();
+    h.leases = vec![
+        // Granted before the steps; its expiry (store 5.2 s) was stepped over at 5 s.
+        lease("k1", 1, "leader-a#1", 0, Some(5 * S + 200_000)),
+        // Granted during the forward step, ended during the back step.
+        lease("k1", 2, "leader-b#1", 105 * S + 250_000, Some(7 * S + 500_000 - 300 * S)),
+        // Granted during the back step; by the store's clock long before term 2.
+        lease("k1", 3, "leader-a#1", 7 * S + 600_000 - 300 * S, None),
+    ];
+    h.elections = vec![elected("k1", 1, "leader-a#1", 0), elected("k1", 2, "leader-b#1", 5 * S + 300_000)];
+    write_schedule(&dir, &h);
+    write_clock(&dir, &steps);
+    let loaded = fencing_checker::History::load(&dir).unwrap();
+    let periods: Vec<(i64, Option<i64>)> = loaded.leases.iter().map(|p| (p.granted_at_us, p.ended_at_us)).collect();
+    assert_eq!(periods, vec![(0, Some(5 * S)), (5 * S + 250_000, Some(7 * S + 500_000)), (7 * S + 600_000, None)],);
+    // In store time term 3 overlaps term 1; in real time no two periods overlap.
+    let report = check_schedule(&dir).unwrap();
+    assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+
+    // Periods that do not overlap on the store's clock but did in real time are S1 violations.
+    h.leases[2] = lease("k1", 3, "leader-a#1", 7 * S + 400_000 - 300 * S, None);
+    write_schedule(&dir, &h);
+    let report = check_schedule(&dir).unwrap();
+    assert!(report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_store_time_two_clock_windows_could_have_read_is_an_error() {
+    let dir = temp_dir("clock-ambiguous");
+    let mut h = base();
+    // Back by 2 s at 5 s: the store read 3.5 s at 3.5 s and again at 5.5 s.
+    h.leases[0] = lease("k1", 1, "leader-a#1", 0, Some(2 * S));
+    h.leases[1] = lease("k1", 2, "leader-b#1", 3 * S + 500_000, None);
+    write_schedule(&dir, &h);
+    write_clock(&dir, &[(5 * S, 5 * S, -2 * S), (6 * S, 6 * S, 0)]);
+    assert_invalid(&dir, "leases.jsonl", 2, "two clock windows");
+    fs::remove_dir_all(dir).unwrap();
+}

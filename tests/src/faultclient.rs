@@ -3,7 +3,7 @@
 //! (`checker/HISTORY.md`: ok, failed and by whom, or indeterminate).
 
 use std::io::Write as _;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -21,8 +21,23 @@ pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Inf
 pub type HttpClient = Client<HttpConnector, BoxBody>;
 
 /// Microseconds since the Unix epoch on the real-time clock: the history's clock.
+///
+/// A process the suite runs slow or fast under libfaketime (`FAKETIME="+0 xRATE"`: fake time is
+/// start plus RATE times the real time since) is told RATE in `FENCING_FAULT_CLOCK_RATE`, and
+/// records real time all the same: it takes its first reading as the start and scales what
+/// passed since (to within the milliseconds between the library's start and that reading).
 pub fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+    static START: OnceLock<(i64, f64)> = OnceLock::new();
+    let fake =
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let (start, rate) = *START.get_or_init(|| {
+        let rate = std::env::var("FENCING_FAULT_CLOCK_RATE").ok().and_then(|r| r.parse::<f64>().ok());
+        (fake, rate.filter(|r| r.is_finite() && *r > 0.0).unwrap_or(1.0))
+    });
+    if rate == 1.0 {
+        return fake;
+    }
+    start + ((fake - start) as f64 / rate) as i64
 }
 
 /// A pooled HTTP/1.1 client that gives up connecting after a second.

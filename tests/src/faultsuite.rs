@@ -57,11 +57,15 @@ pub enum Plant {
     /// A grant used past its end: the store gives four times the grant it records, so a term
     /// change waits for a quarter of it.
     GrantOverstay,
+    /// Waits that compare instants of the store's wall clock (the code before schema version 8):
+    /// each grant records when it ends by that clock, and a term change waits until the clock
+    /// reads past it, so a step of the clock ends the wait while gateways still hold grants.
+    WallClockWaits,
 }
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 7] = [
+    pub const ALL: [Plant; 8] = [
         Plant::WeakFence,
         Plant::NoSettle,
         Plant::AsyncCommit,
@@ -69,6 +73,7 @@ impl Plant {
         Plant::GateRace,
         Plant::GrantIgnored,
         Plant::GrantOverstay,
+        Plant::WallClockWaits,
     ];
 
     /// The name on the command line.
@@ -81,6 +86,7 @@ impl Plant {
             Plant::GateRace => "gate-race",
             Plant::GrantIgnored => "grant-ignored",
             Plant::GrantOverstay => "grant-overstay",
+            Plant::WallClockWaits => "wall-clock-waits",
         }
     }
 
@@ -96,6 +102,9 @@ impl Plant {
             // racer's SQL raise), or forwarded after it (overstay).
             Plant::GrantIgnored => &[S3],
             Plant::GrantOverstay => &[S3, S5],
+            // A grant outlives the term change a step cut short: a lower term admitted after the
+            // higher one was answered or granted, or forwarded after it.
+            Plant::WallClockWaits => &[S3, S4, S5],
             // A grant or a raise lost in a crash: a term granted twice, or a fence gone back.
             Plant::AsyncCommit => &[S1, S2, S3],
             Plant::NoNewTerm => &[S1, S2],
@@ -151,9 +160,10 @@ fn free_port() -> Result<u16> {
 }
 
 /// Starts the run's cluster: asynchronous commit in the database, a WAL writer that flushes
-/// rarely, so a crash loses whatever was not made durable on purpose.
+/// rarely, so a crash loses whatever was not made durable on purpose; its wall clock under the
+/// injector's control (libfaketime), so the store's clock can be stepped.
 pub fn start_cluster() -> Result<PgCluster> {
-    PgCluster::start_with_settings(
+    PgCluster::start_with_fake_clock_and_settings(
         Durability::Off,
         "synchronous_commit = off\nwal_writer_delay = 10s\nmax_connections = 300\n",
     )
@@ -239,6 +249,18 @@ struct Schedule {
     _racer_pg: FaultProxy,
     upstream_proxies: Vec<FaultProxy>,
     faults: Vec<Value>,
+    /// The steps of the store's clock, as `clock.jsonl` records them.
+    clock_steps: Vec<Value>,
+    /// What the store's clock reads ahead of real time now, in microseconds.
+    clock_offset_us: i64,
+    /// The offset a backward step returns to when it ends.
+    offset_before_back_us: i64,
+    /// No store time of this schedule is below this, or above `store_max_us`, so far: a step
+    /// goes past them, so no store time is read twice (the checker could not place it).
+    store_min_us: i64,
+    store_max_us: i64,
+    /// The processes run slow or fast, and their rates.
+    clock_rates: Value,
 }
 
 /// One fault being applied.
@@ -335,6 +357,53 @@ fn wrap_gate_asking(grant_for: &str, tweak: &str) -> String {
     )
 }
 
+/// The planted wall-clock waits: when each resource's grants end by the store's clock, waited
+/// for by comparing that instant with the clock, as the code before schema version 8 did.
+const WALL_CLOCK_WAITS: &str = "
+    CREATE TABLE fencing.planted_grant_ends (resource text PRIMARY KEY, ends_at timestamptz NOT NULL);
+    CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences) RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $$
+    DECLARE ends_at_ timestamptz;
+    BEGIN
+        IF coalesce(fence_.grant_ms, 0) <= 0 THEN
+            RETURN;
+        END IF;
+        IF fence_.lease_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM fencing.leases l
+             WHERE l.key = fence_.lease_key AND l.grants_ended_term >= fence_.max_term) THEN
+            RETURN;
+        END IF;
+        PERFORM pg_advisory_xact_lock(1718183525, fencing.fence_lock_id(fence_.resource));
+        SELECT p.ends_at INTO ends_at_ FROM fencing.planted_grant_ends p WHERE p.resource = fence_.resource;
+        WHILE ends_at_ IS NOT NULL AND clock_timestamp() < ends_at_ LOOP
+            PERFORM pg_sleep(0.005);
+        END LOOP;
+    END $$;
+    CREATE OR REPLACE FUNCTION fencing.lease_grant_ms(lease_ fencing.leases) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE AS $$
+    BEGIN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'fencing: READ COMMITTED only' USING ERRCODE = '0A000';
+        END IF;
+        IF lease_.grants_ended_term >= lease_.term THEN
+            RETURN 0;
+        END IF;
+        PERFORM pg_advisory_xact_lock(1818583397, fencing.lease_lock_id(lease_.key));
+        RETURN greatest(0, coalesce((
+            SELECT max(ceil(extract(epoch FROM p.ends_at - clock_timestamp()) * 1000))::bigint
+              FROM fencing.fences f JOIN fencing.planted_grant_ends p ON p.resource = f.resource
+             WHERE f.lease_key = lease_.key AND f.max_term = lease_.term), 0));
+    END $$;
+";
+
+/// The planted wall-clock waits' record of each grant's end, by the store's clock.
+const WALL_CLOCK_GRANT: &str = "
+    IF decision.grant_ms > 0 THEN
+        INSERT INTO fencing.planted_grant_ends AS p
+        VALUES (resource, clock_timestamp() + decision.grant_ms * interval '1 millisecond')
+        ON CONFLICT ON CONSTRAINT planted_grant_ends_pkey DO UPDATE SET ends_at = greatest(p.ends_at, excluded.ends_at);
+    END IF;";
+
 /// The SQL that plants `plant` in a migrated database.
 pub fn plant_sql(plant: Plant) -> Result<String> {
     let function = |name: &str| {
@@ -354,6 +423,7 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             .to_owned(),
         // The store records a quarter of the grant it gives: a term change waits too little.
         Plant::GrantOverstay => wrap_gate_asking("grant_for / 4", "decision.grant_ms := decision.grant_ms * 4;"),
+        Plant::WallClockWaits => WALL_CLOCK_WAITS.to_owned() + &wrap_gate(WALL_CLOCK_GRANT),
         Plant::AsyncCommit => "CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
              LANGUAGE plpgsql AS $$ BEGIN END $$;"
             .to_owned(),
@@ -408,6 +478,27 @@ fn gateway_config(config: &SuiteConfig, upstreams: &[SocketAddr], grant_ms: u64)
     text
 }
 
+/// For a whole schedule, perhaps one process of three whose clocks (wall, monotonic and boot)
+/// run at half or twice the rate of real time: its index and the rate.
+fn draw_clock_rate(rng: &mut StdRng) -> Option<(usize, f64)> {
+    if !rng.random_bool(1.0 / 3.0) {
+        return None;
+    }
+    let process = rng.random_range(0..3);
+    Some((process, if rng.random_bool(0.5) { 0.5 } else { 2.0 }))
+}
+
+/// The `env` words that run a process under libfaketime at `rate` (sleeps and timeouts scaled
+/// too), telling it the rate so that it can record real time in the history.
+fn clock_rate_env(rate: f64) -> Result<Vec<String>> {
+    let library = crate::pg::faketime_library()?;
+    Ok(vec![
+        format!("LD_PRELOAD={}", library.display()),
+        format!("FAKETIME=+0 x{rate}"),
+        format!("FENCING_FAULT_CLOCK_RATE={rate}"),
+    ])
+}
+
 async fn wait_listening(port: u16, within: Duration) -> bool {
     let until = Instant::now() + within;
     while Instant::now() < until {
@@ -422,6 +513,12 @@ async fn wait_listening(port: u16, within: Duration) -> bool {
 async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, seed: u64, dir: &Path) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(seed);
     let name = format!("schedule_{index}");
+    // The store's clock reads real time unless a fault of this schedule steps it.
+    cluster.set_clock_offset(0)?;
+    // A gateway and a leader may run slow or fast for the whole schedule.
+    let gateway_rate = draw_clock_rate(&mut rng);
+    let leader_rate = draw_clock_rate(&mut rng);
+    let mut clock_rates = serde_json::Map::new();
     let url = prepare_database(cluster, config, &name).await?;
     let pg_addr: SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse()?;
 
@@ -476,8 +573,12 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         let mut started = None;
         for _ in 0..3 {
             let (proxy_port, control_port) = (free_port()?, free_port()?);
-            let command = vec![
-                "env".to_owned(),
+            let mut command = vec!["env".to_owned()];
+            if let Some((_, rate)) = gateway_rate.filter(|(slow, _)| *slow == gateway) {
+                command.extend(clock_rate_env(rate)?);
+                clock_rates.insert(format!("gateway-{gateway}"), json!(rate));
+            }
+            command.extend([
                 format!("FENCING_DATABASE_URL={database_url}"),
                 format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),
                 format!("FENCING_CONTROL_LISTEN=127.0.0.1:{control_port}"),
@@ -487,7 +588,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
                 "serve".to_owned(),
                 "--config".to_owned(),
                 config_path.display().to_string(),
-            ];
+            ]);
             let mut managed = Managed { name: format!("gateway-{gateway}"), command, child: None, paused: false };
             managed.spawn()?;
             if wait_listening(proxy_port, Duration::from_secs(20)).await {
@@ -509,7 +610,13 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     for (leader, letter) in ["a", "b", "c"].iter().enumerate() {
         let proxy = FaultProxy::start(pg_addr).await?;
         let database_url = format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr());
-        let command = vec![
+        let mut command = Vec::new();
+        if let Some((_, rate)) = leader_rate.filter(|(slow, _)| *slow == leader) {
+            command.push("env".to_owned());
+            command.extend(clock_rate_env(rate)?);
+            clock_rates.insert(format!("leader-{letter}"), json!(rate));
+        }
+        command.extend([
             workspace_bin("fault-leader")?.display().to_string(),
             "--name".to_owned(),
             format!("leader-{letter}"),
@@ -525,7 +632,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
             (seed ^ ((leader as u64 + 1) * 0x9e37_79b9)).to_string(),
             "--ttl-ms".to_owned(),
             config.ttl.as_millis().to_string(),
-        ];
+        ]);
         let mut managed = Managed { name: format!("leader-{letter}"), command, child: None, paused: false };
         managed.spawn()?;
         leader_pg.push(proxy);
@@ -564,6 +671,13 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         _racer_pg: racer_pg,
         upstream_proxies,
         faults: Vec::new(),
+        clock_steps: Vec::new(),
+        clock_offset_us: 0,
+        offset_before_back_us: 0,
+        // The checker takes the store to have read real time from 30 s before the schedule.
+        store_min_us: now_us() - 35_000_000,
+        store_max_us: now_us(),
+        clock_rates: Value::Object(clock_rates),
     };
     let started_us = now_us();
     // Let leaders be elected and write before the first fault.
@@ -640,7 +754,13 @@ impl Schedule {
         // where fencing works. Links to the upstreams are delayed often: that is where a term
         // change meets writes still in flight (S5).
         // A crash right after a grant needs a moment with no other fault: it is drawn often.
-        const KINDS: [&str; 24] = [
+        // The store's clock is stepped forward more often than back: a forward step is what ends
+        // a wait on the wall clock early.
+        const KINDS: [&str; 28] = [
+            "pg-clock-forward",
+            "pg-clock-forward",
+            "pg-clock-forward",
+            "pg-clock-back",
             "pg-crash-after-grant",
             "pg-crash-after-grant",
             "pg-crash-after-grant",
@@ -675,7 +795,13 @@ impl Schedule {
                 target = leaders[rng.random_range(0..leaders.len())];
             }
         }
-        let link = if kind == "proxy-delay" && rng.random_bool(0.7) { 2 } else { rng.random_range(0..3) };
+        let mut link = if kind == "proxy-delay" && rng.random_bool(0.7) { 2 } else { rng.random_range(0..3) };
+        // A forward step of the store's clock comes with a slow link from a gateway with grants to
+        // Postgres: that gateway sees the step late, and keeps admitting under its grants.
+        if kind == "pg-clock-forward" {
+            target %= 2;
+            link = 0;
+        }
         let lasting = Duration::from_millis(rng.random_range(300..2000));
         // One fault per process or link at a time, and a Postgres crash alone.
         let crash = |kind: &str| kind.starts_with("pg-crash");
@@ -683,6 +809,10 @@ impl Schedule {
             return Ok(None);
         }
         if active.iter().any(|f| f.target == target && f.link == link) {
+            return Ok(None);
+        }
+        // One clock, one step at a time.
+        if kind.starts_with("pg-clock") && active.iter().any(|f| f.kind.starts_with("pg-clock")) {
             return Ok(None);
         }
         let started_us = now_us();
@@ -713,9 +843,26 @@ impl Schedule {
                 self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::OneWay(direction)));
             }
             "leader-resign" => self.leaders[target].terminate(Duration::from_secs(3)).await,
+            // The store's clock never reads a time twice, nor one it stepped over (the checker
+            // could not tell which reading a recorded time was): a forward step goes past every
+            // store time so far and stays; a backward step goes below every one (by more than a
+            // lease's ttl, and for at most 2 s), and comes back to where the clock was.
+            "pg-clock-forward" => {
+                let offset =
+                    (self.store_max_us - now_us()).max(self.clock_offset_us) + rng.random_range(20_000_000..60_000_000);
+                self.gateway_pg[target].set(Mode::Delay(Duration::from_millis(rng.random_range(50..250))));
+                self.step_clock(cluster, offset)?;
+                // Term changes at once, while grants given before the step are held.
+                self.racer.signal(Signal::SIGUSR1);
+            }
+            "pg-clock-back" => {
+                self.offset_before_back_us = self.clock_offset_us;
+                let offset = self.store_min_us - now_us() - rng.random_range(10_000_000..40_000_000);
+                self.step_clock(cluster, offset)?;
+            }
             _ => return Ok(None),
         }
-        let link = if kind.starts_with("proxy") { link } else { usize::MAX };
+        let link = if kind.starts_with("proxy") || kind == "pg-clock-forward" { link } else { usize::MAX };
         Ok(Some(Fault { kind, target, link, started_us, ends: Instant::now() + lasting }))
     }
 
@@ -758,6 +905,23 @@ impl Schedule {
         }
         crashed?;
         Ok(target)
+    }
+
+    /// Sets the store's clock to read `offset_us` (rounded to milliseconds) ahead of real time,
+    /// and records the step.
+    fn step_clock(&mut self, cluster: &PgCluster, offset_us: i64) -> Result<()> {
+        let offset_ms = offset_us / 1000;
+        let before_us = now_us();
+        cluster.set_clock_offset(offset_ms)?;
+        let at_us = now_us();
+        // The window that ends here read up to at + the old offset; the next starts at before +
+        // the new one.
+        self.store_max_us = self.store_max_us.max(at_us + self.clock_offset_us);
+        self.clock_offset_us = offset_ms * 1000;
+        self.store_min_us = self.store_min_us.min(before_us + self.clock_offset_us);
+        self.store_max_us = self.store_max_us.max(at_us + self.clock_offset_us);
+        self.clock_steps.push(json!({"before_us": before_us, "at_us": at_us, "offset_us": self.clock_offset_us}));
+        Ok(())
     }
 
     /// The leader processes (by index) that hold a lease right now, by the store.
@@ -809,6 +973,12 @@ impl Schedule {
             "sigkill-leader" | "leader-resign" => self.leaders[target].spawn()?,
             "sigkill-gateway" => self.gateways[target].spawn()?,
             "sigkill-upstream" => self.upstreams[target % 2].spawn()?,
+            "pg-clock-back" => {
+                self.step_clock(cluster, self.offset_before_back_us)?;
+                self.racer.signal(Signal::SIGUSR1);
+            }
+            // The step stays (the store's clock never reads a time twice); the link recovers.
+            "pg-clock-forward" => self.gateway_pg[target].set(Mode::Pass),
             "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
             "pg-crash-after-grant" => {
                 tokio::task::block_in_place(|| cluster.start_server())?;
@@ -961,11 +1131,16 @@ impl Schedule {
             let _ = writeln!(faults, "{fault}");
         }
         std::fs::write(self.dir.join("faults.jsonl"), faults)?;
+        let mut clock = String::new();
+        for step in &self.clock_steps {
+            let _ = writeln!(clock, "{step}");
+        }
+        std::fs::write(self.dir.join("clock.jsonl"), clock)?;
         let meta = json!({
             "schedule": self.index, "seed": self.seed, "ttl_ms": config.ttl.as_millis() as u64,
             "forward_timeout_ms": config.forward_timeout.as_millis() as u64,
             "started_us": started_us, "ended_us": ended_us, "quiet_from_us": quiet_from_us,
-            "plant": config.plant.map(Plant::name),
+            "plant": config.plant.map(Plant::name), "clock_rates": self.clock_rates,
         });
         std::fs::write(self.dir.join("meta.json"), meta.to_string())?;
         Ok(())

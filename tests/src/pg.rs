@@ -85,6 +85,11 @@ impl PgCluster {
         PgCluster::start_cluster(Durability::Off, "", true)
     }
 
+    /// [`PgCluster::start_with_settings`] with a fake clock ([`PgCluster::start_with_fake_clock`]).
+    pub fn start_with_fake_clock_and_settings(durability: Durability, extra_settings: &str) -> Result<PgCluster> {
+        PgCluster::start_cluster(durability, extra_settings, true)
+    }
+
     fn start_cluster(durability: Durability, extra_settings: &str, fake_clock: bool) -> Result<PgCluster> {
         let bin_dir = find_bin_dir().map_err(|message| anyhow!(message))?;
         let run_as = unprivileged_user().map_err(|message| anyhow!(message))?;

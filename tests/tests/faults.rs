@@ -1,7 +1,7 @@
 //! The fault suite: randomized schedules of real faults against real processes, each history
 //! checked by the independent checker (`checker/`, which shares no code with what it checks).
 //! CI runs `FENCING_FAULT_SCHEDULES` schedules (default 25) of about 10 s, then shows that each
-//! of the five planted bugs is caught within 50 schedules.
+//! of the eight planted bugs is caught within 50 schedules.
 //!
 //! Replay a run: `FENCING_FAULT_SEED=<seed> cargo test --workspace --test faults`. A longer soak:
 //! `./target/debug/fault-suite --schedules 500 --seconds 6 --seed 1` (see the README).
@@ -103,4 +103,9 @@ async fn planted_term_change_that_ignores_grants_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_grant_used_past_its_end_is_caught() {
     caught(Plant::GrantOverstay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_waits_on_instants_of_the_stores_wall_clock_are_caught() {
+    caught(Plant::WallClockWaits).await;
 }

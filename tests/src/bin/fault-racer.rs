@@ -18,6 +18,11 @@
 //!
 //! After each trial, one more write of t goes through every gateway, as a zombie's would.
 //!
+//! SIGUSR1 (the injector sends it right after stepping the store's clock) ends the pause of
+//! every lane that is in it: those lanes raise through SQL at once (with `--database-url`), so
+//! term changes meet grants given before the step, as a term change waiting on the wall clock
+//! would not.
+//!
 //! With `--database-url`, a third of the raises to t + 1 go through SQL instead, as an
 //! application's own transaction: `fencing.admit` of the lane's fence, then a row in
 //! `race_ledger`. Such a raise is answered without any settle wait, so a gateway that still
@@ -48,7 +53,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 fn pool(url: &str) -> Result<Pool, String> {
     let config: tokio_postgres::Config = url.parse().map_err(|e| format!("--database-url: {e}"))?;
     let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-    Pool::builder(manager).max_size(4).build().map_err(|e| e.to_string())
+    Pool::builder(manager).max_size(12).build().map_err(|e| e.to_string())
 }
 
 struct Args {
@@ -106,6 +111,8 @@ struct Racer {
     log: Log,
     next_id: AtomicU64,
     pool: Option<Pool>,
+    /// Woken by SIGUSR1: the lanes in their pause raise at once, through SQL.
+    now: tokio::sync::Notify,
 }
 
 impl Racer {
@@ -199,7 +206,11 @@ impl Racer {
             self.write(lane, term, rng.random_range(0..gateways)).await;
             // Past half of a grant: the next decisions for t renew the gateways' grants.
             let spare = forward_timeout / 4;
-            tokio::time::sleep(spare + Duration::from_millis(rng.random_range(20..200))).await;
+            let pause = spare + Duration::from_millis(rng.random_range(20..200));
+            let woken = tokio::select! {
+                () = tokio::time::sleep(pause) => false,
+                () = self.now.notified() => true,
+            };
             let lower = rng.random_range(1..=4);
             let mut race = Vec::new();
             for _ in 0..lower {
@@ -208,7 +219,7 @@ impl Racer {
                     as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>);
             }
             let raise = rng.random_range(0..gateways);
-            let by_sql = self.pool.as_ref().filter(|_| rng.random_bool(1.0 / 3.0));
+            let by_sql = self.pool.as_ref().filter(|_| rng.random_bool(1.0 / 3.0) || woken);
             race.insert(
                 rng.random_range(0..=race.len()),
                 Box::pin(async move {
@@ -249,6 +260,17 @@ async fn main() {
             eprintln!("fault-racer: {message}");
             std::process::exit(64);
         }),
+        now: tokio::sync::Notify::new(),
+    });
+    let Ok(mut usr1) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) else {
+        eprintln!("fault-racer: cannot listen for SIGUSR1");
+        std::process::exit(70);
+    };
+    let woken = Arc::clone(&racer);
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            woken.now.notify_waiters();
+        }
     });
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut lanes = Vec::new();
