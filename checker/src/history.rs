@@ -285,10 +285,6 @@ pub struct ClockStep {
     pub offset_us: i64,
 }
 
-/// How far a store time read just around a step may lie outside the step's recorded instants:
-/// a backend reads the new offset at its next reading of the clock.
-const STEP_SLACK_US: i64 = 50_000;
-
 /// How long before the schedule's start and after its end the store may write lease history
 /// (leaders start before traffic does, release as they are stopped, and the history is read
 /// after that): the clock windows of `clock.jsonl` are taken to span no further.
@@ -315,13 +311,18 @@ impl StoreClockLog {
     /// holds `store_us` less its offset; for a time the clock stepped over, the first step that
     /// carried it past. Err when two windows could have read it (steps whose store spans
     /// overlap: the runner must not make them) or none did.
+    ///
+    /// Each reading of the store's clock reads the offset in force (libfaketime without a cache),
+    /// and the offset changes at one instant between a step's `before_us` and `at_us`: so a
+    /// window's readings lie between its step's `before_us` and the next step's `at_us`, with no
+    /// slack (slack would place an expiry the next step carried the clock past after that step).
     fn real(&self, store_us: i64) -> Result<i64, String> {
         let w = &self.windows;
         let mut found = None;
         for (i, &(before, _, offset)) in w.iter().enumerate() {
-            let until = w.get(i + 1).map_or(self.end_us, |next| next.1.saturating_add(STEP_SLACK_US));
+            let until = w.get(i + 1).map_or(self.end_us, |next| next.1);
             let real = store_us.saturating_sub(offset);
-            if real >= before.saturating_sub(STEP_SLACK_US) && real < until {
+            if real >= before && real < until {
                 if found.is_some() {
                     return Err(format!("store time {store_us} could have been read in two clock windows"));
                 }

@@ -9,8 +9,9 @@
 //!
 //! The writes decided before that mark still wait the settle, so the store keeps it (drain_ms) and
 //! the next term settles behind it, until this gateway has seen the settle and the longest
-//! forward timeout pass since the mark and says so too (`fencing.mark_drained`): so a settle
-//! never grows from term to term.
+//! forward timeout pass since the mark and says so too (`fencing.mark_drained`). So a settle
+//! grows from term to term (by the forward timeout each time) only while terms change faster
+//! than a settle drains: each new term waits for every lower term's writes that may still be sent.
 //!
 //! A settle length is stretched by the clock-rate allowance: the lower-term gateways counted
 //! their deadlines on their own clocks, which may run slower than this one.

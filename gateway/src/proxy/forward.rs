@@ -88,11 +88,16 @@ impl Forwarder {
     ) -> Result<Response<Body>, Rejection> {
         let gate = &decision.gate;
         // S5. The store decided at some instant between `asked` and `answered`, and said: wait
-        // `gate.wait` from that instant. So start no earlier than `answered + wait` plus the
-        // settle margin (lower-term writes through any replica may be sent until then, and
-        // their bytes be on their way), and end no later than `asked + wait + forward_timeout`
-        // (the store's horizon covers no later deadline).
-        let deadline = decision.asked + gate.wait + self.config.upstream.forward_timeout;
+        // a length from that instant, which `gate.wait` is on this gateway's clock, stretched by
+        // the clock-rate allowance (`fence::settles`). So start no earlier than `answered + wait`
+        // plus the settle margin (lower-term writes through any replica may be sent until then,
+        // and their bytes be on their way), and end no later than `asked` plus the store's own
+        // length and the forward timeout, unstretched: the next term settles behind that length
+        // stretched on its own clock, so a clock of this gateway's that runs slow within the
+        // allowance is covered once, not twice.
+        let rho = self.config.database.clock_rate_tolerance;
+        let store_wait = gate.wait.mul_f64((1.0 - rho) / (1.0 + rho));
+        let deadline = decision.asked + store_wait + self.config.upstream.forward_timeout;
         if !gate.wait.is_zero() {
             debug!(wait = ?gate.wait, "settling behind the previous term");
             sleep_until(decision.answered + gate.wait + self.config.upstream.settle_margin).await;

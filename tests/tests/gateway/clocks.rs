@@ -148,7 +148,11 @@ async fn s3_a_step_of_the_stores_clock_lets_no_grant_outlive_its_term() {
     assert!(took >= Duration::from_millis(GRANT_MS * 9 / 10), "the raise waited {took:?}, not the grant");
     assert!(metric(&gateway, "fencing_clock_disagreements_total").await >= 1.0, "the step went unseen");
 
-    // Back 120 s (60 s behind the real time), grants in use again, then right again.
+    // A grant at the real time, then back 120 s (60 s behind the real time), grants renewed
+    // there (a renewal measured against the end the store recorded before the step would last
+    // the whole step), then right again.
+    clock.step_to(0);
+    steady(&gateway, "back", 1, Duration::from_millis(1500), "warm-back-before").await;
     clock.step_to(-60_000);
     tokio::time::sleep(Duration::from_millis(1500)).await; // the clocks agree again for half a grant
     steady(&gateway, "back", 1, Duration::from_millis(1500), "warm-back").await;
