@@ -357,44 +357,39 @@ fn wrap_gate_asking(grant_for: &str, tweak: &str) -> String {
     )
 }
 
-/// The planted wall-clock waits: when each resource's grants end by the store's clock, waited
-/// for by comparing that instant with the clock, as the code before schema version 8 did.
-const WALL_CLOCK_WAITS: &str = "
-    CREATE TABLE fencing.planted_grant_ends (resource text PRIMARY KEY, ends_at timestamptz NOT NULL);
-    CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences) RETURNS void
-    LANGUAGE plpgsql VOLATILE AS $$
-    DECLARE ends_at_ timestamptz;
-    BEGIN
-        IF coalesce(fence_.grant_ms, 0) <= 0 THEN
-            RETURN;
-        END IF;
-        IF fence_.lease_key IS NOT NULL AND EXISTS (
-            SELECT 1 FROM fencing.leases l
-             WHERE l.key = fence_.lease_key AND l.grants_ended_term >= fence_.max_term) THEN
-            RETURN;
-        END IF;
-        PERFORM pg_advisory_xact_lock(1718183525, fencing.fence_lock_id(fence_.resource));
-        SELECT p.ends_at INTO ends_at_ FROM fencing.planted_grant_ends p WHERE p.resource = fence_.resource;
-        WHILE ends_at_ IS NOT NULL AND clock_timestamp() < ends_at_ LOOP
-            PERFORM pg_sleep(0.005);
-        END LOOP;
-    END $$;
-    CREATE OR REPLACE FUNCTION fencing.lease_grant_ms(lease_ fencing.leases) RETURNS bigint
-    LANGUAGE plpgsql VOLATILE AS $$
-    BEGIN
-        IF current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'fencing: READ COMMITTED only' USING ERRCODE = '0A000';
-        END IF;
-        IF lease_.grants_ended_term >= lease_.term THEN
-            RETURN 0;
-        END IF;
-        PERFORM pg_advisory_xact_lock(1818583397, fencing.lease_lock_id(lease_.key));
-        RETURN greatest(0, coalesce((
-            SELECT max(ceil(extract(epoch FROM p.ends_at - clock_timestamp()) * 1000))::bigint
-              FROM fencing.fences f JOIN fencing.planted_grant_ends p ON p.resource = f.resource
-             WHERE f.lease_key = lease_.key AND f.max_term = lease_.term), 0));
-    END $$;
-";
+/// The planted wall-clock waits: today's grant functions (`schema/functions/grants.sql`), their
+/// waits made comparisons of the store's clock with when each resource's grants end by it, as
+/// the code before schema version 8 did; the table of those ends comes first.
+fn wall_clock_waits(grants: &str) -> Result<String> {
+    let replacements = [
+        (
+            "CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences) RETURNS void\nLANGUAGE plpgsql VOLATILE AS $$\nBEGIN",
+            "CREATE OR REPLACE FUNCTION fencing.await_grants(fence_ fencing.fences) RETURNS void\nLANGUAGE plpgsql VOLATILE AS $$\nDECLARE ends_at_ timestamptz;\nBEGIN",
+        ),
+        (
+            "    PERFORM fencing.sleep_ms(fence_.grant_ms);",
+            "    SELECT p.ends_at INTO ends_at_ FROM fencing.planted_grant_ends p WHERE p.resource = fence_.resource;
+    WHILE ends_at_ IS NOT NULL AND clock_timestamp() < ends_at_ LOOP
+        PERFORM pg_sleep(0.005);
+    END LOOP;",
+        ),
+        (
+            "    RETURN coalesce((SELECT max(f.grant_ms) FROM fencing.fences f",
+            "    RETURN coalesce((SELECT greatest(0, max(ceil(extract(epoch FROM p.ends_at - clock_timestamp()) * 1000)))::bigint
+                       FROM fencing.fences f JOIN fencing.planted_grant_ends p ON p.resource = f.resource",
+        ),
+    ];
+    let mut planted = grants.to_owned();
+    for (today, instead) in replacements {
+        if !planted.contains(today) {
+            bail!("the grant functions no longer say {today:?}: update the planted bug");
+        }
+        planted = planted.replacen(today, instead, 1);
+    }
+    Ok(format!(
+        "CREATE TABLE fencing.planted_grant_ends (resource text PRIMARY KEY, ends_at timestamptz NOT NULL);\n{planted}"
+    ))
+}
 
 /// The planted wall-clock waits' record of each grant's end, by the store's clock.
 const WALL_CLOCK_GRANT: &str = "
@@ -423,7 +418,7 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             .to_owned(),
         // The store records a quarter of the grant it gives: a term change waits too little.
         Plant::GrantOverstay => wrap_gate_asking("grant_for / 4", "decision.grant_ms := decision.grant_ms * 4;"),
-        Plant::WallClockWaits => WALL_CLOCK_WAITS.to_owned() + &wrap_gate(WALL_CLOCK_GRANT),
+        Plant::WallClockWaits => wall_clock_waits(&function("grants")?)? + &wrap_gate(WALL_CLOCK_GRANT),
         Plant::AsyncCommit => "CREATE OR REPLACE FUNCTION fencing.commit_durably() RETURNS void
              LANGUAGE plpgsql AS $$ BEGIN END $$;"
             .to_owned(),

@@ -57,12 +57,18 @@ pub struct Upstream {
 impl Upstream {
     /// Starts a recording upstream on a free loopback port.
     pub async fn start() -> Result<Upstream> {
-        let mut child = Command::new(workspace_bin("recording-upstream")?)
+        Upstream::spawn(Command::new(workspace_bin("recording-upstream")?), "recording-upstream").await
+    }
+
+    /// Starts `command`, an upstream that prints `listening ADDR` first and then a JSON line per
+    /// thing it saw.
+    async fn spawn(mut command: Command, name: &str) -> Result<Upstream> {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .context("spawn recording-upstream")?;
+            .with_context(|| format!("spawn {name}"))?;
         let (sender, lines) = mpsc::unbounded_channel();
         let first = first_line_then_forward(&mut child, sender).await?;
         let addr = first
@@ -78,20 +84,9 @@ impl Upstream {
     /// `"kind": "connection"` line with every byte it received when a connection ends.
     pub async fn start_stdlib() -> Result<Upstream> {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/upstreams/stdlib_upstream.py");
-        let mut child = Command::new("python3")
-            .arg(script)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .context("spawn python3 stdlib_upstream.py")?;
-        let (sender, lines) = mpsc::unbounded_channel();
-        let first = first_line_then_forward(&mut child, sender).await?;
-        let addr = first
-            .strip_prefix("listening ")
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| anyhow!("unexpected first line {first:?}"))?;
-        Ok(Upstream { addr, child, lines, log: Vec::new() })
+        let mut command = Command::new("python3");
+        command.arg(script);
+        Upstream::spawn(command, "python3 stdlib_upstream.py").await
     }
 
     /// The requests the stdlib upstream acted on (after [`Upstream::collect`]).
