@@ -13,7 +13,7 @@ use fencing_tests::pg::{PgCluster, TestDb, connect, faketime_library};
 use http::{Method, StatusCode};
 use tokio::time::Instant;
 
-use crate::replicas::{TimingUpstream, arrivals};
+use crate::replicas::{TimingUpstream, assert_lower_arrived_before_higher};
 
 const GRANT_MS: u64 = 400;
 
@@ -192,12 +192,5 @@ async fn s5_a_forward_step_of_the_stores_clock_does_not_end_a_settle_wait() {
     assert_eq!(higher.status, StatusCode::OK);
     assert_eq!(lower.await.unwrap().unwrap().status, StatusCode::OK, "term 5 was admitted before the raise");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let records = upstream.records();
-    let higher_head = records["higher"]["head_at_us"].as_i64().unwrap();
-    let latest_lower = arrivals(&records["lower"]).into_iter().max().unwrap();
-    assert!(
-        latest_lower < higher_head,
-        "a byte of term 5 arrived {} us after term 6's head",
-        latest_lower - higher_head
-    );
+    assert_lower_arrived_before_higher(&upstream);
 }

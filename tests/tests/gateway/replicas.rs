@@ -180,6 +180,12 @@ async fn s5_a_higher_term_is_never_forwarded_ahead_of_a_slow_lower_term_write_on
         "the lower-term write was admitted before the raise"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_lower_arrived_before_higher(&upstream);
+}
+
+/// The requests `lower` and `higher` reached `upstream`, and no byte of `lower` arrived after the
+/// head of `higher` (S5).
+pub(crate) fn assert_lower_arrived_before_higher(upstream: &TimingUpstream) {
     let records = upstream.records();
     let higher_head = records["higher"]["head_at_us"].as_i64().unwrap();
     let latest_lower = arrivals(&records["lower"]).into_iter().max().unwrap();

@@ -33,16 +33,7 @@ async fn database(name: &str) -> (Client, Client, MutexGuard<'static, ()>) {
 
 /// Takes a grant on `resource` at `term`: when it was asked for, and how long it lasts.
 async fn take_grant(client: &Client, resource: &str, term: i64, bind: Option<&str>) -> (Instant, Duration) {
-    for _ in 0..2 {
-        let asked = Instant::now();
-        let gate = store::gate_granted(client, resource, term, FORWARD, bind, GRANT).await.unwrap();
-        assert!(gate.is_admitted(), "{gate:?}");
-        if !gate.grant.is_zero() {
-            assert!(gate.grant <= GRANT, "a grant is never longer than asked: {gate:?}");
-            return (asked, gate.grant);
-        }
-    }
-    panic!("no grant on {resource}");
+    crate::grants::take_grant_of(client, resource, term, bind, FORWARD, GRANT).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

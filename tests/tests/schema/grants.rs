@@ -24,13 +24,26 @@ async fn take_grant(
     term: i64,
     bind: Option<&str>,
 ) -> (Instant, Duration) {
+    take_grant_of(client, resource, term, bind, FORWARD, GRANT).await
+}
+
+/// Takes a grant of `grant` on `resource` at `term` (writes forwarded for `forward`): when it was
+/// asked for, and how long it lasts from then (at most); never longer than asked.
+pub(crate) async fn take_grant_of(
+    client: &tokio_postgres::Client,
+    resource: &str,
+    term: i64,
+    bind: Option<&str>,
+    forward: Duration,
+    grant: Duration,
+) -> (Instant, Duration) {
     // The first write creates the fence without a grant; the next one is granted.
     for _ in 0..2 {
         let asked = Instant::now();
-        let gate = store::gate_granted(client, resource, term, FORWARD, bind, GRANT).await.unwrap();
+        let gate = store::gate_granted(client, resource, term, forward, bind, grant).await.unwrap();
         assert!(gate.is_admitted(), "{gate:?}");
         if !gate.grant.is_zero() {
-            assert!(gate.grant <= GRANT, "a grant is never longer than asked: {gate:?}");
+            assert!(gate.grant <= grant, "a grant is never longer than asked: {gate:?}");
             return (asked, gate.grant);
         }
     }
