@@ -334,3 +334,23 @@ fn a_store_time_two_clock_windows_could_have_read_is_an_error() {
     assert_invalid(&dir, "leases.jsonl", 2, "two clock windows");
     fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn an_expiry_just_past_a_step_that_carried_the_clock_past_it_is_that_steps_instant() {
+    // Back by 300 s from 7 s to 8 s. A lease renewed at 6.52 s on the stepped clock expires at
+    // 8.02 s on it: the return at 8 s carried the clock past that, so term 1 ended at 8 s, before
+    // term 2 was granted at 8.01 s (no slack around the step may place the end at 8.02 s).
+    let dir = temp_dir("clock-expiry-past-step");
+    let mut h = base();
+    h.leases = vec![
+        lease("k1", 1, "leader-a#1", 0, Some(8 * S + 20_000 - 300 * S)),
+        lease("k1", 2, "leader-b#1", 8 * S + 10_000, None),
+    ];
+    write_schedule(&dir, &h);
+    write_clock(&dir, &[(7 * S, 7 * S, -300 * S), (8 * S, 8 * S, 0)]);
+    let loaded = fencing_checker::History::load(&dir).unwrap();
+    assert_eq!(loaded.leases[0].ended_at_us, Some(8 * S));
+    let report = check_schedule(&dir).unwrap();
+    assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+    fs::remove_dir_all(dir).unwrap();
+}
