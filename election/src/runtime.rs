@@ -10,7 +10,6 @@ use rand::Rng;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
-use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -690,12 +689,10 @@ fn spawn_watchdog(
 
 /// Cancels whatever the connection is running and removes it from the pool.
 pub(crate) fn discard(client: Object) {
-    let cancel = client.cancel_token();
+    // Closed, never cancelled: PostgreSQL answers a cancel of a commit that waits for its
+    // synchronous standby by committing on the primary alone (visible there, lost in a
+    // failover). Each call's `statement_timeout` already ends a statement still running.
     drop(Object::take(client));
-    tokio::spawn(async move {
-        // Best effort: the server abandons the query instead of finishing it for nobody.
-        let _ = cancel.cancel_query(NoTls).await;
-    });
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use fencing_schema::MigrationReport;
 
-use crate::config::Config;
+use crate::config::{Config, StandbyCheck};
 use crate::control::ControlState;
 use crate::error::{Error, error_chain};
 use crate::fence::refusals::RefusalLog;
@@ -53,10 +53,10 @@ pub async fn run(
 ) -> Result<bool, Error> {
     let config = Arc::new(config);
     let database = Database::parse(database_url).map_err(Error::Setup)?;
-    let pool = fence::pool(&database, config.database.pool_size).map_err(Error::Setup)?;
+    let pool =
+        fence::pool(&database, config.database.pool_size, config.database.fence_check_timeout).map_err(Error::Setup)?;
     let fences = Arc::new(FenceStore::new(
         pool,
-        database.clone(),
         fence::Settings {
             check_timeout: config.database.fence_check_timeout,
             forward_timeout: config.upstream.forward_timeout,
@@ -67,6 +67,14 @@ pub async fn run(
         },
     ));
     tokio::spawn(migrate_until_done(database_url.to_owned(), shutdown.clone()));
+    // The embedded Postgres is local and never fails over: nothing to say about its standbys.
+    if config.database.url.is_some() && config.database.standby_check == StandbyCheck::Warn {
+        tokio::spawn(fence::standby::watch(
+            fences.pool().clone(),
+            config.database.fence_check_timeout,
+            shutdown.clone(),
+        ));
+    }
     tokio::spawn(control::lease_view::watch(
         fences.pool().clone(),
         metrics::named_keys(&config),
@@ -81,7 +89,8 @@ pub async fn run(
     metrics::register_known(&config);
     // The control API has connections of its own: a flood of proxy writes cannot make lease
     // renewals wait for a pooled connection.
-    let control_pool = fence::pool(&database, config.database.control_pool_size).map_err(Error::Setup)?;
+    let control_pool = fence::pool(&database, config.database.control_pool_size, config.database.fence_check_timeout)
+        .map_err(Error::Setup)?;
     let control = control::router(ControlState {
         config: Arc::clone(&config),
         fences: Arc::clone(&fences),

@@ -52,6 +52,7 @@ enum Cut {
 pub struct FaultProxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
+    target: watch::Sender<SocketAddr>,
     cuts: broadcast::Sender<Cut>,
     accept: JoinHandle<()>,
 }
@@ -63,8 +64,9 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Pass);
         let (cuts, _) = broadcast::channel(16);
-        let accept = tokio::spawn(accept_loop(listener, target, mode.subscribe(), cuts.clone()));
-        Ok(FaultProxy { addr, mode, cuts, accept })
+        let (target, _) = watch::channel(target);
+        let accept = tokio::spawn(accept_loop(listener, target.subscribe(), mode.subscribe(), cuts.clone()));
+        Ok(FaultProxy { addr, mode, target, cuts, accept })
     }
 
     /// Where to connect instead of the target.
@@ -75,6 +77,12 @@ impl FaultProxy {
     /// Sets the mode for every byte not yet forwarded, on every connection.
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// Sends new connections to `target` from now on (a failover's new primary); open ones stay
+    /// where they are.
+    pub fn retarget(&self, target: SocketAddr) {
+        self.target.send_replace(target);
     }
 
     /// Closes every open connection (FIN both ways); new ones are accepted as usual.
@@ -97,7 +105,7 @@ impl Drop for FaultProxy {
 
 async fn accept_loop(
     listener: TcpListener,
-    target: SocketAddr,
+    target: watch::Receiver<SocketAddr>,
     mode: watch::Receiver<Mode>,
     cuts: broadcast::Sender<Cut>,
 ) {
@@ -108,6 +116,7 @@ async fn accept_loop(
         };
         let mode = mode.clone();
         let cut = cuts.subscribe();
+        let target = *target.borrow();
         tokio::spawn(async move {
             let Ok(server) = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(target)).await else {
                 let _ = client.set_zero_linger();

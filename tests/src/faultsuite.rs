@@ -22,6 +22,7 @@ use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -34,7 +35,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::faultproxy::{Direction, FaultProxy, Mode};
-use crate::pg::{Durability, PgCluster, connect, try_connect};
+use crate::pg::{Durability, PgCluster, Replication, connect, try_connect};
 use crate::workspace_bin;
 
 /// A bug planted in the schedule's database, to show that the checker catches it.
@@ -245,8 +246,8 @@ struct Schedule {
     upstreams: Vec<Managed>,
     gateway_pg: Vec<FaultProxy>,
     leader_pg: Vec<FaultProxy>,
-    /// The racer's link to Postgres (kept open for the schedule; no faults of its own).
-    _racer_pg: FaultProxy,
+    /// The racer's link to Postgres (no faults of its own; retargeted by a failover).
+    racer_pg: FaultProxy,
     upstream_proxies: Vec<FaultProxy>,
     faults: Vec<Value>,
     /// The steps of the store's clock, as `clock.jsonl` records them.
@@ -261,6 +262,14 @@ struct Schedule {
     store_max_us: i64,
     /// The processes run slow or fast, and their rates.
     clock_rates: Value,
+    /// The standby a failover promoted in place of the run's cluster (the store from then on).
+    promoted: Option<Arc<PgCluster>>,
+    /// During a failover: the synchronous standby waiting to be promoted.
+    standby: Option<PgCluster>,
+    /// The schedule's database name.
+    database: String,
+    /// A schedule fails over at most once (a failover takes a base backup: seconds).
+    failed_over: bool,
 }
 
 /// One fault being applied.
@@ -283,11 +292,13 @@ pub async fn run(
     mut check: impl FnMut(&Path) -> Result<bool>,
 ) -> Result<usize> {
     std::fs::create_dir_all(&config.out).with_context(|| format!("create {}", config.out.display()))?;
+    // After a failover the promoted standby is the store, for the rest of the run.
+    let mut promoted: Option<Arc<PgCluster>> = None;
     for index in 0..config.schedules {
         let seed = config.seed.wrapping_add(index as u64);
         let dir = config.out.join(format!("schedule-{index:04}"));
         std::fs::create_dir_all(&dir)?;
-        run_schedule(cluster, config, index, seed, &dir)
+        promoted = run_schedule(cluster, promoted, config, index, seed, &dir)
             .await
             .with_context(|| format!("schedule {index} (seed {seed})"))?;
         if check(&dir)? {
@@ -309,6 +320,12 @@ async fn admin_client(cluster: &PgCluster, database: &str) -> Result<tokio_postg
 
 async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str) -> Result<String> {
     let admin = admin_client(cluster, "postgres").await?;
+    // Earlier schedules' databases are done with (their histories are files): dropped, so that a
+    // failover's base backup copies one schedule, not the whole run.
+    for row in admin.query(r"SELECT datname FROM pg_database WHERE datname LIKE 'schedule\_%'", &[]).await? {
+        let old: String = row.try_get(0)?;
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {old} WITH (FORCE)")).await?;
+    }
     admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
     admin.batch_execute(&format!("CREATE DATABASE {name}")).await?;
     let url = cluster.url(name);
@@ -507,7 +524,18 @@ async fn wait_listening(port: u16, within: Duration) -> bool {
     false
 }
 
-async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, seed: u64, dir: &Path) -> Result<()> {
+/// Runs one schedule on the store (`promoted`, else `original`); returns the store for the next
+/// one (a failover in this schedule promoted a standby in place of the store).
+async fn run_schedule(
+    original: &PgCluster,
+    promoted: Option<Arc<PgCluster>>,
+    config: &SuiteConfig,
+    index: usize,
+    seed: u64,
+    dir: &Path,
+) -> Result<Option<Arc<PgCluster>>> {
+    let current = promoted.clone();
+    let cluster = current.as_deref().unwrap_or(original);
     let mut rng = StdRng::seed_from_u64(seed);
     let name = format!("schedule_{index}");
     // The store's clock reads real time unless a fault of this schedule steps it.
@@ -662,7 +690,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         upstreams,
         gateway_pg,
         leader_pg,
-        _racer_pg: racer_pg,
+        racer_pg,
         upstream_proxies,
         faults: Vec::new(),
         clock_steps: Vec::new(),
@@ -672,11 +700,15 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
         store_min_us: now_us() - 35_000_000,
         store_max_us: now_us(),
         clock_rates: Value::Object(clock_rates),
+        promoted,
+        standby: None,
+        database: name.clone(),
+        failed_over: false,
     };
     let started_us = now_us();
     // Let leaders be elected and write before the first fault.
     tokio::time::sleep(config.ttl).await;
-    let quiet_from_us = schedule.inject(cluster, config, &mut rng).await?;
+    let quiet_from_us = schedule.inject(original, config, &mut rng).await?;
     // Writes must flow again: wait for them (bounded by the recovery bound), then a little more.
     let bound = config.ttl * 2 + Duration::from_secs(5);
     let until = Instant::now() + bound;
@@ -690,7 +722,7 @@ async fn run_schedule(cluster: &PgCluster, config: &SuiteConfig, index: usize, s
     let ended_us = now_us();
     schedule.stop().await;
     schedule.record(config, started_us, quiet_from_us, ended_us).await?;
-    Ok(())
+    Ok(schedule.promoted.take())
 }
 
 /// When writes that need a leader (to a bound resource) have flowed again after `after_us` on
@@ -715,12 +747,15 @@ fn first_ok_after(dir: &Path, after_us: i64) -> Option<i64> {
 
 impl Schedule {
     /// Runs the fault phase; returns when the last fault ended.
-    async fn inject(&mut self, cluster: &PgCluster, config: &SuiteConfig, rng: &mut StdRng) -> Result<i64> {
+    async fn inject(&mut self, original: &PgCluster, config: &SuiteConfig, rng: &mut StdRng) -> Result<i64> {
         let phase_end = Instant::now() + Duration::from_secs(config.seconds);
         let mut active: Vec<Fault> = Vec::new();
         let mut next_fault = Instant::now();
         let mut last_end_us = now_us();
         loop {
+            // The store changes when a failover ends.
+            let current = self.promoted.clone();
+            let cluster = current.as_deref().unwrap_or(original);
             let now = Instant::now();
             // End the faults whose time is up.
             let (ended, still): (Vec<Fault>, Vec<Fault>) = active.into_iter().partition(|f| f.ends <= now);
@@ -747,10 +782,14 @@ impl Schedule {
         // Leaders are paused, killed and resign more often than the rest: term changes are
         // where fencing works. Links to the upstreams are delayed often: that is where a term
         // change meets writes still in flight (S5).
-        // A crash right after a grant needs a moment with no other fault: it is drawn often.
+        // A crash right after a grant, and a failover, need a moment with no other fault: they are
+        // drawn often (a failover at most once a schedule: its base backup takes a second or two).
         // The store's clock is stepped forward more often than back: a forward step is what ends
         // a wait on the wall clock early.
-        const KINDS: [&str; 28] = [
+        const KINDS: [&str; 31] = [
+            "pg-failover",
+            "pg-failover",
+            "pg-failover",
             "pg-clock-forward",
             "pg-clock-forward",
             "pg-clock-forward",
@@ -798,7 +837,10 @@ impl Schedule {
         }
         let lasting = Duration::from_millis(rng.random_range(300..2000));
         // One fault per process or link at a time, and a Postgres crash alone.
-        let crash = |kind: &str| kind.starts_with("pg-crash");
+        let crash = |kind: &str| kind.starts_with("pg-crash") || kind == "pg-failover";
+        if kind == "pg-failover" && self.failed_over {
+            return Ok(None);
+        }
         if active.iter().any(|f| crash(f.kind)) || (crash(kind) && !active.is_empty()) {
             return Ok(None);
         }
@@ -837,6 +879,7 @@ impl Schedule {
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
             "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
             "pg-crash-after-grant" => target = self.crash_after_grant(cluster).await?,
+            "pg-failover" => self.begin_failover(cluster, rng).await?,
             "proxy-delay" => {
                 let delay = Mode::Delay(Duration::from_millis(rng.random_range(50..300)));
                 self.links(link, target).iter().for_each(|proxy| proxy.set(delay));
@@ -913,6 +956,33 @@ impl Schedule {
         Ok(target)
     }
 
+    /// A failover, its first half: a synchronous standby of the store is made (a base backup
+    /// while the load goes on; from then on every durable commit waits for it), the load runs on
+    /// it a moment, and the primary is killed (SIGQUIT to the postmaster). The standby is
+    /// promoted when the fault ends ([`Schedule::promote`]); until then there is no store.
+    async fn begin_failover(&mut self, cluster: &PgCluster, rng: &mut StdRng) -> Result<()> {
+        let standby = tokio::task::block_in_place(|| cluster.start_standby(Replication::Synchronous))?;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
+        tokio::task::block_in_place(|| cluster.crash_now())?;
+        self.standby = Some(standby);
+        self.failed_over = true;
+        Ok(())
+    }
+
+    /// A failover, its second half: the standby is promoted, and every link to Postgres sends
+    /// new connections to it, as a multi-host URL or a virtual IP would.
+    async fn promote(&mut self) -> Result<()> {
+        let standby = self.standby.take().ok_or_else(|| anyhow!("a failover without a standby"))?;
+        tokio::task::block_in_place(|| standby.promote())?;
+        let addr: SocketAddr = format!("127.0.0.1:{}", standby.port()).parse()?;
+        for proxy in self.gateway_pg.iter().chain(&self.leader_pg).chain([&self.racer_pg]) {
+            proxy.retarget(addr);
+        }
+        self.url = standby.url(&self.database);
+        self.promoted = Some(Arc::new(standby));
+        Ok(())
+    }
+
     /// Sets the store's clock to read `offset_us` (rounded to milliseconds) ahead of real time,
     /// and records the step.
     fn step_clock(&mut self, cluster: &PgCluster, offset_us: i64) -> Result<()> {
@@ -986,6 +1056,7 @@ impl Schedule {
             // The step stays (the store's clock never reads a time twice); the link recovers.
             "pg-clock-forward" => self.gateway_pg[target].set(Mode::Pass),
             "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
+            "pg-failover" => self.promote().await?,
             "pg-crash-after-grant" => {
                 tokio::task::block_in_place(|| cluster.start_server())?;
                 self.leaders[target].spawn()?;

@@ -221,6 +221,12 @@ impl Gateway {
                 },
                 "true",
             )
+            // The tests' Postgres has no standby: the warning about it is for the tests that
+            // configure the check themselves.
+            .env(
+                if config.contains("standby_check") { "FENCING_UNUSED" } else { "FENCING_DATABASE_STANDBY_CHECK" },
+                "off",
+            )
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()))
             .env("FENCING_LOG_FORMAT", if capture_logs { "json" } else { "text" })
             .envs(env.iter().map(|(name, value)| (*name, value.as_str())))

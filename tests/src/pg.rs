@@ -37,6 +37,15 @@ pub enum Durability {
     On,
 }
 
+/// How a standby ([`PgCluster::start_standby`]) confirms commits to its primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// Named in the primary's `synchronous_standby_names`: a durable commit waits for its flush.
+    Synchronous,
+    /// Streams, but the primary waits for nothing.
+    Asynchronous,
+}
+
 /// A PostgreSQL cluster owned by the test process.
 #[derive(Debug)]
 pub struct PgCluster {
@@ -282,6 +291,130 @@ impl PgCluster {
             bail!("initdb failed: {}", describe(&output));
         }
         Ok(())
+    }
+
+    /// Starts a streaming standby of this cluster, on a free port of its own, and waits
+    /// (bounded, 60 s) until it streams. A base backup of the running server (`pg_basebackup
+    /// -R -X stream`) is its data directory; it shares this cluster's durability settings and,
+    /// with a fake clock, the same clock (one offset file: the two servers read one time, as two
+    /// hosts synchronised by NTP would). [`Replication::Synchronous`] names it in this cluster's
+    /// `synchronous_standby_names`, so every commit that asks for durability (`on`) waits until
+    /// the standby has flushed it; [`Replication::Asynchronous`] does not.
+    pub fn start_standby(&self, replication: Replication) -> Result<PgCluster> {
+        self.start_standby_through(replication, self.port)
+    }
+
+    /// As [`PgCluster::start_standby`], the standby reaching this cluster at the loopback `port`
+    /// (a fault proxy's, so a test can hold or cut the replication link). Blocks while it waits:
+    /// in an async test, call it from `tokio::task::block_in_place`.
+    pub fn start_standby_through(&self, replication: Replication, port: u16) -> Result<PgCluster> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("standby_{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let root = make_root(self.run_as.as_ref())?;
+        let mut standby = PgCluster {
+            bin_dir: self.bin_dir.clone(),
+            data_dir: root.join("data"),
+            log_file: root.join("server.log"),
+            root,
+            port: 0,
+            run_as: self.run_as.clone(),
+            supervisor: Mutex::new(None),
+            clock_file: self.clock_file.clone(),
+        };
+        standby.spawn_supervisor()?;
+        let output = standby
+            .pg_command("pg_basebackup")
+            .arg("-D")
+            .arg(&standby.data_dir)
+            .args(["-R", "-X", "stream", "-c", "fast", "--no-sync", "-h", "127.0.0.1", "-U", SUPERUSER])
+            .arg("-p")
+            .arg(port.to_string())
+            .output()
+            .context("run pg_basebackup")?;
+        if !output.status.success() {
+            bail!("pg_basebackup failed: {}", describe(&output));
+        }
+        // A standby the primary waits for must not itself wait for one once promoted: the copy of
+        // the primary's `synchronous_standby_names` (ALTER SYSTEM) is removed.
+        let auto_conf = standby.data_dir.join("postgresql.auto.conf");
+        let kept: String = fs::read_to_string(&auto_conf)
+            .context("read the standby's postgresql.auto.conf")?
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("synchronous_standby_names"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        fs::write(&auto_conf, kept).context("write the standby's postgresql.auto.conf")?;
+        // The walreceiver names itself after `cluster_name`: the name the primary waits for.
+        let settings = format!("cluster_name = '{name}'\nsynchronous_standby_names = ''\n");
+        let mut last_error = None;
+        let mut started = false;
+        for _ in 0..5 {
+            standby.port = free_port()?;
+            let mut file = OpenOptions::new().append(true).open(standby.data_dir.join("postgresql.conf"))?;
+            file.write_all(format!("\nport = {}\n{settings}", standby.port).as_bytes())?;
+            match standby.start_server() {
+                Ok(()) => {
+                    started = true;
+                    break;
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        if !started {
+            return Err(last_error.unwrap_or_else(|| anyhow!("the standby did not start")));
+        }
+        let wanted = match replication {
+            Replication::Synchronous => {
+                self.psql(&format!("ALTER SYSTEM SET synchronous_standby_names = '{name}'"))?;
+                self.psql("SELECT pg_reload_conf()")?;
+                "sync"
+            }
+            Replication::Asynchronous => "async",
+        };
+        let query = format!(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{name}' AND state = 'streaming'"
+        );
+        // 600 checks 100 ms apart: about 60 s.
+        for _ in 0..600 {
+            if self.psql(&query)?.trim() == wanted {
+                return Ok(standby);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        bail!("the standby {name} did not stream as {wanted} within 60 s")
+    }
+
+    /// Promotes this standby to a primary (`pg_ctl promote -w`): it replays what it received,
+    /// leaves recovery, and accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        let output = self
+            .pg_command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-w", "-t", "60", "promote"])
+            .output()
+            .context("run pg_ctl promote")?;
+        if !output.status.success() {
+            bail!("pg_ctl promote failed: {}", describe(&output));
+        }
+        Ok(())
+    }
+
+    /// Runs `sql` with `psql` as the superuser in database `postgres`; its output, unaligned.
+    pub fn psql(&self, sql: &str) -> Result<String> {
+        let output = self
+            .pg_command("psql")
+            .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", SUPERUSER, "-d", "postgres"])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .context("run psql")?;
+        if !output.status.success() {
+            bail!("psql failed: {}", describe(&output));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// Turns TLS on with this certificate and key (copied into the data directory, owned by the

@@ -26,7 +26,7 @@ use crate::security::tls::upstream_client_config;
 pub use crate::config::environment::{Environment, ProcessEnvironment};
 pub use crate::config::model::{
     CONTROL_BODY_LIMIT_BYTES, Config, ConfigError, ControlConfig, DEFAULT_EMBEDDED_DATA_DIR, DatabaseConfig,
-    ProxyConfig, ResourceNaming, Route, UpstreamConfig,
+    ProxyConfig, ResourceNaming, Route, StandbyCheck, UpstreamConfig,
 };
 
 impl Config {
@@ -215,6 +215,23 @@ mod tests {
         assert!(error.to_string().contains("listen_on"), "{error}");
         let error = Config::parse("[database]\npool_size = \"many\"", &env(&[])).expect_err("wrong type");
         assert!(error.to_string().contains("pool_size"), "{error}");
+    }
+
+    #[test]
+    fn the_standby_check_warns_by_default_and_takes_only_warn_or_off() {
+        use crate::config::StandbyCheck;
+        let parse = |text: &str| Config::parse(text, &env(&[]));
+        assert_eq!(parse("").expect("default").database.standby_check, StandbyCheck::Warn);
+        assert_eq!(
+            parse("[database]\nstandby_check = \"warn\"").expect("warn").database.standby_check,
+            StandbyCheck::Warn
+        );
+        assert_eq!(
+            parse("[database]\nstandby_check = \"off\"").expect("off").database.standby_check,
+            StandbyCheck::Off
+        );
+        let error = parse("[database]\nstandby_check = \"quiet\"").expect_err("unknown value");
+        assert!(error.to_string().contains("database.standby_check"), "{error}");
     }
 
     #[test]

@@ -177,6 +177,17 @@ pub struct DatabaseConfig {
     /// as a fraction: a grant's local length is shortened by it and a settle wait stretched by it,
     /// and a clock seen to differ by more drops this gateway's grants.
     pub clock_rate_tolerance: f64,
+    /// Whether `serve` warns while the store is a primary without a synchronous standby.
+    pub standby_check: StandbyCheck,
+}
+
+/// See [`DatabaseConfig::standby_check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandbyCheck {
+    /// Warn at start, and again when it changes, while a failover could lose answered decisions.
+    Warn,
+    /// Say nothing: this Postgres never fails over (or its HA is checked elsewhere).
+    Off,
 }
 
 /// See [`Config::upstream`].

@@ -74,6 +74,7 @@ pub(super) struct RawDatabase {
     pub(super) fence_check_timeout_ms: Option<u64>,
     pub(super) grant_ms: Option<u64>,
     pub(super) clock_rate_tolerance: Option<f64>,
+    pub(super) standby_check: Option<String>,
     pub(super) data_dir: Option<String>,
 }
 

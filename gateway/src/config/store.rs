@@ -9,7 +9,7 @@ use crate::config::checks::Checks;
 use crate::config::model::{
     DEFAULT_CLOCK_RATE_TOLERANCE, DEFAULT_CONTROL_POOL_SIZE, DEFAULT_EMBEDDED_DATA_DIR, DEFAULT_FENCE_CHECK_TIMEOUT,
     DEFAULT_FORWARD_TIMEOUT, DEFAULT_MAX_BATCHES_IN_FLIGHT, DEFAULT_POOL_SIZE, DEFAULT_SETTLE_MARGIN,
-    DEFAULT_UPSTREAM_CONNECT_TIMEOUT, DatabaseConfig, UpstreamConfig,
+    DEFAULT_UPSTREAM_CONNECT_TIMEOUT, DatabaseConfig, StandbyCheck, UpstreamConfig,
 };
 use crate::config::raw::{RawDatabase, RawUpstream};
 use crate::security::database::Database;
@@ -94,6 +94,14 @@ pub(super) fn database(raw: RawDatabase, upstream: &UpstreamConfig, checks: &mut
             DEFAULT_CLOCK_RATE_TOLERANCE
         }
     };
+    let standby_check = match raw.standby_check.as_deref() {
+        None | Some("warn") => StandbyCheck::Warn,
+        Some("off") => StandbyCheck::Off,
+        Some(other) => {
+            checks.push(format!("database.standby_check: \"warn\" or \"off\", got {other:?}"));
+            StandbyCheck::Warn
+        }
+    };
     let url = raw.url.filter(|url| !url.is_empty());
     if let Some(url) = &url
         && let Err(error) = Database::parse(url)
@@ -108,6 +116,7 @@ pub(super) fn database(raw: RawDatabase, upstream: &UpstreamConfig, checks: &mut
         max_batches_in_flight,
         grant,
         clock_rate_tolerance,
+        standby_check,
         data_dir: PathBuf::from(raw.data_dir.unwrap_or_else(|| DEFAULT_EMBEDDED_DATA_DIR.to_owned())),
     }
 }

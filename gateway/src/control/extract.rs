@@ -160,7 +160,7 @@ impl ControlState {
         match timeout_at(deadline, call(client)).await {
             Ok((client, Err(error))) => {
                 if error.is_store_failure() {
-                    discard(client, self.fences.tls());
+                    discard(client);
                 }
                 Err(store_problem(error))
             }

@@ -16,7 +16,6 @@ use crate::fence::clock::StoreClock;
 use crate::fence::decision::{Presented, Undecided};
 use crate::fence::pool::discard;
 use crate::metrics as names;
-use crate::security::database::Database;
 
 /// One decision waiting to be sent.
 #[derive(Debug)]
@@ -49,7 +48,6 @@ impl Pending {
 #[derive(Debug)]
 pub(super) struct Batcher {
     pub(super) pool: Pool,
-    pub(super) database: Database,
     pub(super) check_timeout: Duration,
     pub(super) forward_ms: i64,
     pub(super) grant_ms: i64,
@@ -156,14 +154,14 @@ impl Batcher {
             Ok(Err(error)) => {
                 let failure = fencing_schema::Error::from(error);
                 if failure.is_store_failure() {
-                    discard(client, &self.database.tls);
+                    discard(client);
                 }
                 debug!(error = %crate::error_chain(&failure), "fence decision failed");
                 Err(Undecided::Failed(crate::error_chain(&failure)))
             }
             Err(_) => {
                 warn!(timeout = ?self.check_timeout, decisions = batch.len(), "fence decision timed out");
-                discard(client, &self.database.tls);
+                discard(client);
                 Err(Undecided::TimedOut)
             }
         }

@@ -27,6 +27,7 @@ mod grants;
 mod pool;
 pub mod refusals;
 mod settles;
+pub mod standby;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -37,14 +38,12 @@ use fencing_election::clock::BootInstant;
 use fencing_schema::store::{Gate, Outcome};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::{Instant, timeout_at};
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::fence::batcher::{Batcher, Pending};
 use crate::fence::clock::StoreClock;
 use crate::fence::grants::{GrantKey, Grants};
 use crate::fence::settles::Settles;
 use crate::metrics as names;
-use crate::security::database::Database;
 
 pub use crate::fence::decision::{Decision, Presented, Refusal, Undecided, Verdict};
 pub use crate::fence::pool::{discard, pool};
@@ -58,8 +57,6 @@ const MAX_BATCH: usize = 128;
 #[derive(Debug)]
 pub struct FenceStore {
     pool: Pool,
-    /// How the pool connects (its TLS connector cancels a query that ran past its time).
-    database: Database,
     check_timeout: Duration,
     /// The highest maximum seen per resource. Maxima never decrease, so a term below it is
     /// stale for sure; a term at or above it still goes to Postgres.
@@ -99,7 +96,7 @@ pub struct Settings {
 
 impl FenceStore {
     /// A fence store on `pool`, with its batcher running on the current Tokio runtime.
-    pub fn new(pool: Pool, database: Database, settings: Settings) -> FenceStore {
+    pub fn new(pool: Pool, settings: Settings) -> FenceStore {
         let Settings {
             check_timeout,
             forward_timeout,
@@ -121,7 +118,6 @@ impl FenceStore {
             let (queue, pending) = mpsc::unbounded_channel();
             let batcher = Batcher {
                 pool: pool.clone(),
-                database: database.clone(),
                 check_timeout,
                 forward_ms: i64::try_from(forward_timeout.as_millis()).unwrap_or(i64::MAX),
                 grant_ms: i64::try_from(grant.as_millis()).unwrap_or(0),
@@ -144,7 +140,6 @@ impl FenceStore {
         let settles = Settles::new(pool.clone(), grant_margin, rho, check_timeout);
         FenceStore {
             pool,
-            database,
             check_timeout,
             cache: Mutex::new(HashMap::new()),
             fast_lane,
@@ -162,11 +157,6 @@ impl FenceStore {
     /// The pool, for the control API.
     pub fn pool(&self) -> &Pool {
         &self.pool
-    }
-
-    /// The connector of the pool's connections (TLS as `sslmode` says).
-    pub fn tls(&self) -> &MakeRustlsConnect {
-        &self.database.tls
     }
 
     /// The highest maximum this gateway has seen for `resource`.

@@ -10,6 +10,7 @@ mod contract;
 mod control_api;
 mod demo;
 mod embedded;
+mod failover;
 mod faults;
 mod grants;
 mod hygiene;

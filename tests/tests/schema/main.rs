@@ -12,6 +12,7 @@ mod daemons;
 mod decide_on_one_version;
 mod drivers;
 mod durability;
+mod failover;
 mod grants;
 mod guard;
 mod guard_coverage;
