@@ -227,7 +227,7 @@ impl Membership {
     }
 
     /// One store call: a connection under this node's limits, the call bounded by the query
-    /// timeout, and the connection put back clean, or cancelled and dropped (`connection`,
+    /// timeout, and the connection put back clean, or dropped, never cancelled (`connection`,
     /// `finish`).
     pub(crate) async fn call<T>(
         &self,
@@ -265,7 +265,7 @@ impl Membership {
     }
 
     /// The answer, or why there is none; a connection whose call failed at the store or was
-    /// abandoned is cancelled and dropped from the pool, so no later call queues behind it.
+    /// abandoned is dropped from the pool (never cancelled), so no later call queues behind it.
     async fn finish<T>(
         &self,
         client: deadpool_postgres::Object,

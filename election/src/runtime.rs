@@ -292,7 +292,8 @@ impl Runtime {
             let sent = Sent::now();
             let call_deadline = sent.wake + self.elector.acquire_timeout;
             // Shutdown does not wait for an acquire (which may wait out the old period's grants):
-            // dropping the call cancels its query, and nothing was granted that anyone acts on.
+            // the call is dropped (its query is never cancelled: the server's statement_timeout
+            // ends it before it commits), and nothing it grants is acted on.
             let answer = tokio::select! {
                 () = self.shutdown.cancelled() => return None,
                 answer = self.call(LeaseCall::Acquire, call_deadline) => answer,
@@ -589,8 +590,8 @@ impl Runtime {
     }
 
     /// One acquire or renew, answered by `call_deadline` or abandoned. A connection whose call
-    /// failed or was abandoned is cancelled and dropped from the pool, so a stuck query never
-    /// delays the next call.
+    /// failed or was abandoned is dropped from the pool (never cancelled: see [`discard`]), so a
+    /// stuck query never delays the next call.
     async fn call(&self, call: LeaseCall, call_deadline: Instant) -> Result<LeaseReply, CallError> {
         let client = self.pooled(call_deadline).await?;
         let (key, owner, ttl) = (&self.elector.key, &self.elector.owner, self.elector.ttl);

@@ -203,7 +203,7 @@ pub fn register_known(config: &crate::config::Config) {
     for route in &config.routes {
         RouteMetrics::new(&route.prefix);
     }
-    for kind in ["timeout", "error"] {
+    for kind in ["timeout", "error", "clock"] {
         metrics::counter!(STORE_ERRORS, "kind" => kind).absolute(0);
     }
     for op in ["acquire", "renew", "release"] {

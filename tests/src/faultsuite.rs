@@ -493,7 +493,8 @@ fn gateway_config(config: &SuiteConfig, upstreams: &[SocketAddr], grant_ms: u64)
 /// For a whole schedule, perhaps one process of three whose clocks (wall, monotonic and boot)
 /// run at half or twice the rate of real time: its index and the rate. Such a leader's elector
 /// sees its clock disagree with the store's and must never lead; were it to lead, its writes
-/// are the zombie writes the fences refuse.
+/// are the zombie writes the fences refuse. Such a gateway must admit nothing: its waits and
+/// deadlines, counted on its own clock, would not be the store's lengths.
 fn draw_clock_rate(rng: &mut StdRng) -> Option<(usize, f64)> {
     if !rng.random_bool(1.0 / 3.0) {
         return None;
@@ -540,10 +541,13 @@ async fn run_schedule(
     let name = format!("schedule_{index}");
     // The store's clock reads real time unless a fault of this schedule steps it.
     cluster.set_clock_offset(0)?;
-    // A leader may run slow or fast for the whole schedule. Gateways run at the rate of real
-    // time: S5 assumes their clocks within the clock-rate allowance (docs/CONTRACT.md, Clocks),
-    // and a gateway outside it is tested for S3 on its own (tests/tests/gateway/clocks.rs).
+    // A leader may run slow or fast for the whole schedule, and so may a gateway: one whose
+    // clock disagrees with the store's must admit nothing (docs/CONTRACT.md, Clocks), or its
+    // grants, settle waits and forward deadlines would let zombie writes through (S3, S5). The
+    // gateway's draw comes from a generator of its own, so the rest of a seed's schedule is as
+    // it was before gateways ran slow or fast.
     let leader_rate = draw_clock_rate(&mut rng);
+    let gateway_rate = draw_clock_rate(&mut StdRng::seed_from_u64(seed ^ 0x6a7e_c10c));
     let mut clock_rates = serde_json::Map::new();
     let url = prepare_database(cluster, config, &name).await?;
     let pg_addr: SocketAddr = format!("127.0.0.1:{}", cluster.port()).parse()?;
@@ -600,6 +604,10 @@ async fn run_schedule(
         for _ in 0..3 {
             let (proxy_port, control_port) = (free_port()?, free_port()?);
             let mut command = vec!["env".to_owned()];
+            if let Some((_, rate)) = gateway_rate.filter(|(off, _)| *off == gateway) {
+                command.extend(clock_rate_env(rate)?);
+                clock_rates.insert(format!("gateway-{gateway}"), json!(rate));
+            }
             command.extend([
                 format!("FENCING_DATABASE_URL={database_url}"),
                 format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),

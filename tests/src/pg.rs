@@ -299,7 +299,8 @@ impl PgCluster {
     /// with a fake clock, the same clock (one offset file: the two servers read one time, as two
     /// hosts synchronised by NTP would). [`Replication::Synchronous`] names it in this cluster's
     /// `synchronous_standby_names`, so every commit that asks for durability (`on`) waits until
-    /// the standby has flushed it; [`Replication::Asynchronous`] does not.
+    /// the standby has flushed it; [`Replication::Asynchronous`] does not. Either way it returns
+    /// once the standby has flushed every commit the primary had flushed by then.
     pub fn start_standby(&self, replication: Replication) -> Result<PgCluster> {
         self.start_standby_through(replication, self.port)
     }
@@ -375,13 +376,32 @@ impl PgCluster {
             "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{name}' AND state = 'streaming'"
         );
         // 600 checks 100 ms apart: about 60 s.
+        let mut streaming = false;
         for _ in 0..600 {
             if self.psql(&query)?.trim() == wanted {
+                streaming = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if !streaming {
+            bail!("the standby {name} did not stream as {wanted} within 60 s");
+        }
+        // Commits answered before it became synchronous did not wait for it: it has them all
+        // only once it has flushed up to the primary's flushed WAL of now. Until then a crash of
+        // the primary could lose them, which no test means to show.
+        let flushed = self.psql("SELECT pg_current_wal_flush_lsn()")?;
+        let caught_up = format!(
+            "SELECT flush_lsn >= '{}'::pg_lsn FROM pg_stat_replication WHERE application_name = '{name}'",
+            flushed.trim()
+        );
+        for _ in 0..600 {
+            if self.psql(&caught_up)?.trim() == "t" {
                 return Ok(standby);
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        bail!("the standby {name} did not stream as {wanted} within 60 s")
+        bail!("the standby {name} did not catch up with the primary's flushed WAL within 60 s")
     }
 
     /// Promotes this standby to a primary (`pg_ctl promote -w`): it replays what it received,

@@ -70,17 +70,28 @@ impl ElectorProcess {
         ] {
             args.extend([flag.to_owned(), value]);
         }
-        ElectorProcess::spawn_example("elector", owner, &args)
+        ElectorProcess::spawn_example("elector", owner, &args, &[])
     }
 
     /// Starts the daemon node example (`election/examples/daemon_node.rs`) with `args`.
     pub fn spawn_daemon_node(node_id: &str, args: &[String]) -> Result<ElectorProcess> {
-        ElectorProcess::spawn_example("daemon_node", node_id, args)
+        ElectorProcess::spawn_example("daemon_node", node_id, args, &[])
     }
 
-    fn spawn_example(example: &str, owner: &str, args: &[String]) -> Result<ElectorProcess> {
+    /// As [`ElectorProcess::spawn_daemon_node`], with more environment variables (libfaketime's,
+    /// for a node whose clocks run slow or fast).
+    pub fn spawn_daemon_node_with_env(
+        node_id: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Result<ElectorProcess> {
+        ElectorProcess::spawn_example("daemon_node", node_id, args, env)
+    }
+
+    fn spawn_example(example: &str, owner: &str, args: &[String], env: &[(&str, String)]) -> Result<ElectorProcess> {
         let mut child = Command::new(workspace_example(example)?)
             .args(args)
+            .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,5 +1,5 @@
-//! Health and metrics: `/healthz`, `/readyz` (Postgres answers and the schema is this binary's),
-//! `/metrics`, and the answer to an unknown path.
+//! Health and metrics: `/healthz`, `/readyz` (Postgres answers, the schema is this binary's, and
+//! the store's clock agrees with this host's), `/metrics`, and the answer to an unknown path.
 
 use axum::Extension;
 use axum::extract::State;
@@ -62,6 +62,16 @@ pub(super) async fn readyz(State(state): State<ControlState>) -> Response {
         })
         .await;
     match version {
+        // Writes are admitted only while the clocks agree (`fence::clock`).
+        Ok(_) if !state.fences.clocks_agree() => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fence-store-unavailable",
+            "Fence store unavailable",
+            "this gateway's clock and the fence store's have not agreed long enough (at start-up, or after a \
+             disagreement): writes get 503 until they do",
+        )
+        .retry_after(1)
+        .into_response(),
         Ok(version) => axum::Json(json!({ "status": "ready", "schema_version": version })).into_response(),
         Err(problem) => problem.into_response(),
     }

@@ -1,11 +1,15 @@
 //! The store's clock, watched from this gateway. Every decision round trip is a sample: sent
 //! and answered on this host's boot clock, and the store's wall clock as it read it in between.
-//! Grants rest on the two clocks running at the same rate (a grant's length is counted by the
-//! store from its lock and by this gateway from before it asked), so they are used only while
-//! the clocks have agreed for a while; a disagreement (the store's clock stepped, or one of the
-//! clocks runs fast or slow beyond the tolerance) drops every grant, is logged and counted
-//! (`fencing_clock_disagreements_total`), and grants come back only after the clocks have agreed
-//! again for `trust_after`.
+//! A gateway counts grants, settle waits and forward deadlines on its own clocks; they stand for
+//! the store's lengths only while the two clocks run at the same rate. So the gateway admits
+//! nothing (503) until the clocks have agreed over a span of `trust_after`, and again after any
+//! disagreement (the store's clock stepped, or one of the clocks runs fast or slow beyond the
+//! tolerance): a disagreement is logged and counted (`fencing_clock_disagreements_total`),
+//! drops every grant, and ends the trust until a fresh span of agreement earns it back.
+//!
+//! A gateway whose own clock runs slow or fast therefore never admits, and one whose clock
+//! starts to misbehave stops admitting at its next round trip; a step of the store's clock costs
+//! each gateway about `trust_after` of 503s.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +17,8 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_election::clock::{BootInstant, ClockSample, ClockVerdict, ClockWatch};
-use tracing::warn;
+use tokio::sync::Notify;
+use tracing::{info, warn};
 
 use crate::metrics as names;
 
@@ -30,6 +35,8 @@ pub(super) struct StoreClock {
     /// The last disagreement logged (nanoseconds on the boot clock): one line per 10 s at most.
     last_logged: AtomicU64,
     disagreements: metrics::Counter,
+    /// Wakes [`earn_trust`] when the trust is lost.
+    lost: Notify,
 }
 
 fn nanos(instant: BootInstant) -> u64 {
@@ -49,6 +56,7 @@ impl StoreClock {
             trust_after,
             last_logged: AtomicU64::new(0),
             disagreements: metrics::counter!(names::CLOCK_DISAGREEMENTS),
+            lost: Notify::new(),
         }
     }
 
@@ -67,6 +75,7 @@ impl StoreClock {
                 self.trusted.store(false, Ordering::Release);
                 self.generation.fetch_add(1, Ordering::AcqRel);
                 self.disagreements.increment(1);
+                self.lost.notify_one();
                 let now = nanos(BootInstant::now());
                 let last = self.last_logged.load(Ordering::Acquire);
                 if now.saturating_sub(last) >= 10_000_000_000
@@ -77,8 +86,8 @@ impl StoreClock {
                         local_min_secs,
                         local_max_secs,
                         "the store's clock and this host's boot clock disagree (a step of the store's wall clock, or \
-                         a clock running fast or slow): grants dropped until they agree again; see the README's \
-                         runbook, \"Clocks disagree\""
+                         a clock running fast or slow): writes get 503 and grants are dropped until they agree \
+                         again; see the README's runbook, \"Clocks disagree\""
                     );
                 }
                 false
@@ -104,27 +113,40 @@ impl StoreClock {
     }
 }
 
-/// Until the clocks are trusted, reads the store's clock twice, `trust_after` apart (and again
-/// after a second when they disagree or the store cannot be reached): grants are then of use
-/// from a gateway's first writes, not only once decisions have spanned `trust_after`.
+/// For as long as the gateway runs: whenever the clocks are not trusted (from start-up, and after
+/// each disagreement), reads the store's clock twice, `trust_after` apart (and again shortly when
+/// they disagree or the store cannot be reached), so that writes are admitted again within about
+/// `trust_after` of the clocks agreeing, not only once decisions have spanned it.
 pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, check_timeout: Duration) {
     const READ: &str = "SELECT extract(epoch FROM clock_timestamp())::float8";
-    while !clock.trusted() {
-        for round in 0..2 {
-            if round > 0 {
-                tokio::time::sleep(clock.trust_after() + Duration::from_millis(10)).await;
-            }
-            let sent = BootInstant::now();
-            let read = tokio::time::timeout(check_timeout, async {
-                let client = pool.get().await.ok()?;
-                client.query_one(READ, &[]).await.ok()?.try_get::<_, f64>(0).ok()
-            })
-            .await;
-            let Ok(Some(store_secs)) = read else { break };
-            clock.observe(ClockSample { sent, received: BootInstant::now(), store_secs });
-        }
+    let mut earned_before = false;
+    loop {
         if !clock.trusted() {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            while !clock.trusted() {
+                for round in 0..2 {
+                    if round > 0 {
+                        tokio::time::sleep(clock.trust_after() + Duration::from_millis(10)).await;
+                    }
+                    let sent = BootInstant::now();
+                    let read = tokio::time::timeout(check_timeout, async {
+                        let client = pool.get().await.ok()?;
+                        client.query_one(READ, &[]).await.ok()?.try_get::<_, f64>(0).ok()
+                    })
+                    .await;
+                    let Ok(Some(store_secs)) = read else { break };
+                    clock.observe(ClockSample { sent, received: BootInstant::now(), store_secs });
+                }
+                if !clock.trusted() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            if earned_before {
+                info!("the store's clock and this host's boot clock agree again: writes are admitted again");
+            }
         }
+        earned_before = true;
+        // Until the next disagreement (a permit stored by an earlier one is taken at once, and
+        // finds the clocks trusted).
+        clock.lost.notified().await;
     }
 }

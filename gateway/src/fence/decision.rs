@@ -1,8 +1,12 @@
 //! What a decision is: what the write presented, what the store (or a grant) said, and the
 //! verdict on the write.
 
+use std::sync::Arc;
+
 use fencing_schema::store::{Gate, Outcome};
 use tokio::time::Instant;
+
+use crate::fence::clock::StoreClock;
 
 /// A decision, with the two instants S5 anchors on: the store decided at some instant between
 /// `asked` and `answered` and said to wait `gate.wait` from it. So the write is sent no earlier
@@ -16,6 +20,29 @@ pub struct Decision {
     pub asked: Instant,
     /// No earlier than the instant of the decision.
     pub answered: Instant,
+    /// The clocks' agreement the decision was made under.
+    pub clocks: ClockTicket,
+}
+
+/// The clocks' agreement a decision was made under: the write's settle wait and forward
+/// deadline are counted on this gateway's clock, so they stand only while it still agrees with
+/// the store's (no disagreement seen since the decision).
+#[derive(Debug, Clone)]
+pub struct ClockTicket {
+    clock: Arc<StoreClock>,
+    generation: u64,
+}
+
+impl ClockTicket {
+    /// Under `generation` of `clock`'s agreement.
+    pub(super) fn new(clock: &Arc<StoreClock>, generation: u64) -> ClockTicket {
+        ClockTicket { clock: Arc::clone(clock), generation }
+    }
+
+    /// Whether the clocks have agreed since the decision: the write may be sent.
+    pub fn holds(&self) -> bool {
+        self.clock.trusted() && self.clock.generation() == self.generation
+    }
 }
 
 /// What a fenced write presents.
@@ -81,4 +108,8 @@ pub enum Undecided {
     /// The store failed or could not be reached.
     #[error("the fence store failed: {0}")]
     Failed(String),
+    /// This gateway's clock and the store's disagree (or have not agreed long enough yet): its
+    /// waits and deadlines cannot be trusted, so it admits nothing.
+    #[error("this gateway's clock and the fence store's disagree; nothing is admitted until they agree again")]
+    ClocksDisagree,
 }

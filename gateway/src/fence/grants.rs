@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::fence::batcher::Pending;
 use crate::fence::clock::StoreClock;
-use crate::fence::decision::{Decision, Presented};
+use crate::fence::decision::{ClockTicket, Decision, Presented};
 use crate::fence::settles::Settles;
 use crate::metrics as names;
 
@@ -170,7 +170,12 @@ impl Grants {
             wait,
             grant: grant.deadline.saturating_duration_since(now),
         };
-        let decision = Decision { gate, asked: latest_start.checked_sub(wait).unwrap_or(now).min(now), answered: now };
+        let decision = Decision {
+            gate,
+            asked: latest_start.checked_sub(wait).unwrap_or(now).min(now),
+            answered: now,
+            clocks: ClockTicket::new(&self.clock, generation),
+        };
         let renew = now >= grant.renew_after && !grant.renewing;
         grant.renewing |= renew;
         // The renewal wakes the shared runtime: never while holding the lock every proxy thread

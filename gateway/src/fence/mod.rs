@@ -45,7 +45,7 @@ use crate::fence::grants::{GrantKey, Grants};
 use crate::fence::settles::Settles;
 use crate::metrics as names;
 
-pub use crate::fence::decision::{Decision, Presented, Refusal, Undecided, Verdict};
+pub use crate::fence::decision::{ClockTicket, Decision, Presented, Refusal, Undecided, Verdict};
 pub use crate::fence::pool::{discard, pool};
 
 /// Beyond this many cached resources the cache starts over: it is only an optimisation.
@@ -71,6 +71,8 @@ pub struct FenceStore {
     grants: Grants,
     /// The settles this gateway has seen (S5 waits, as lengths).
     settles: Settles,
+    /// The store's clock as this gateway sees it: nothing is admitted while it is not trusted.
+    clock: Arc<StoreClock>,
     /// Metric handles, resolved once: a decision records through them without a registry lookup.
     granted_writes: metrics::Counter,
     cached_refusals: metrics::Counter,
@@ -105,15 +107,13 @@ impl FenceStore {
             margin: grant_margin,
             clock_rate_tolerance: rho,
         } = settings;
-        // Grants are used once the store's clock has agreed with this host's over a span of half a
-        // grant (a tenth of a second at least, a second at most: with the settle margin off every
-        // grant, a clock off by more than the tolerance shows within that), and never while they
-        // disagree.
+        // Writes are admitted (and grants used) once the store's clock has agreed with this host's
+        // over a span of half a grant (a tenth of a second at least, a second at most: with the
+        // settle margin off every grant, a clock off by more than the tolerance shows within
+        // that), and never while they disagree.
         let trust_after = (grant / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
         let clock = Arc::new(StoreClock::new(rho, trust_after));
-        if !grant.is_zero() {
-            tokio::spawn(clock::earn_trust(pool.clone(), Arc::clone(&clock), check_timeout));
-        }
+        tokio::spawn(clock::earn_trust(pool.clone(), Arc::clone(&clock), check_timeout));
         let lane = |in_flight: usize, max_batch: usize| {
             let (queue, pending) = mpsc::unbounded_channel();
             let batcher = Batcher {
@@ -145,8 +145,9 @@ impl FenceStore {
             fast_lane,
             general_lane,
             raise_lane,
-            grants: Grants::new(grant, grant_margin, rho, check_timeout, clock),
+            grants: Grants::new(grant, grant_margin, rho, check_timeout, Arc::clone(&clock)),
             settles,
+            clock,
 
             granted_writes: metrics::counter!(names::GRANTED_WRITES),
             cached_refusals: metrics::counter!(names::CACHED_REFUSALS),
@@ -157,6 +158,12 @@ impl FenceStore {
     /// The pool, for the control API.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Whether this gateway's clock and the store's agree (have agreed over a span, with no
+    /// disagreement since): while not, nothing is admitted.
+    pub fn clocks_agree(&self) -> bool {
+        self.clock.trusted()
     }
 
     /// The highest maximum this gateway has seen for `resource`.
@@ -204,7 +211,19 @@ impl FenceStore {
                 wait: Duration::ZERO,
                 grant: Duration::ZERO,
             };
-            return Ok(Decision { gate, asked: now, answered: now });
+            return Ok(Decision {
+                gate,
+                asked: now,
+                answered: now,
+                clocks: ClockTicket::new(&self.clock, self.clock.generation()),
+            });
+        }
+        // Waits and deadlines counted on a clock that disagrees with the store's stand for
+        // nothing: no decision is even asked for (a refusal above changes nothing, and is sure).
+        let generation = self.clock.generation();
+        if !self.clock.trusted() {
+            metrics::counter!(names::STORE_ERRORS, "kind" => "clock").increment(1);
+            return Err(Undecided::ClocksDisagree);
         }
         let started = Instant::now();
         let boot_started = BootInstant::now();
@@ -225,6 +244,19 @@ impl FenceStore {
         };
         let answered = Instant::now();
         self.check_duration.record(answered.duration_since(started).as_secs_f64());
+        let clocks = ClockTicket::new(&self.clock, generation);
+        if let Ok(gate) = &result
+            && gate.is_admitted()
+            && !clocks.holds()
+        {
+            // The clocks disagreed during the round trip (perhaps on its very sample): the
+            // store's answer stands (its maximum is remembered), but this gateway's counting of
+            // its settle wait does not, so neither that nor a grant is kept, and the write is
+            // not admitted here.
+            self.remember(resource, gate.max_term);
+            metrics::counter!(names::STORE_ERRORS, "kind" => "clock").increment(1);
+            return Err(Undecided::ClocksDisagree);
+        }
         let mut result = result;
         if let Ok(gate) = &mut result
             && let (true, Some(term)) = (gate.is_admitted(), gate.term)
@@ -244,7 +276,8 @@ impl FenceStore {
             }
             Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),
             Err(Undecided::Failed(_)) => metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1),
+            Err(Undecided::ClocksDisagree) => metrics::counter!(names::STORE_ERRORS, "kind" => "clock").increment(1),
         }
-        result.map(|gate| Decision { gate, asked: started, answered })
+        result.map(|gate| Decision { gate, asked: started, answered, clocks })
     }
 }

@@ -20,8 +20,17 @@ use crate::security::database::Database;
 /// run at READ COMMITTED whatever the database's default: fence decisions, new terms and
 /// releases decide on the newest rows (the functions refuse an older snapshot). The server ends
 /// any of their statements that runs longer than `statement_timeout`.
+///
+/// A new connection is made inside a call bounded by that same timeout, so each host of a
+/// multi-host URL gets at most half of it to accept one: a primary that went down without a
+/// word (its packets dropped) costs half a call, and the next host, the promoted standby, is
+/// reached within the call (the URL's own `connect_timeout` applies when shorter).
 pub fn pool(database: &Database, size: usize, statement_timeout: Duration) -> Result<Pool, String> {
     let mut config = database.config.clone();
+    let half = (statement_timeout / 2).max(Duration::from_millis(50));
+    if config.get_connect_timeout().is_none_or(|given| *given > half) {
+        config.connect_timeout(half);
+    }
     let ms = statement_timeout.as_millis().max(1);
     let settings = format!(r"-c default_transaction_isolation=read\ committed -c statement_timeout={ms}");
     let options = match config.get_options() {

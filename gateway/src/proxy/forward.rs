@@ -102,6 +102,11 @@ impl Forwarder {
             debug!(wait = ?gate.wait, "settling behind the previous term");
             sleep_until(decision.answered + gate.wait + self.config.upstream.settle_margin).await;
         }
+        // The wait and the deadline were counted on this gateway's clock: if it has since been
+        // seen to disagree with the store's, neither stands, and the write is not sent.
+        if !decision.clocks.holds() {
+            return Err(Rejection::ClocksDisagree);
+        }
         let Write { mut parts, body, resource, .. } = write;
         let headers = &mut parts.headers;
         remove_fencing_headers(headers);

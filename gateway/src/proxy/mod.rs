@@ -29,7 +29,7 @@ use tracing::{Instrument, debug, debug_span, field, warn};
 
 use crate::config::Config;
 use crate::fence::refusals::{RefusalLog, Refused};
-use crate::fence::{FenceStore, Presented, Verdict};
+use crate::fence::{FenceStore, Presented, Undecided, Verdict};
 use crate::listener::{Connection, Handler};
 use crate::metrics as names;
 use crate::metrics::RouteMetrics;
@@ -160,6 +160,11 @@ impl Proxy {
             let decision =
                 self.fences.decide(&write.fence, &write.presented, route.lease.as_deref()).await.map_err(|error| {
                     let (request_id, fence) = (request_id.as_str(), &write.fence);
+                    if matches!(error, Undecided::ClocksDisagree) {
+                        // Logged (once per 10 s) where the clocks were seen to disagree.
+                        debug!(request_id, %fence, %error, "refusing the write");
+                        return Rejection::ClocksDisagree;
+                    }
                     warn!(request_id, %fence, %error, "fence decision could not be made; refusing the write");
                     Rejection::Unavailable
                 })?;

@@ -82,6 +82,9 @@ pub enum Rejection {
     },
     /// The fence store did not decide in time or failed.
     Unavailable,
+    /// This gateway's clock and the store's disagree: nothing is admitted, or sent, until they
+    /// agree again.
+    ClocksDisagree,
     /// The upstream could not be reached.
     UpstreamUnreachable,
     /// The upstream did not answer before the write's forward deadline.
@@ -121,7 +124,7 @@ impl Rejection {
             Rejection::MissingToken => StatusCode::PRECONDITION_REQUIRED,
             Rejection::Malformed(_) => StatusCode::BAD_REQUEST,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::Unavailable | Rejection::ClocksDisagree => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Rejection::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
@@ -141,7 +144,7 @@ impl Rejection {
             | Rejection::BodyTooLarge { .. }
             | Rejection::BadHost(_) => Outcome::Malformed,
             Rejection::Unauthenticated(_) | Rejection::Forbidden(_) => Outcome::Unauthorized,
-            Rejection::Unavailable => Outcome::Unavailable,
+            Rejection::Unavailable | Rejection::ClocksDisagree => Outcome::Unavailable,
             Rejection::UpstreamUnreachable | Rejection::UpstreamTimeout => Outcome::UpstreamError,
         }
     }
@@ -209,6 +212,14 @@ impl Rejection {
                 "fence-store-unavailable",
                 "Fence store unavailable",
                 "the fence decision could not be made; the write was not forwarded",
+            )
+            .retry_after(1),
+            Rejection::ClocksDisagree => Problem::new(
+                status,
+                "fence-store-unavailable",
+                "Fence store unavailable",
+                "this gateway's clock and the fence store's disagree (a step of the store's clock, or a clock \
+                 running fast or slow); nothing is admitted until they agree again; the write was not forwarded",
             )
             .retry_after(1),
             Rejection::UpstreamUnreachable => Problem::new(

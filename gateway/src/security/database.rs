@@ -43,6 +43,10 @@ enum Mode {
     VerifyFull,
 }
 
+/// How long one host of `database.url` has to accept a connection, unless the URL's
+/// `connect_timeout` says otherwise.
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Database {
     /// Parses a libpq URL (`postgres://...?sslmode=verify-full&sslrootcert=/ca.pem`) or key=value
     /// string. `sslmode` is `disable` when absent; `prefer` and `allow` are refused.
@@ -57,6 +61,12 @@ impl Database {
         let (rest, sslmode, sslrootcert) = take_tls_parameters(text)?;
         let mut config: tokio_postgres::Config =
             rest.parse().map_err(|error: tokio_postgres::Error| format!("database.url: {error}"))?;
+        // A host that drops connection attempts (down, or cut off) would hold every connection
+        // for the kernel's whole SYN retry, minutes, before the next host of a multi-host URL
+        // is tried. Unless the URL says otherwise, a host gets 5 s (pools give it less).
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
+        }
         // tokio-postgres reads the rest its own way: if it still finds an sslmode (spelled so
         // that the split above missed it), the two readings differ: refuse rather than guess.
         if !matches!(config.get_ssl_mode(), SslMode::Prefer) {

@@ -16,7 +16,8 @@
 //! CPU time per request of the proxy process (the gateway's, the pass-through's).
 //! `--verbose` also prints every round's p50, p90, p99, p99.9 and maximum.
 //! Then it measures how long the first write of a new term takes while the old term's grant is
-//! held (a grant period plus the settle wait at most).
+//! held (a grant period plus the settle wait at most), and what the monotonic waits of schema
+//! version 8 cost a term change against the wall-clock waits before them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -569,6 +570,7 @@ async fn run(options: &Options) -> Result<()> {
         GRANT_MS + 1250 + 25
     );
     drop(gateways);
+    term_change_cost(&cluster).await?;
     if let Some((mut child, _)) = nginx {
         child.kill().await.ok();
     }
@@ -587,4 +589,71 @@ async fn first_address(child: &mut tokio::process::Child) -> Result<SocketAddr> 
         .context("exited")?;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     line.strip_prefix("listening ").context("address line")?.parse().context("address")
+}
+
+/// What the waits as lengths (schema version 8) cost a term change, against the waits before
+/// them (until the grant's end by the store's wall clock: the planted bug `wall-clock-waits`),
+/// each in a database of its own: a raise through `fencing.admit` while a grant on the lower term
+/// is held and renewed at half its length, as a gateway under load renews it, the raise landing
+/// at a random point of the grant. Today's raise waits the whole recorded grant from the moment it
+/// holds the row; the old one waited only what was left of it.
+async fn term_change_cost(cluster: &PgCluster) -> Result<()> {
+    use fencing_schema::store;
+    use fencing_tests::faultsuite::{Plant, plant_sql};
+    use rand::Rng;
+
+    const TRIALS: usize = 12;
+    let grant = Duration::from_millis(GRANT_MS);
+    let forward = Duration::from_millis(1000);
+    let mut medians = Vec::new();
+    println!(
+        "\nterm change with a {GRANT_MS} ms grant held and renewed at half (fencing.admit, {TRIALS} raises each):"
+    );
+    for (label, plant) in
+        [("waits as lengths (schema 8)", None), ("wall-clock waits (before, planted)", Some(Plant::WallClockWaits))]
+    {
+        let name = if plant.is_some() { "bench_wall_clock_waits" } else { "bench_lengths" };
+        connect(&cluster.url("postgres")).await.batch_execute(&format!("CREATE DATABASE {name}")).await?;
+        let mut admin = connect(&cluster.url(name)).await;
+        fencing_schema::migrate(&mut admin).await?;
+        if let Some(plant) = plant {
+            admin.batch_execute(&plant_sql(plant)?).await?;
+        }
+        let term = Arc::new(std::sync::atomic::AtomicI64::new(1));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let holder = connect(&cluster.url(name)).await;
+        let renewing = Arc::clone(&term);
+        let renewer = tokio::spawn(async move {
+            while !*stopped.borrow() {
+                let term = renewing.load(std::sync::atomic::Ordering::SeqCst);
+                let _ = store::gate_granted(&holder, "term-change", term, forward, None, grant).await;
+                tokio::time::sleep(grant / 2).await;
+            }
+        });
+        let raiser = connect(&cluster.url(name)).await;
+        let mut took = Vec::new();
+        for _ in 0..TRIALS {
+            // Let the holder take (or renew) its grant on the current term, then land anywhere in it.
+            tokio::time::sleep(grant + Duration::from_millis(rand::rng().random_range(0..GRANT_MS))).await;
+            let next = term.load(std::sync::atomic::Ordering::SeqCst) + 1;
+            let started = Instant::now();
+            store::admit(&raiser, "term-change", next).await?;
+            took.push(started.elapsed().as_secs_f64() * 1000.0);
+            term.store(next, std::sync::atomic::Ordering::SeqCst);
+        }
+        let _ = stop.send(true);
+        renewer.await.ok();
+        took.sort_by(f64::total_cmp);
+        let median = took[took.len() / 2];
+        println!(
+            "  {label:<36} median {median:>6.0} ms, min {:>6.0} ms, max {:>6.0} ms",
+            took[0],
+            took[took.len() - 1]
+        );
+        medians.push(median);
+    }
+    if let [lengths, wall] = medians[..] {
+        println!("  cost of the waits as lengths: {:+.0} ms per term change in the median", lengths - wall);
+    }
+    Ok(())
 }

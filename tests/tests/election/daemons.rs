@@ -39,6 +39,10 @@ async fn prepare(client: &Client) {
 }
 
 fn node(url: &str, id: &str, extra: &[&str]) -> ElectorProcess {
+    ElectorProcess::spawn_daemon_node(id, &node_args(url, id, extra)).unwrap()
+}
+
+fn node_args(url: &str, id: &str, extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = [
         ("--database-url", url),
         ("--cluster", CLUSTER),
@@ -57,7 +61,7 @@ fn node(url: &str, id: &str, extra: &[&str]) -> ElectorProcess {
     .flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()])
     .collect();
     args.extend(extra.iter().map(|arg| (*arg).to_owned()));
-    ElectorProcess::spawn_daemon_node(id, &args).unwrap()
+    args
 }
 
 async fn store_now(client: &Client) -> SystemTime {
@@ -293,6 +297,49 @@ async fn daemons_spread_evenly_a_joining_node_gets_one_move_and_a_killed_nodes_d
         );
     }
     check_history(&client, Duration::ZERO, &[]).await;
+}
+
+/// A node whose clocks (wall, monotonic and boot, under libfaketime) run at half or twice the
+/// rate of real time would count its registration and its daemons' drain deadlines on a clock
+/// that is not the store's: a daemon could run on there after the store moved it. It sees the
+/// store's clock disagree with its own at its heartbeats, so it counts itself unregistered and
+/// its elector does not lead: it runs no daemon, the two right nodes carry all five, a kill of one
+/// moves them to the other (never to the odd node), and the history check holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clocks_run_slow_or_fast_runs_no_daemon_and_the_right_nodes_carry_them() {
+    let faketime = fencing_tests::pg::faketime_library().unwrap().display().to_string();
+    for rate in ["0.5", "2"] {
+        let db = TestDb::new().await;
+        let client = db.connect().await;
+        prepare(&client).await;
+        let env = [("LD_PRELOAD", faketime.clone()), ("FAKETIME", format!("+0 x{rate}"))];
+        let _odd = ElectorProcess::spawn_daemon_node_with_env("odd", &node_args(&db.url(), "odd", &[]), &env).unwrap();
+        let mut processes = BTreeMap::new();
+        processes.insert("n1", node(&db.url(), "n1", &[]));
+        processes.insert("n2", node(&db.url(), "n2", &[]));
+        let placed =
+            wait_for_placement(&client, "all five on the right nodes", |p| !p.contains_key("odd") && p.len() == 2)
+                .await;
+        tokio::time::sleep(Duration::from_millis(4 * HEARTBEAT_MS)).await;
+        let leader = lease(&client).await.owner;
+        assert!(!leader.starts_with("odd"), "x{rate}: the node whose clocks disagree leads: {leader}");
+
+        // Kill the right node that does not lead: its daemons go to the other, not to the odd one.
+        let victim = placed.keys().find(|id| !leader.starts_with(id.as_str())).cloned().unwrap();
+        processes[victim.as_str()].signal(Signal::SIGKILL).unwrap();
+        let survivor = if victim == "n1" { "n2" } else { "n1" };
+        wait_for_placement(&client, "all five on the surviving right node", |p| {
+            p.len() == 1 && p.contains_key(survivor)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(4 * HEARTBEAT_MS)).await;
+        let odd_runs: i64 =
+            client.query_one("SELECT count(*) FROM daemon_runs WHERE node_id = 'odd'", &[]).await.unwrap().get(0);
+        let odd_steps = history(&client).await.into_iter().filter(|s| s.node_id == "odd").count();
+        println!("x{rate}: the odd node was assigned {odd_steps} steps and ran {odd_runs} daemon actions");
+        assert_eq!(odd_runs, 0, "x{rate}: the node whose clocks disagree ran daemons");
+        check_history(&client, Duration::ZERO, &[]).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,8 @@
 //! grants, a forward step while a lower-term write's bytes are on a slow link. Each is the probe
 //! that let zombie writes through when waits compared instants of the database's clock (schema
 //! version 7) or a grant's deadline allowed nothing for a clock running slow; each must hold now.
+//! A gateway admits nothing while its clock and the store's disagree, so each step also costs a
+//! short spell of 503s, which the tests wait out (bounded) and print.
 
 use std::time::Duration;
 
@@ -50,16 +52,34 @@ async fn steady(gateway: &Gateway, resource: &str, term: i64, length: Duration, 
     n
 }
 
+/// After a step of the store's clock: writes `term` to `resource` through `gateway` until one is
+/// admitted (each before it gets 503: the gateway saw the clocks disagree and admits nothing
+/// until they agree again), within 5 s. Returns how long the 503s lasted.
+async fn until_admitted(gateway: &Gateway, resource: &str, term: i64, prefix: &str) -> Duration {
+    let started = Instant::now();
+    for n in 0.. {
+        let status = write(gateway, resource, term, &format!("{prefix}-{n}")).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{prefix}-{n}");
+        assert!(started.elapsed() < Duration::from_secs(5), "the gateway admitted nothing for 5 s after a step");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
 /// Raises `resource` to `term` through SQL while `gateway` keeps writing `term - 1` to it, then
-/// sends `term - 1` through `gateway` ten times: none of those may be admitted, and none may
-/// reach the upstream. Returns how long the raise took.
+/// sends `term - 1` through `gateway` ten times: none of those may be admitted (409, or 503 while
+/// the gateway's clock and the store's disagree), and none may reach the upstream. Returns how
+/// long the raise took and how many of the ten got 409.
 async fn raise_under_load(
     url: &str,
     gateway: &Gateway,
     upstream: &mut Upstream,
     resource: &str,
     term: i64,
-) -> Duration {
+) -> (Duration, usize) {
     let client = connect(url).await;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let (proxy, fence) = (gateway.proxy, resource.to_owned());
@@ -78,10 +98,16 @@ async fn raise_under_load(
         client.query_one("SELECT fencing.admit($1, $2)", &[&format!("/r/{resource}"), &term]).await.unwrap().get(0);
     let took = started.elapsed();
     assert_eq!(raised, term);
+    let mut conflicts = 0;
     for n in 0..10 {
         let id = format!("after-{resource}-{n}");
         let status = write(gateway, resource, term - 1, &id).await;
-        assert_eq!(status, StatusCode::CONFLICT, "term {} admitted after term {term} was answered ({id})", term - 1);
+        assert!(
+            [StatusCode::CONFLICT, StatusCode::SERVICE_UNAVAILABLE].contains(&status),
+            "term {} answered {status} after term {term} was answered ({id})",
+            term - 1
+        );
+        conflicts += usize::from(status == StatusCode::CONFLICT);
     }
     let _ = stop.send(true);
     load.await.unwrap();
@@ -89,19 +115,23 @@ async fn raise_under_load(
     for n in 0..10 {
         assert!(!upstream.received(&format!("after-{resource}-{n}")), "a zombie write reached the upstream");
     }
-    took
+    (took, conflicts)
 }
 
-/// A gateway whose clocks (wall, monotonic and boot) run at half speed would count its grants
-/// twice as long as the store: after a term change waited out the grant, it would still admit the
-/// old term. It sees the store's clock move twice as fast as its own on every round trip, never
-/// trusts it, and so never uses a grant; the control gateway, at the right speed, does.
+/// A gateway whose clocks (wall, monotonic and boot) run at half speed would count its grants,
+/// settle waits and forward deadlines twice as long as the store and the other gateways: after
+/// a term change waited out the grant, it would still admit the old term, and its old-term
+/// writes could reach the upstream after the next term's. It sees the store's clock move twice
+/// as fast as its own on every round trip, so it never trusts its clock and admits nothing: every
+/// write gets 503 (problem type fence-store-unavailable, counted as kind "clock"), nothing
+/// reaches the upstream, and `/readyz` says why. The control gateway, at the right speed,
+/// admits and uses grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_a_gateway_whose_clocks_run_at_half_speed_never_admits_a_term_after_the_next_was_answered() {
+async fn s3_s5_a_gateway_whose_clocks_run_at_half_speed_admits_nothing() {
     let db = TestDb::new().await;
     let mut upstream = Upstream::start().await.unwrap();
     let faketime = faketime_library().unwrap().display().to_string();
-    let slow = Gateway::start_with_env(
+    let slow = Gateway::spawn_with_env(
         &db.url(),
         &config(&upstream.url(), GRANT_MS),
         &[("LD_PRELOAD", faketime), ("FAKETIME", "+0 x0.5".to_owned())],
@@ -110,22 +140,41 @@ async fn s3_a_gateway_whose_clocks_run_at_half_speed_never_admits_a_term_after_t
     .unwrap();
     let control = Gateway::start(&db.url(), &config(&upstream.url(), GRANT_MS)).await.unwrap();
 
-    let slow_writes = steady(&slow, "slow", 1, Duration::from_millis(1500), "slow").await;
+    // Long enough for the slow gateway to have earned trust several times over, had it been right.
+    let started = Instant::now();
+    let mut slow_writes = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let id = format!("slow-{slow_writes}");
+        let reply =
+            send(slow.proxy, Method::POST, "/r/slow/entries", &[("fencing-token", "1"), ("x-request-id", &id)], "{}")
+                .await
+                .unwrap();
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "the slow gateway answered {id}: {}", reply.json());
+        assert_eq!(reply.json()["type"].as_str().map(|t| t.ends_with("fence-store-unavailable")), Some(true));
+        slow_writes += 1;
+    }
+    let ready = send(slow.control, Method::GET, "/readyz", &[], "").await.unwrap();
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "a gateway whose clock disagrees says it is ready");
     let control_writes = steady(&control, "control", 1, Duration::from_millis(1500), "control").await;
-    let slow_granted = metric(&slow, "fencing_granted_writes_total").await;
     let control_granted = metric(&control, "fencing_granted_writes_total").await;
+    let refused = metric(&slow, "fencing_store_errors_total{kind=\"clock\"}").await;
     let disagreements = metric(&slow, "fencing_clock_disagreements_total").await;
     println!(
-        "slow gateway: {slow_writes} writes, {slow_granted} under a grant, {disagreements} clock disagreements; \
+        "slow gateway: {slow_writes} writes, {refused} refused for the clocks, {disagreements} clock disagreements; \
          control: {control_writes} writes, {control_granted} under a grant"
     );
     assert!(control_granted > 0.0, "the control gateway used no grant: the test would prove nothing");
-    assert_eq!(slow_granted, 0.0, "the slow gateway admitted writes under a grant");
+    assert!(refused >= slow_writes as f64, "the slow gateway's 503s were not counted as kind clock");
     assert!(disagreements >= 1.0, "the slow gateway did not see its clock disagree");
     assert_eq!(metric(&control, "fencing_clock_disagreements_total").await, 0.0);
+    assert_eq!(metric(&control, "fencing_store_errors_total{kind=\"clock\"}").await, 0.0);
+    upstream.collect(Duration::from_millis(300)).await;
+    for n in 0..slow_writes {
+        assert!(!upstream.received(&format!("slow-{n}")), "a write through the slow gateway reached the upstream");
+    }
 
-    raise_under_load(&db.url(), &slow, &mut upstream, "slow", 2).await;
-    raise_under_load(&db.url(), &control, &mut upstream, "control", 2).await;
+    let (_, conflicts) = raise_under_load(&db.url(), &control, &mut upstream, "control", 2).await;
+    assert_eq!(conflicts, 10, "the control gateway's clock agrees: its stale writes get 409");
 }
 
 /// Postgres's wall clock stepped 60 s forward while a gateway holds a grant: the raise still
@@ -143,7 +192,7 @@ async fn s3_a_step_of_the_stores_clock_lets_no_grant_outlive_its_term() {
     steady(&gateway, "fwd", 1, Duration::from_millis(1000), "warm-fwd").await;
     assert!(metric(&gateway, "fencing_granted_writes_total").await > 0.0, "no grant in use before the step");
     clock.step_to(60_000);
-    let took = raise_under_load(&url, &gateway, &mut upstream, "fwd", 2).await;
+    let (took, _) = raise_under_load(&url, &gateway, &mut upstream, "fwd", 2).await;
     println!("a raise 60 s after a forward step took {took:?}");
     assert!(took >= Duration::from_millis(GRANT_MS * 9 / 10), "the raise waited {took:?}, not the grant");
     assert!(metric(&gateway, "fencing_clock_disagreements_total").await >= 1.0, "the step went unseen");
@@ -152,12 +201,15 @@ async fn s3_a_step_of_the_stores_clock_lets_no_grant_outlive_its_term() {
     // there (a renewal measured against the end the store recorded before the step would last
     // the whole step), then right again.
     clock.step_to(0);
+    let refusing = until_admitted(&gateway, "back", 1, "after-step-back").await;
+    println!("after the step back to real time, the gateway answered 503 for {refusing:?}");
     steady(&gateway, "back", 1, Duration::from_millis(1500), "warm-back-before").await;
     clock.step_to(-60_000);
-    tokio::time::sleep(Duration::from_millis(1500)).await; // the clocks agree again for half a grant
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until_admitted(&gateway, "back", 1, "after-step-behind").await;
     steady(&gateway, "back", 1, Duration::from_millis(1500), "warm-back").await;
     clock.step_to(0);
-    let took = raise_under_load(&url, &gateway, &mut upstream, "back", 2).await;
+    let (took, _) = raise_under_load(&url, &gateway, &mut upstream, "back", 2).await;
     println!("a raise after a backward step and its correction took {took:?}");
     assert!(took < Duration::from_secs(3), "the raise waited {took:?}: a grant outlived its length");
 }
@@ -185,11 +237,21 @@ async fn s5_a_forward_step_of_the_stores_clock_does_not_end_a_settle_wait() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     clock.step_to(60_000);
-    let higher =
-        send(second.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "6"), ("x-request-id", "higher")], "y")
-            .await
-            .unwrap();
-    assert_eq!(higher.status, StatusCode::OK);
+    // The second gateway sees the step on this very round trip: 503 (nothing is admitted while
+    // the clocks disagree) until the clocks have agreed again, then admitted, behind the settle.
+    let started = Instant::now();
+    loop {
+        let higher =
+            send(second.proxy, Method::PUT, "/r/s5/item", &[("fencing-token", "6"), ("x-request-id", "higher")], "y")
+                .await
+                .unwrap();
+        if higher.status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(higher.status, StatusCode::SERVICE_UNAVAILABLE, "{}", higher.json());
+        assert!(started.elapsed() < Duration::from_secs(5), "term 6 was not admitted within 5 s of the step");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(lower.await.unwrap().unwrap().status, StatusCode::OK, "term 5 was admitted before the raise");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_lower_arrived_before_higher(&upstream);

@@ -193,7 +193,25 @@ async fn s2_to_s6_hold_while_the_primary_is_killed_and_a_synchronous_standby_pro
         }));
     }
 
+    // The probe: a new term of a resource of its own for every write, as fast as the store
+    // answers, up to the crash and never after. Nothing raises it later, so a raise answered just
+    // before the crash and lost in the failover shows: its fence on the new primary is below it,
+    // and the term under it is admitted again.
+    let crashing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (proxies, writes, crashing) = (proxies.clone(), Arc::clone(&writes), Arc::clone(&crashing));
+        tasks.push(tokio::spawn(async move {
+            let mut term = 1;
+            while !crashing.load(std::sync::atomic::Ordering::SeqCst) {
+                let done = write(&proxies, 1, "/free/probe/x", "probe", term, format!("probe-{term}")).await;
+                writes.lock().await.push(done);
+                term += 1;
+            }
+        }));
+    }
+
     tokio::time::sleep(CRASH_AT).await;
+    crashing.store(true, std::sync::atomic::Ordering::SeqCst);
     let crashed = Instant::now();
     tokio::task::block_in_place(|| primary.crash_now()).unwrap();
     let down = Instant::now();
@@ -261,6 +279,26 @@ async fn s2_to_s6_hold_while_the_primary_is_killed_and_a_synchronous_standby_pro
         let fence = fence.map(|row| row.get::<_, i64>(0));
         let all = fencing_tests::snapshot(&client, "SELECT * FROM fencing.fences ORDER BY resource").await;
         assert!(fence >= Some(*term), "seed {seed}: {resource} admitted {term}, fence {fence:?}; fences: {all:?}");
+    }
+    // The probe's last admitted term survived: the term under it is refused through both gateways.
+    let probed = highest.get("probe").copied().unwrap_or_else(|| panic!("seed {seed}: no probe write was admitted"));
+    for proxy in &proxies {
+        let stale = (probed - 1).to_string();
+        let reply = send(
+            *proxy,
+            Method::PUT,
+            "/free/probe/x",
+            &[("fencing-token", &stale), ("x-request-id", "probe-stale")],
+            "",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            reply.status,
+            StatusCode::CONFLICT,
+            "seed {seed}: S3: term {stale} of the probe after {probed}: {}",
+            reply.json()
+        );
     }
     // S5: the upstream saw each resource's terms in order.
     let mut last: HashMap<String, i64> = HashMap::new();
@@ -335,6 +373,7 @@ async fn logs_within(gateway: &mut Gateway, needle: &str, within: Duration) -> b
 }
 
 const NO_SYNCHRONOUS_STANDBY: &str = "without a synchronous standby";
+const SYNCHRONOUS_STANDBY_MISSING: &str = "fewer synchronous standbys of the fence store are connected";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_warns_while_the_store_is_a_primary_without_a_synchronous_standby_unless_told_not_to() {
@@ -371,6 +410,14 @@ async fn serve_warns_while_the_store_is_a_primary_without_a_synchronous_standby_
     assert!(
         logs_within(&mut protected, NO_SYNCHRONOUS_STANDBY, Duration::from_secs(30)).await,
         "no warning once the promoted standby runs alone"
+    );
+    // A synchronous standby named but not connected (down, or Patroni's strict mode with no
+    // replica left) protects nothing: warned, never reported protected.
+    standby.psql("ALTER SYSTEM SET synchronous_standby_names = 'ghost'").unwrap();
+    standby.psql("SELECT pg_reload_conf()").unwrap();
+    assert!(
+        logs_within(&mut protected, SYNCHRONOUS_STANDBY_MISSING, Duration::from_secs(30)).await,
+        "no warning while the named synchronous standby is not connected"
     );
 }
 
@@ -425,4 +472,55 @@ async fn s3_a_raise_that_timed_out_waiting_for_the_synchronous_standby_is_not_ad
     let nines: Vec<&str> =
         log.iter().filter_map(|line| line["x_request_id"].as_str()).filter(|id| id.starts_with("nine")).collect();
     assert_eq!(nines, [format!("nine-{n}")], "only the last write of 9 reached the upstream");
+}
+
+/// A primary that went down without a word, listed first in a multi-host URL: its host drops
+/// connection attempts (as a host powered off or cut off does), so without a connect timeout
+/// each new connection would wait out the kernel's SYN retries, minutes, inside a decision
+/// bounded by the fence-check timeout, and never reach the second host: every write 503 for
+/// good. Each host gets half the fence-check timeout, so the promoted standby (here: the live
+/// server listed second) is reached and writes are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_host_that_drops_connection_attempts_does_not_keep_writes_from_the_second() {
+    let db = TestDb::new().await;
+    // A listener whose accept queue (backlog 0) one connection fills: the kernel then drops every
+    // further SYN to it, as to a host that is down.
+    let silent = tokio::net::TcpSocket::new_v4().unwrap();
+    silent.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let silent = silent.listen(0).unwrap();
+    let addr = silent.local_addr().unwrap();
+    let _filler = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let attempt = tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await;
+    assert!(attempt.is_err(), "the silent host answered a connection attempt: the test would prove nothing");
+
+    let url = format!(
+        "postgres://{SUPERUSER}@127.0.0.1:{},127.0.0.1:{}/{}?target_session_attrs=read-write",
+        addr.port(),
+        db.cluster().port(),
+        db.name
+    );
+    let mut upstream = Upstream::start().await.unwrap();
+    let gateway = Gateway::spawn(&url, &config(&upstream.url(), 0)).await.unwrap();
+    let started = Instant::now();
+    let mut refused = 0;
+    loop {
+        let reply = send(
+            gateway.proxy,
+            Method::PUT,
+            "/free/acct/x",
+            &[("fencing-token", "1"), ("x-request-id", "through")],
+            "",
+        )
+        .await
+        .unwrap();
+        if reply.status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{}", reply.json());
+        refused += 1;
+        assert!(started.elapsed() < Duration::from_secs(20), "no write admitted in 20 s: the first host held them all");
+    }
+    println!("admitted after {:?} ({refused} writes refused first)", started.elapsed());
+    upstream.collect(Duration::from_millis(300)).await;
+    assert!(upstream.received("through"));
 }

@@ -119,6 +119,33 @@ async fn with_a_synchronous_standby_that_lags_a_raise_is_not_answered_until_the_
     store::admit(&client, "free", 8).await.unwrap();
 }
 
+/// Why the old primary must be fenced before the standby is promoted (README, "Running on
+/// Postgres HA", item 3): a gateway's decision on a write of the current term only reads, so it
+/// never waits for the standby. Cut off from its synchronous standby, which is promoted and raises
+/// the fence to 8, the old primary still admits term 7 to a gateway (a zombie's write, after 8 was
+/// answered: S3 broken), though a raise on it waits for a standby that will never answer. If this
+/// test ever fails, that README item can be revisited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_left_running_after_a_promotion_still_admits_the_term_the_new_one_raised_past() {
+    let (primary, standby, link, database) = primary_and_standby(Replication::Synchronous).await;
+    let old = connect(&primary.url(&database)).await;
+    assert!(store::gate(&old, "free", 7, FORWARD, None).await.unwrap().is_admitted());
+    link.set(Mode::Hold);
+    tokio::task::block_in_place(|| standby.promote()).unwrap();
+    let new = connect(&standby.url(&database)).await;
+    assert_eq!(store::admit(&new, "free", 8).await.unwrap(), 8);
+    let zombie = tokio::time::timeout(Duration::from_secs(5), store::gate(&old, "free", 7, FORWARD, None)).await;
+    assert!(
+        matches!(&zombie, Ok(Ok(gate)) if gate.is_admitted()),
+        "the cut-off primary no longer admits the current term by a read: {zombie:?}"
+    );
+    let raiser = connect(&primary.url(&database)).await;
+    let raise = tokio::spawn(async move { store::admit(&raiser, "free", 9).await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!raise.is_finished(), "a raise on the cut-off primary was answered without its standby");
+    raise.abort();
+}
+
 /// The demonstration: an asynchronous standby that lags loses answered decisions in a failover.
 /// A raise to 9 and a grant on 9 were answered on the primary; the promoted standby has neither,
 /// so it admits term 8, which S3 forbids once 9 was admitted, and a raise on it does not wait
