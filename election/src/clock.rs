@@ -76,6 +76,9 @@ pub enum ClockVerdict {
     Agrees {
         /// How long a span the agreement covers at least.
         span: Duration,
+        /// How much longer the span may have been (the two round trips' widths): the rate the
+        /// agreement vouches for is known only to within (`uncertainty` + slack) / `span`.
+        uncertainty: Duration,
     },
     /// The store's clock moved `store_secs` while this host's moved between `local_min_secs` and
     /// `local_max_secs`, beyond the tolerance: a step of either clock (the difference is
@@ -141,10 +144,11 @@ impl ClockWatch {
             return ClockVerdict::Disagrees { store_secs: store, local_min_secs: local_min, local_max_secs: local_max };
         }
         let span = sample.sent.saturating_duration_since(reference.received);
+        let uncertainty = Duration::from_secs_f64((local_max - local_min).max(0.0));
         if span >= self.window {
             self.reference = Some(sample);
         }
-        ClockVerdict::Agrees { span }
+        ClockVerdict::Agrees { span, uncertainty }
     }
 }
 

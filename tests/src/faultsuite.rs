@@ -730,7 +730,31 @@ async fn run_schedule(
     let ended_us = now_us();
     schedule.stop().await;
     schedule.record(config, started_us, quiet_from_us, ended_us).await?;
+    // A gateway whose clocks ran slow or fast must have admitted nothing at all: not only no
+    // violation the checker could see, none of its writes answered ok.
+    if let Some((gateway, rate)) = gateway_rate {
+        let admitted = admitted_through(dir, gateway)?;
+        if admitted > 0 {
+            bail!(
+                "schedule {index}: gateway-{gateway}, whose clocks ran at x{rate}, admitted {admitted} writes: a \
+                 gateway whose clock disagrees with the store's must admit nothing"
+            );
+        }
+    }
     Ok(schedule.promoted.take())
+}
+
+/// How many writes the clients saw answered ok through gateway `gateway` (in the recorded
+/// history, `clients.jsonl`).
+fn admitted_through(dir: &Path, gateway: usize) -> Result<usize> {
+    let text = std::fs::read_to_string(dir.join("clients.jsonl")).context("read clients.jsonl")?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|write| {
+            write["path"] == "gateway" && write["gateway"].as_u64() == Some(gateway as u64) && write["outcome"] == "ok"
+        })
+        .count())
 }
 
 /// When writes that need a leader (to a bound resource) have flowed again after `after_us` on

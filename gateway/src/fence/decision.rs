@@ -2,7 +2,9 @@
 //! verdict on the write.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use fencing_election::clock::BootInstant;
 use fencing_schema::store::{Gate, Outcome};
 use tokio::time::Instant;
 
@@ -25,23 +27,39 @@ pub struct Decision {
 }
 
 /// The clocks' agreement a decision was made under: the write's settle wait and forward
-/// deadline are counted on this gateway's clock, so they stand only while it still agrees with
-/// the store's (no disagreement seen since the decision).
+/// deadline are counted on this gateway's monotonic clock, so they stand only while that still
+/// agrees with the store's (no disagreement seen since the decision) and has not fallen behind
+/// the boot clock (the host was not suspended meanwhile: the monotonic clock stops then).
 #[derive(Debug, Clone)]
 pub struct ClockTicket {
     clock: Arc<StoreClock>,
     generation: u64,
+    made: Instant,
+    made_boot: BootInstant,
 }
 
+/// How far the monotonic clock may fall behind the boot clock before the host counts as
+/// having been suspended.
+const SUSPEND: Duration = Duration::from_millis(10);
+
 impl ClockTicket {
-    /// Under `generation` of `clock`'s agreement.
+    /// Under `generation` of `clock`'s agreement (read before the decision was asked for).
     pub(super) fn new(clock: &Arc<StoreClock>, generation: u64) -> ClockTicket {
-        ClockTicket { clock: Arc::clone(clock), generation }
+        ClockTicket { clock: Arc::clone(clock), generation, made: Instant::now(), made_boot: BootInstant::now() }
     }
 
-    /// Whether the clocks have agreed since the decision: the write may be sent.
+    /// The agreement's generation.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether the clocks have agreed since the decision, and the host was not suspended: what
+    /// was counted since on this gateway's clock may be acted on (the write sent, a settle
+    /// marked over).
     pub fn holds(&self) -> bool {
-        self.clock.trusted() && self.clock.generation() == self.generation
+        let suspended =
+            BootInstant::now().saturating_duration_since(self.made_boot) > self.made.elapsed().saturating_add(SUSPEND);
+        self.clock.trusted() && self.clock.generation() == self.generation && !suspended
     }
 }
 

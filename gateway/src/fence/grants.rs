@@ -202,6 +202,8 @@ impl Grants {
         settles: &Settles,
     ) -> bool {
         let (pending, answer) = Pending::new(resource, presented, bind_lease);
+        // The agreement the renewal is asked under: its grant and settle are counted from here.
+        let generation = self.clock.generation();
         let started = Instant::now();
         let boot_started = BootInstant::now();
         if lane.send(pending).is_err() {
@@ -217,13 +219,15 @@ impl Grants {
             let result = match timeout_at(started + check_timeout, answer).await {
                 Ok(Ok(Ok(mut gate))) => {
                     let answered = Instant::now();
+                    let clocks = ClockTicket::new(&clock, generation);
                     let granted = gate.is_admitted() && !gate.grant.is_zero();
-                    if let (true, Some(term)) = (gate.is_admitted(), gate.term) {
+                    // Under clocks that disagreed since the renewal was asked, neither its settle
+                    // nor its grant is counted; a refusal drops the grant held all the same.
+                    if let (true, Some(term), true) = (gate.is_admitted(), gate.term, clocks.holds()) {
                         let lease_key = gate.lease_key.clone();
-                        gate.wait = settles.wait(&resource, term, lease_key.as_deref(), gate.wait, answered);
+                        gate.wait = settles.wait(&resource, term, lease_key.as_deref(), gate.wait, (answered, &clocks));
                     }
-                    if !gate.is_admitted() || clock.trusted() {
-                        let generation = clock.generation();
+                    if !gate.is_admitted() || clocks.holds() {
                         install(
                             &grants,
                             &key,
@@ -261,10 +265,17 @@ impl Grants {
     /// Records the grant a decision's answer carries (or drops the one held, when the answer
     /// refused the write). `anchors`: when the decision was asked for, on both clocks, and when
     /// its answer came.
-    pub(super) fn record(&self, key: &GrantKey<'_>, gate: &Gate, anchors: (Instant, BootInstant, Instant)) {
-        // An untrusted clock gives no grant; a refusal drops the one held all the same.
-        if !gate.is_admitted() || self.clock.trusted() {
-            install(&self.table, key, gate, anchors, (self.length, self.margin, self.rho), self.clock.generation());
+    pub(super) fn record(
+        &self,
+        key: &GrantKey<'_>,
+        gate: &Gate,
+        anchors: (Instant, BootInstant, Instant),
+        clocks: &ClockTicket,
+    ) {
+        // Clocks that disagreed since the decision was asked give no grant; a refusal drops the
+        // one held all the same.
+        if !gate.is_admitted() || clocks.holds() {
+            install(&self.table, key, gate, anchors, (self.length, self.margin, self.rho), clocks.generation());
         }
     }
 }

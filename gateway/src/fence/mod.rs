@@ -262,7 +262,7 @@ impl FenceStore {
             && let (true, Some(term)) = (gate.is_admitted(), gate.term)
         {
             // The settle, as this gateway counts it (`settles`).
-            gate.wait = self.settles.wait(resource, term, gate.lease_key.as_deref(), gate.wait, answered);
+            gate.wait = self.settles.wait(resource, term, gate.lease_key.as_deref(), gate.wait, (answered, &clocks));
         }
         match &result {
             Ok(gate) => {
@@ -271,7 +271,7 @@ impl FenceStore {
                 let current = self.cached_max(resource).is_none_or(|max| gate.term >= Some(max));
                 if self.grants.enabled() && (current || !gate.is_admitted()) {
                     let key = GrantKey { resource, presented, bind_lease };
-                    self.grants.record(&key, gate, (started, boot_started, answered));
+                    self.grants.record(&key, gate, (started, boot_started, answered), &clocks);
                 }
             }
             Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),

@@ -24,6 +24,8 @@ use deadpool_postgres::Pool;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::debug;
 
+use crate::fence::decision::ClockTicket;
+
 /// Beyond this many settling fences the table starts over (a forgotten settle is waited again).
 const CAPACITY: usize = 100_000;
 
@@ -38,6 +40,9 @@ struct Settle {
     end: Instant,
     /// The store has been (or is being) told.
     marking: bool,
+    /// The clocks' agreement `end` was counted under: an end from before a disagreement is not
+    /// used after it.
+    generation: u64,
 }
 
 /// The fences this gateway has seen settling (cheap to clone: one table).
@@ -69,16 +74,17 @@ impl Settles {
         }
     }
 
-    /// The wait of a write whose decision, answered at `answered`, said `wait` at `term` of
-    /// `resource` (bound to `lease_key`): until the earliest end this gateway has seen for that
-    /// settle, stretched by the clock-rate allowance. Zero when there is nothing to wait for.
+    /// The wait of a write whose decision, answered at `answered` under the clocks' agreement
+    /// `clocks`, said `wait` at `term` of `resource` (bound to `lease_key`): until the earliest
+    /// end this gateway has seen for that settle, stretched by the clock-rate allowance. Zero when
+    /// there is nothing to wait for.
     pub(super) fn wait(
         &self,
         resource: &str,
         term: i64,
         lease_key: Option<&str>,
         wait: Duration,
-        answered: Instant,
+        (answered, clocks): (Instant, &ClockTicket),
     ) -> Duration {
         if wait.is_zero() {
             return Duration::ZERO;
@@ -89,9 +95,15 @@ impl Settles {
         if table.len() >= CAPACITY && !table.contains_key(resource) {
             table.clear();
         }
-        let same =
-            |held: &Settle| held.term == term && held.lease_key.as_deref() == lease_key && held.settle_ms == settle_ms;
-        let fresh = Settle { term, lease_key: lease_key.map(str::to_owned), settle_ms, end, marking: false };
+        let generation = clocks.generation();
+        let same = |held: &Settle| {
+            held.term == term
+                && held.lease_key.as_deref() == lease_key
+                && held.settle_ms == settle_ms
+                && held.generation == generation
+        };
+        let fresh =
+            Settle { term, lease_key: lease_key.map(str::to_owned), settle_ms, end, marking: false, generation };
         let entry = table.entry(resource.to_owned()).or_insert_with(|| fresh.clone());
         if same(entry) {
             entry.end = entry.end.min(end);
@@ -103,7 +115,7 @@ impl Settles {
             entry.marking = true;
             let mark = (resource.to_owned(), term, entry.lease_key.clone(), settle_ms);
             drop(table);
-            self.mark_after(end + self.margin, mark);
+            self.mark_after(end + self.margin, mark, clocks.clone());
         }
         end.saturating_duration_since(answered)
     }
@@ -113,11 +125,32 @@ impl Settles {
     /// writes decided before that mark (which still waited the settle) have passed their
     /// deadlines too, so the next term need not settle behind them. A failure costs only waits:
     /// decisions keep saying the length, and this gateway's table still knows its end.
-    fn mark_after(&self, at: Instant, (resource, term, lease_key, settle_ms): (String, i64, Option<String>, i64)) {
+    ///
+    /// Both lengths are counted on this gateway's clock, and a mark ends the settle for every
+    /// gateway: so neither is sent unless the clocks have agreed with the store's all along
+    /// (`clocks`). Otherwise the entry is forgotten and the settle waits on, its full length,
+    /// until a decision under agreeing clocks marks it.
+    fn mark_after(
+        &self,
+        at: Instant,
+        (resource, term, lease_key, settle_ms): (String, i64, Option<String>, i64),
+        clocks: ClockTicket,
+    ) {
         let (pool, check_timeout, table) = (self.pool.clone(), self.check_timeout, Arc::clone(&self.table));
         let (margin, stretch) = (self.margin, self.stretch);
         self.runtime.spawn(async move {
             sleep_until(at).await;
+            let forget = || {
+                if let Ok(mut table) = table.lock()
+                    && table.get(&resource).is_some_and(|held| held.term == term && held.settle_ms == settle_ms)
+                {
+                    table.remove(&resource);
+                }
+            };
+            if !clocks.holds() {
+                forget();
+                return;
+            }
             let call = |sql: &'static str| {
                 let (pool, resource, lease_key) = (pool.clone(), resource.clone(), lease_key.clone());
                 async move {
@@ -154,6 +187,9 @@ impl Settles {
             // `drain` of it, each on its own gateway's clock.
             let Some(drain) = drain.and_then(|ms| u64::try_from(ms).ok()) else { return };
             sleep(Duration::from_millis(drain).mul_f64(stretch) + margin).await;
+            if !clocks.holds() {
+                return;
+            }
             match timeout(check_timeout, call("SELECT fencing.mark_drained($1, $2, $3, $4)")).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => debug!(%resource, term, %error, "could not mark a settle as drained"),

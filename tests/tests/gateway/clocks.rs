@@ -118,59 +118,59 @@ async fn raise_under_load(
     (took, conflicts)
 }
 
-/// A gateway whose clocks (wall, monotonic and boot) run at half speed would count its grants,
-/// settle waits and forward deadlines twice as long as the store and the other gateways: after
-/// a term change waited out the grant, it would still admit the old term, and its old-term
-/// writes could reach the upstream after the next term's. It sees the store's clock move twice
-/// as fast as its own on every round trip, so it never trusts its clock and admits nothing: every
-/// write gets 503 (problem type fence-store-unavailable, counted as kind "clock"), nothing
-/// reaches the upstream, and `/readyz` says why. The control gateway, at the right speed,
-/// admits and uses grants.
+/// A gateway whose clocks (wall, monotonic and boot) run slow or fast would count its grants,
+/// settle waits and forward deadlines longer or shorter than the store and the other gateways:
+/// after a term change waited out the grant, a slow one would still admit the old term, and its
+/// old-term writes could reach the upstream after the next term's. At half, 0.9 times, 1.1 times
+/// and twice the rate of real time, it sees the store's clock move at another rate than its own
+/// (never over a span long enough to vouch for its rate), so it never trusts its clock and
+/// admits nothing: every write gets 503 (problem type fence-store-unavailable, counted as kind
+/// "clock"), nothing reaches the upstream, and `/readyz` says why. The control gateway, at the
+/// right speed, admits and uses grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_s5_a_gateway_whose_clocks_run_at_half_speed_admits_nothing() {
+async fn s3_s5_a_gateway_whose_clocks_run_slow_or_fast_admits_nothing() {
     let db = TestDb::new().await;
     let mut upstream = Upstream::start().await.unwrap();
     let faketime = faketime_library().unwrap().display().to_string();
-    let slow = Gateway::spawn_with_env(
-        &db.url(),
-        &config(&upstream.url(), GRANT_MS),
-        &[("LD_PRELOAD", faketime), ("FAKETIME", "+0 x0.5".to_owned())],
-    )
-    .await
-    .unwrap();
-    let control = Gateway::start(&db.url(), &config(&upstream.url(), GRANT_MS)).await.unwrap();
-
-    // Long enough for the slow gateway to have earned trust several times over, had it been right.
-    let started = Instant::now();
-    let mut slow_writes = 0;
-    while started.elapsed() < Duration::from_millis(1500) {
-        let id = format!("slow-{slow_writes}");
-        let reply =
-            send(slow.proxy, Method::POST, "/r/slow/entries", &[("fencing-token", "1"), ("x-request-id", &id)], "{}")
-                .await
-                .unwrap();
-        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "the slow gateway answered {id}: {}", reply.json());
-        assert_eq!(reply.json()["type"].as_str().map(|t| t.ends_with("fence-store-unavailable")), Some(true));
-        slow_writes += 1;
+    let mut sent = Vec::new();
+    for rate in ["0.5", "0.9", "1.1", "2"] {
+        let odd = Gateway::spawn_with_env(
+            &db.url(),
+            &config(&upstream.url(), GRANT_MS),
+            &[("LD_PRELOAD", faketime.clone()), ("FAKETIME", format!("+0 x{rate}"))],
+        )
+        .await
+        .unwrap();
+        // Long enough for the gateway to have earned trust several times over, had it been right.
+        let started = Instant::now();
+        let mut writes = 0;
+        while started.elapsed() < Duration::from_millis(1200) {
+            let id = format!("x{rate}-{writes}");
+            let headers = [("fencing-token", "1"), ("x-request-id", id.as_str())];
+            let reply = send(odd.proxy, Method::POST, "/r/odd/entries", &headers, "{}").await.unwrap();
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "x{rate} answered {id}: {}", reply.json());
+            assert_eq!(reply.json()["type"].as_str().map(|t| t.ends_with("fence-store-unavailable")), Some(true));
+            sent.push(id);
+            writes += 1;
+        }
+        let ready = send(odd.control, Method::GET, "/readyz", &[], "").await.unwrap();
+        assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "x{rate}: a gateway whose clock disagrees is ready");
+        let refused = metric(&odd, "fencing_store_errors_total{kind=\"clock\"}").await;
+        let disagreements = metric(&odd, "fencing_clock_disagreements_total").await;
+        println!("x{rate}: {writes} writes, {refused} refused for the clocks, {disagreements} clock disagreements");
+        assert!(refused >= writes as f64, "x{rate}: the 503s were not counted as kind clock");
+        assert!(disagreements >= 1.0, "x{rate}: the gateway did not see its clock disagree");
     }
-    let ready = send(slow.control, Method::GET, "/readyz", &[], "").await.unwrap();
-    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "a gateway whose clock disagrees says it is ready");
+    let control = Gateway::start(&db.url(), &config(&upstream.url(), GRANT_MS)).await.unwrap();
     let control_writes = steady(&control, "control", 1, Duration::from_millis(1500), "control").await;
     let control_granted = metric(&control, "fencing_granted_writes_total").await;
-    let refused = metric(&slow, "fencing_store_errors_total{kind=\"clock\"}").await;
-    let disagreements = metric(&slow, "fencing_clock_disagreements_total").await;
-    println!(
-        "slow gateway: {slow_writes} writes, {refused} refused for the clocks, {disagreements} clock disagreements; \
-         control: {control_writes} writes, {control_granted} under a grant"
-    );
+    println!("control: {control_writes} writes, {control_granted} under a grant");
     assert!(control_granted > 0.0, "the control gateway used no grant: the test would prove nothing");
-    assert!(refused >= slow_writes as f64, "the slow gateway's 503s were not counted as kind clock");
-    assert!(disagreements >= 1.0, "the slow gateway did not see its clock disagree");
     assert_eq!(metric(&control, "fencing_clock_disagreements_total").await, 0.0);
     assert_eq!(metric(&control, "fencing_store_errors_total{kind=\"clock\"}").await, 0.0);
     upstream.collect(Duration::from_millis(300)).await;
-    for n in 0..slow_writes {
-        assert!(!upstream.received(&format!("slow-{n}")), "a write through the slow gateway reached the upstream");
+    for id in &sent {
+        assert!(!upstream.received(id), "{id} reached the upstream through a gateway whose clock disagrees");
     }
 
     let (_, conflicts) = raise_under_load(&db.url(), &control, &mut upstream, "control", 2).await;
@@ -255,4 +255,52 @@ async fn s5_a_forward_step_of_the_stores_clock_does_not_end_a_settle_wait() {
     assert_eq!(lower.await.unwrap().unwrap().status, StatusCode::OK, "term 5 was admitted before the raise");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_lower_arrived_before_higher(&upstream);
+}
+
+/// A write admitted while the clocks agreed, waiting out its settle, is not sent once the gateway
+/// has seen its clock and the store's disagree: its wait and its deadline were counted on a clock
+/// that no longer stands for the store's lengths. Gateway `lower` admits term 5 (its settle is the
+/// forward timeout, 2 s); gateway `higher` admits term 6 behind it and waits; meanwhile the
+/// store's clock steps forward and another write through `higher` shows it the step. The term-6
+/// write is then refused (503) and never reaches the upstream; the same without the step is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_write_waiting_out_its_settle_is_not_sent_after_the_gateway_saw_the_clocks_disagree() {
+    let clock = PgCluster::fake_clock();
+    let (url, _clock) = clock.database("gateway_ticket").await;
+    let mut upstream = Upstream::start().await.unwrap();
+    let lower = Gateway::start(&url, &config_forwarding(&upstream.url(), 0, 2000)).await.unwrap();
+    let higher = Gateway::start(&url, &config_forwarding(&upstream.url(), 0, 2000)).await.unwrap();
+    for (round, step) in [(0, false), (1, true)] {
+        let resource = format!("ticket-{round}");
+        assert_eq!(write(&lower, &resource, 5, &format!("lower-{round}")).await, StatusCode::OK);
+        let proxy = higher.proxy;
+        let (fence, id) = (resource.clone(), format!("higher-{round}"));
+        let waiting = tokio::spawn(async move {
+            let headers = [("fencing-token", "6"), ("x-request-id", id.as_str())];
+            send(proxy, Method::POST, &format!("/r/{fence}/entries"), &headers, "{}").await.unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "term 6 did not wait out term 5's settle: the test would prove nothing");
+        if step {
+            clock.step_to(60_000);
+            // Any round trip of `higher` shows it the step (this write's own answer is refused).
+            let seen = write(&higher, &format!("{resource}-other"), 1, &format!("other-{round}")).await;
+            assert_eq!(seen, StatusCode::SERVICE_UNAVAILABLE, "the gateway did not see the step");
+        }
+        let reply = waiting.await.unwrap();
+        upstream.collect(Duration::from_millis(300)).await;
+        if step {
+            assert_eq!(
+                reply.status,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sent after the clocks disagreed: {}",
+                reply.json()
+            );
+            assert!(!upstream.received(&format!("higher-{round}")), "the refused write reached the upstream");
+        } else {
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+            assert!(upstream.received(&format!("higher-{round}")));
+        }
+    }
+    clock.step_to(0);
 }

@@ -89,8 +89,9 @@ async fn write(
     Write { id, gateway, resource: resource.to_owned(), term, sent, answered: Instant::now(), status }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s2_to_s6_hold_while_the_primary_is_killed_and_a_synchronous_standby_promoted_mid_load() {
+/// A primary with a migrated database `failover`, a synchronous standby of it, and the
+/// multi-host URL that follows whichever of the two is primary.
+async fn primary_and_synchronous_standby() -> (PgCluster, PgCluster, String) {
     let primary = PgCluster::start().unwrap();
     primary.psql("CREATE DATABASE failover").unwrap();
     let mut client = connect(&primary.url("failover")).await;
@@ -102,6 +103,12 @@ async fn s2_to_s6_hold_while_the_primary_is_killed_and_a_synchronous_standby_pro
         primary.port(),
         standby.port()
     );
+    (primary, standby, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s2_to_s6_hold_while_the_primary_is_killed_and_a_synchronous_standby_promoted_mid_load() {
+    let (primary, standby, url) = primary_and_synchronous_standby().await;
     let mut upstream = Upstream::start().await.unwrap();
     let granting = Gateway::start(&url, &config(&upstream.url(), 400)).await.unwrap();
     let asking = Gateway::start(&url, &config(&upstream.url(), 0)).await.unwrap();
@@ -389,17 +396,7 @@ async fn serve_warns_while_the_store_is_a_primary_without_a_synchronous_standby_
     assert!(!logs_within(&mut quiet, NO_SYNCHRONOUS_STANDBY, Duration::from_secs(3)).await, "warned though off");
 
     // A primary with a synchronous standby: quiet, until a failover leaves the new primary alone.
-    let primary = PgCluster::start().unwrap();
-    primary.psql("CREATE DATABASE failover").unwrap();
-    let mut client = connect(&primary.url("failover")).await;
-    fencing_schema::migrate(&mut client).await.unwrap();
-    drop(client);
-    let standby = tokio::task::block_in_place(|| primary.start_standby(Replication::Synchronous)).unwrap();
-    let url = format!(
-        "postgres://{SUPERUSER}@127.0.0.1:{},127.0.0.1:{}/failover?target_session_attrs=read-write",
-        primary.port(),
-        standby.port()
-    );
+    let (primary, standby, url) = primary_and_synchronous_standby().await;
     let mut protected = Gateway::start_capturing_logs(&url, &warn).await.unwrap();
     assert!(
         !logs_within(&mut protected, NO_SYNCHRONOUS_STANDBY, Duration::from_secs(3)).await,
