@@ -4,7 +4,7 @@
 //! wrong type is an [`InputError`] naming the file and the line, never skipped. Unknown extra
 //! fields are tolerated so that the runner may record more than the checker reads.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -316,7 +316,7 @@ impl StoreClockLog {
     /// and the offset changes at one instant between a step's `before_us` and `at_us`: so a
     /// window's readings lie between its step's `before_us` and the next step's `at_us`, with no
     /// slack (slack would place an expiry the next step carried the clock past after that step).
-    fn real(&self, store_us: i64) -> Result<i64, String> {
+    fn real(&self, store_us: i64) -> Result<Reading, String> {
         let w = &self.windows;
         let mut found = None;
         for (i, &(before, _, offset)) in w.iter().enumerate() {
@@ -326,21 +326,61 @@ impl StoreClockLog {
                 if found.is_some() {
                     return Err(format!("store time {store_us} could have been read in two clock windows"));
                 }
-                found = Some(real);
+                found = Some(Reading::Read { real, window: i });
             }
         }
-        if let Some(real) = found {
-            return Ok(real);
+        if let Some(found) = found {
+            return Ok(found);
         }
         // Stepped over: the first step after which the clock reads past it, having read before it.
-        for pair in w.windows(2) {
+        for (i, pair) in w.windows(2).enumerate() {
             let ((_, _, offset), (before, at, next_offset)) = (pair[0], pair[1]);
             if before.saturating_add(offset) <= store_us && store_us < at.saturating_add(next_offset) {
-                return Ok(at);
+                return Ok(Reading::SteppedOver { at, window: i + 1 });
             }
         }
         Err(format!("store time {store_us} was never read by the store's clock as `clock.jsonl` has it"))
     }
+}
+
+/// Where a store time falls in real time.
+#[derive(Debug, Clone, Copy)]
+enum Reading {
+    /// The clock read it at `real`, in window `window`.
+    Read { real: i64, window: usize },
+    /// A step carried the clock past it: it passed at the step's instant, some time between the
+    /// step's `before_us` and `at`, and no later than the first reading recorded in the window the
+    /// step opened (`window`), which the step preceded.
+    SteppedOver { at: i64, window: usize },
+}
+
+/// Turns lease times (the store's) into real time: a time the clock read is that reading; a time
+/// a step carried the clock past is the step's instant, at most `at_us` and at most the earliest
+/// recorded reading after the step (a lease granted 5 ms after a step whose window is 10 ms wide
+/// shows that the step, and so the expiry it carried the clock past, came before it).
+fn leases_in_real_time(periods: &mut [(usize, LeasePeriod)], clock: &StoreClockLog) -> Result<(), (usize, String)> {
+    let mut readings = Vec::new();
+    for (line, period) in periods.iter() {
+        let granted = clock.real(period.granted_at_us).map_err(|reason| (*line, reason))?;
+        let ended = period.ended_at_us.map(|t| clock.real(t)).transpose().map_err(|reason| (*line, reason))?;
+        readings.push((granted, ended));
+    }
+    let mut earliest: BTreeMap<usize, i64> = BTreeMap::new();
+    for reading in readings.iter().flat_map(|(granted, ended)| std::iter::once(*granted).chain(*ended)) {
+        if let Reading::Read { real, window } = reading {
+            let first = earliest.entry(window).or_insert(real);
+            *first = (*first).min(real);
+        }
+    }
+    let real = |reading: Reading| match reading {
+        Reading::Read { real, .. } => real,
+        Reading::SteppedOver { at, window } => earliest.get(&window).map_or(at, |first| at.min(*first)),
+    };
+    for ((_, period), (granted, ended)) in periods.iter_mut().zip(readings) {
+        period.granted_at_us = real(granted);
+        period.ended_at_us = ended.map(real);
+    }
+    Ok(())
 }
 
 /// Everything recorded for one schedule.
@@ -407,15 +447,12 @@ impl History {
         let steps: Vec<ClockStep> = read_lines::<ClockStep>(&clock_path)?.into_iter().map(|(_, r)| r).collect();
         let store_clock = StoreClockLog::new(&steps, &meta);
         let leases_path = dir.join("leases.jsonl");
-        let mut leases = Vec::new();
-        for (line, mut period) in read_lines::<LeasePeriod>(&leases_path)? {
-            if !steps.is_empty() {
-                let real = |t: i64| store_clock.real(t).map_err(|reason| invalid(&leases_path, line, reason));
-                period.granted_at_us = real(period.granted_at_us)?;
-                period.ended_at_us = period.ended_at_us.map(real).transpose()?;
-            }
-            leases.push(period);
+        let mut periods = read_lines::<LeasePeriod>(&leases_path)?;
+        if !steps.is_empty() {
+            leases_in_real_time(&mut periods, &store_clock)
+                .map_err(|(line, reason)| invalid(&leases_path, line, reason))?;
         }
+        let leases: Vec<LeasePeriod> = periods.into_iter().map(|(_, period)| period).collect();
 
         let mut upstream = Vec::new();
         for path in upstream_files(dir)? {

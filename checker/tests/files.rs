@@ -354,3 +354,32 @@ fn an_expiry_just_past_a_step_that_carried_the_clock_past_it_is_that_steps_insta
     assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
     fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn an_expiry_a_forward_step_carried_the_clock_past_ends_no_later_than_the_first_reading_after_it() {
+    // Forward by 49 s at an instant between 7.000 s and 7.010 s (real time). Term 1 expires at
+    // 7.5 s on the store's clock, which the step carried it past; term 2 was granted at 7.005 s
+    // (56.005 s on the stepped clock): the step, and so term 1's end, came before that, not at
+    // the window's end (a fault-suite run reported a 4.6 ms overlap that way).
+    let dir = temp_dir("clock-expiry-before-first-reading");
+    let mut h = base();
+    h.leases = vec![
+        lease("k1", 1, "leader-a#1", 5 * S, Some(7 * S + 500_000)),
+        lease("k1", 2, "leader-b#1", 7 * S + 5_000 + 49 * S, None),
+    ];
+    write_schedule(&dir, &h);
+    write_clock(&dir, &[(7 * S, 7 * S + 10_000, 49 * S)]);
+    let loaded = fencing_checker::History::load(&dir).unwrap();
+    assert_eq!(loaded.leases[0].ended_at_us, Some(7 * S + 5_000));
+    assert_eq!(loaded.leases[1].granted_at_us, 7 * S + 5_000);
+    let report = check_schedule(&dir).unwrap();
+    assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+    // A grant before the step, inside term 1, still overlaps it.
+    let mut h = base();
+    h.leases =
+        vec![lease("k1", 1, "leader-a#1", 5 * S, Some(7 * S + 500_000)), lease("k1", 2, "leader-b#1", 6 * S, None)];
+    write_schedule(&dir, &h);
+    let report = check_schedule(&dir).unwrap();
+    assert!(report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+    fs::remove_dir_all(dir).unwrap();
+}

@@ -32,6 +32,10 @@ pub const CACHED_REFUSALS: &str = "fencing_cached_refusals_total";
 pub const GRANTED_WRITES: &str = "fencing_granted_writes_total";
 /// Counter `{result}`: grant renewals sent ahead of a grant's end (ok, refused, failed).
 pub const GRANT_RENEWALS: &str = "fencing_grant_renewals_total";
+/// Gauge: the grants this gateway holds (ended ones are dropped every second).
+pub const GRANTS_HELD: &str = "fencing_grants_held";
+/// Gauge: the memory the grants this gateway holds take, estimated.
+pub const GRANT_TABLE_BYTES: &str = "fencing_grant_table_bytes";
 /// Counter: round trips in which the store's clock and this host's boot clock disagreed (a
 /// step of the store's wall clock, or a clock running fast or slow): grants are dropped.
 pub const CLOCK_DISAGREEMENTS: &str = "fencing_clock_disagreements_total";
@@ -93,6 +97,11 @@ fn describe() {
     metrics::describe_counter!(CACHED_REFUSALS, "Stale writes refused from the cached maximum, without Postgres");
     metrics::describe_counter!(GRANTED_WRITES, "Writes admitted under a grant this gateway holds, without Postgres");
     metrics::describe_counter!(GRANT_RENEWALS, "Grant renewals sent ahead of a grant's end, by result");
+    metrics::describe_gauge!(
+        GRANTS_HELD,
+        "Grants this gateway holds (one per fence it admits writes of without Postgres)"
+    );
+    metrics::describe_gauge!(GRANT_TABLE_BYTES, "Memory the grants this gateway holds take, estimated");
     metrics::describe_counter!(
         CLOCK_DISAGREEMENTS,
         "Round trips in which the store's clock and the gateway's boot clock disagreed (grants dropped)"
@@ -227,6 +236,8 @@ pub fn register_known(config: &crate::config::Config) {
         metrics::counter!(name).absolute(0);
     }
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);
+    metrics::gauge!(GRANTS_HELD).set(0.0);
+    metrics::gauge!(GRANT_TABLE_BYTES).set(0.0);
     for listener in ["proxy", "control"] {
         metrics::counter!(CONNECTIONS_REFUSED, "listener" => listener).absolute(0);
     }

@@ -98,15 +98,11 @@ impl Grants {
         check_timeout: Duration,
         clock: Arc<StoreClock>,
     ) -> Grants {
-        Grants {
-            table: Arc::default(),
-            length,
-            margin,
-            rho,
-            check_timeout,
-            clock,
-            runtime: tokio::runtime::Handle::current(),
+        let table: Arc<Mutex<HashMap<String, Grant>>> = Arc::default();
+        if !length.is_zero() {
+            tokio::spawn(sweep(Arc::downgrade(&table)));
         }
+        Grants { table, length, margin, rho, check_timeout, clock, runtime: tokio::runtime::Handle::current() }
     }
 
     /// Whether this gateway asks for grants.
@@ -252,6 +248,47 @@ impl Grants {
         });
         true
     }
+}
+
+/// How often ended grants are dropped and the grant gauges set.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Every [`SWEEP_EVERY`], for as long as the table lives: drops the grants that have ended (a
+/// write finds them ended and drops them too, but a resource no longer written would keep its row)
+/// and sets `fencing_grants_held` and `fencing_grant_table_bytes`, so what the grants cost this
+/// gateway is on its dashboard: rows held, and memory per row.
+async fn sweep(table: std::sync::Weak<Mutex<HashMap<String, Grant>>>) {
+    let held = metrics::gauge!(names::GRANTS_HELD);
+    let bytes = metrics::gauge!(names::GRANT_TABLE_BYTES);
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let Some(table) = table.upgrade() else { return };
+        let Ok(mut grants) = table.lock() else { return };
+        let (now, boot_now) = (Instant::now(), BootInstant::now());
+        grants.retain(|_, grant| grant.lasts(now, boot_now));
+        // After a burst of resources, give back what the table no longer needs.
+        let len = grants.len();
+        if grants.capacity() > 4 * len.max(1024) {
+            grants.shrink_to(2 * len);
+        }
+        held.set(grants.len() as f64);
+        bytes.set(table_bytes(&grants) as f64);
+    }
+}
+
+/// The memory the table takes, estimated: its slots (key and grant, by capacity) and the strings
+/// they own.
+fn table_bytes(grants: &HashMap<String, Grant>) -> usize {
+    let slot = std::mem::size_of::<(String, Grant)>() + 1;
+    let owned: usize = grants
+        .iter()
+        .map(|(resource, grant)| {
+            resource.capacity()
+                + grant.bind_lease.as_ref().map_or(0, String::capacity)
+                + grant.stamp.as_ref().map_or(0, |(key, owner)| key.capacity() + owner.capacity())
+        })
+        .sum();
+    grants.capacity() * slot + owned
 }
 
 /// What a grant is held for.

@@ -212,3 +212,42 @@ async fn a_database_that_defaults_to_repeatable_read_still_changes_leaders_and_d
     assert_eq!(write(&gateway, 1, "rr-1").await, StatusCode::OK);
     assert_eq!(write(&gateway, 1, "rr-2").await, StatusCode::OK);
 }
+
+/// What the grants cost a gateway, on its own metrics: one grant per fence written through it
+/// (`fencing_grants_held`), their memory (`fencing_grant_table_bytes`, per grant a few hundred
+/// bytes), and none left once the writes stop and the grants end (ended grants are dropped every
+/// second, not only when a write finds them). The issue's "none of these may grow with the number
+/// of resources on a bound route" is measured against these gauges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grants_a_gateway_holds_and_their_memory_are_on_its_metrics_and_end_with_the_writes() {
+    const RESOURCES: usize = 50;
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await.unwrap();
+    let gateway = Gateway::start(&db.url(), &config(&upstream, GRANT_MS)).await.unwrap();
+    assert_eq!(counter(&gateway, "fencing_grants_held").await, 0.0);
+    // Every resource over and over (a pass takes well under a grant), until a sweep (every
+    // second) has seen a grant on each: the first write of a resource creates its fence, the
+    // next ones are granted and renewed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut held = 0.0;
+    while held < RESOURCES as f64 {
+        assert!(Instant::now() < deadline, "{held} grants held after 5 s of writes to {RESOURCES} resources");
+        for n in 0..RESOURCES {
+            let headers = [("fencing-token", "1"), ("x-request-id", "grant-cost")];
+            let reply =
+                send(gateway.proxy, Method::POST, &format!("/r/res-{n}/entries"), &headers, "{}").await.unwrap();
+            assert_eq!(reply.status, StatusCode::OK, "resource {n}");
+        }
+        held = counter(&gateway, "fencing_grants_held").await;
+    }
+    let bytes = counter(&gateway, "fencing_grant_table_bytes").await;
+    println!("{held} grants held, {bytes} bytes: {:.0} bytes per grant", bytes / held.max(1.0));
+    assert_eq!(held, RESOURCES as f64, "one grant per fence written");
+    assert!(bytes >= held * 100.0 && bytes <= held * 2000.0, "{bytes} bytes for {held} grants");
+    // No more writes: the grants end (400 ms) and the next sweep drops them.
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while counter(&gateway, "fencing_grants_held").await > 0.0 {
+        assert!(Instant::now() < deadline, "grants of fences no longer written were still held after 4 s");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
