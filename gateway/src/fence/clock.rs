@@ -51,6 +51,8 @@ const SLACK: Duration = Duration::from_millis(1);
 /// How often the store's clock is read while the clocks are trusted: no reference grows old
 /// between writes, so a rate that changes shows within seconds.
 const KEEP_WATCHING: Duration = Duration::from_secs(1);
+/// A store that did not answer this reader for longer than this is watched afresh.
+const STALE: Duration = Duration::from_secs(10);
 
 fn nanos(instant: BootInstant) -> u64 {
     u64::try_from(instant.since_boot().as_nanos()).unwrap_or(u64::MAX)
@@ -115,6 +117,17 @@ impl StoreClock {
         }
     }
 
+    /// Starts afresh, untrusted, when the last sample is older than the reference window (the
+    /// store did not answer for that long): a reference that old would hide a rate that changed
+    /// meanwhile in the tolerance of the whole span.
+    fn forget(&self) {
+        if let Ok(mut watch) = self.watch.lock() {
+            watch.reset();
+        }
+        self.trusted.store(false, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Whether writes may be admitted and grants used: the clocks have agreed over a span of
     /// `trust_after` at least that vouches for their rates, with no disagreement since.
     pub(super) fn trusted(&self) -> bool {
@@ -129,7 +142,8 @@ impl StoreClock {
 }
 
 /// For as long as the gateway runs, reads the store's clock: every 50 ms while the clocks are not
-/// trusted (from start-up, and after each disagreement), so writes are admitted again as soon as
+/// trusted (from start-up, and after each disagreement; every 500 ms while the store does not
+/// answer), so writes are admitted again as soon as
 /// a span of agreement vouches for them, not only once decisions have spanned it; every second
 /// while they are, and at once when a disagreement ends the trust, so that the reference the
 /// round trips are measured against is never old (after an idle hour, a clock that ran fast for
@@ -137,6 +151,7 @@ impl StoreClock {
 pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, check_timeout: Duration) {
     const READ: &str = "SELECT extract(epoch FROM clock_timestamp())::float8";
     let mut was_trusted = false;
+    let mut last_answered: Option<BootInstant> = None;
     loop {
         let read = tokio::time::timeout(check_timeout, async {
             let client = pool.get().await.ok()?;
@@ -146,7 +161,12 @@ pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, ch
             Some(ClockSample { sent, received: BootInstant::now(), store_secs })
         })
         .await;
+        let answered = matches!(read, Ok(Some(_)));
         if let Ok(Some(sample)) = read {
+            if last_answered.is_some_and(|last| sample.sent.saturating_duration_since(last) > STALE) {
+                clock.forget();
+            }
+            last_answered = Some(sample.received);
             clock.observe(sample);
         }
         let trusted = clock.trusted();
@@ -161,7 +181,8 @@ pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, ch
                 () = tokio::time::sleep(KEEP_WATCHING) => {}
             }
         } else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // A store that does not answer is asked again less often (it may be restarting).
+            tokio::time::sleep(Duration::from_millis(if answered { 50 } else { 500 })).await;
         }
     }
 }
