@@ -336,7 +336,7 @@ impl StoreClockLog {
         for (i, pair) in w.windows(2).enumerate() {
             let ((_, _, offset), (before, at, next_offset)) = (pair[0], pair[1]);
             if before.saturating_add(offset) <= store_us && store_us < at.saturating_add(next_offset) {
-                return Ok(Reading::SteppedOver { at, window: i + 1 });
+                return Ok(Reading::SteppedOver { window: i + 1 });
             }
         }
         Err(format!("store time {store_us} was never read by the store's clock as `clock.jsonl` has it"))
@@ -348,37 +348,55 @@ impl StoreClockLog {
 enum Reading {
     /// The clock read it at `real`, in window `window`.
     Read { real: i64, window: usize },
-    /// A step carried the clock past it: it passed at the step's instant, some time between the
-    /// step's `before_us` and `at`, and no later than the first reading recorded in the window the
-    /// step opened (`window`), which the step preceded.
-    SteppedOver { at: i64, window: usize },
+    /// A step carried the clock past it: it passed at that step's instant; the step opened window
+    /// `window`.
+    SteppedOver { window: usize },
 }
 
-/// Turns lease times (the store's) into real time: a time the clock read is that reading; a time
-/// a step carried the clock past is the step's instant, at most `at_us` and at most the earliest
-/// recorded reading after the step (a lease granted 5 ms after a step whose window is 10 ms wide
-/// shows that the step, and so the expiry it carried the clock past, came before it).
+/// Turns lease times (the store's) into real time, each at the earliest instant the records
+/// allow, so that S1 reports only overlaps that certainly happened.
+///
+/// A grant, a release, an abandonment or a forced release is a reading of the store's clock, at
+/// its real time. An expiry is not: it is a renewal's reading plus the ttl, computed ahead. It
+/// happened when the clock first read past it: at its real time in its window, but not before
+/// the step that opened that window; or, when a step carried the clock past it, at that step's
+/// instant. A step's instant is known only to lie between its `before_us` and `at_us`, and after
+/// every reading recorded in the window before it: so the earliest it can have been is the later
+/// of its `before_us` and just after the last such reading (a lease granted at 7.004 s on the old
+/// offset shows that a step made between 7.000 s and 7.010 s came after 7.004 s).
 fn leases_in_real_time(periods: &mut [(usize, LeasePeriod)], clock: &StoreClockLog) -> Result<(), (usize, String)> {
     let mut readings = Vec::new();
     for (line, period) in periods.iter() {
         let granted = clock.real(period.granted_at_us).map_err(|reason| (*line, reason))?;
         let ended = period.ended_at_us.map(|t| clock.real(t)).transpose().map_err(|reason| (*line, reason))?;
-        readings.push((granted, ended));
+        let projected = period.end_reason.as_deref().is_none_or(|reason| reason == "expired");
+        readings.push((granted, ended, projected));
     }
-    let mut earliest: BTreeMap<usize, i64> = BTreeMap::new();
-    for reading in readings.iter().flat_map(|(granted, ended)| std::iter::once(*granted).chain(*ended)) {
+    // The last reading of each window (expiries are projections, not readings).
+    let mut last: BTreeMap<usize, i64> = BTreeMap::new();
+    let genuine = readings
+        .iter()
+        .flat_map(|(granted, ended, projected)| std::iter::once(*granted).chain(ended.filter(|_| !projected)));
+    for reading in genuine {
         if let Reading::Read { real, window } = reading {
-            let first = earliest.entry(window).or_insert(real);
-            *first = (*first).min(real);
+            let latest = last.entry(window).or_insert(real);
+            *latest = (*latest).max(real);
         }
     }
-    let real = |reading: Reading| match reading {
-        Reading::Read { real, .. } => real,
-        Reading::SteppedOver { at, window } => earliest.get(&window).map_or(at, |first| at.min(*first)),
+    // The earliest instant of the step that opened `window`.
+    let step_earliest = |window: usize| {
+        let before = clock.windows.get(window).map_or(i64::MIN, |w| w.0);
+        let after_last = window.checked_sub(1).and_then(|previous| last.get(&previous)).map_or(i64::MIN, |t| t + 1);
+        before.max(after_last)
     };
-    for ((_, period), (granted, ended)) in periods.iter_mut().zip(readings) {
-        period.granted_at_us = real(granted);
-        period.ended_at_us = ended.map(real);
+    let real = |reading: Reading, projected: bool| match reading {
+        Reading::Read { real, window } if projected => real.max(step_earliest(window)),
+        Reading::Read { real, .. } => real,
+        Reading::SteppedOver { window } => step_earliest(window),
+    };
+    for ((_, period), (granted, ended, projected)) in periods.iter_mut().zip(readings) {
+        period.granted_at_us = real(granted, false);
+        period.ended_at_us = ended.map(|ended| real(ended, projected));
     }
     Ok(())
 }

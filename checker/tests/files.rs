@@ -297,7 +297,8 @@ fn store_times_become_real_times_across_steps_of_the_stores_clock() {
     let dir = temp_dir("clock-steps");
     let mut h = base();
     h.leases = vec![
-        // Granted before the steps; its expiry (store 5.2 s) was stepped over at 5 s.
+        // Granted before the steps; its expiry (store 5.2 s) was stepped over by the step made
+        // between 4.999 s and 5 s: it ended at that step's instant, 4.999 s at the earliest.
         lease("k1", 1, "leader-a#1", 0, Some(5 * S + 200_000)),
         // Granted during the forward step, ended during the back step.
         lease("k1", 2, "leader-b#1", 105 * S + 250_000, Some(7 * S + 500_000 - 300 * S)),
@@ -309,7 +310,10 @@ fn store_times_become_real_times_across_steps_of_the_stores_clock() {
     write_clock(&dir, &steps);
     let loaded = fencing_checker::History::load(&dir).unwrap();
     let periods: Vec<(i64, Option<i64>)> = loaded.leases.iter().map(|p| (p.granted_at_us, p.ended_at_us)).collect();
-    assert_eq!(periods, vec![(0, Some(5 * S)), (5 * S + 250_000, Some(7 * S + 500_000)), (7 * S + 600_000, None)],);
+    assert_eq!(
+        periods,
+        vec![(0, Some(5 * S - 1_000)), (5 * S + 250_000, Some(7 * S + 500_000)), (7 * S + 600_000, None)],
+    );
     // In store time term 3 overlaps term 1; in real time no two periods overlap.
     let report = check_schedule(&dir).unwrap();
     assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
@@ -355,31 +359,52 @@ fn an_expiry_just_past_a_step_that_carried_the_clock_past_it_is_that_steps_insta
     fs::remove_dir_all(dir).unwrap();
 }
 
+/// A lease that ended by expiry (a projection of the store's clock, not a reading).
+fn expired(key: &str, term: i64, owner: &str, granted: i64, expires: i64) -> fencing_checker::history::LeasePeriod {
+    let mut period = lease(key, term, owner, granted, Some(expires));
+    period.end_reason = Some("expired".into());
+    period
+}
+
 #[test]
-fn an_expiry_a_forward_step_carried_the_clock_past_ends_no_later_than_the_first_reading_after_it() {
+fn an_expiry_a_forward_step_carried_the_clock_past_ends_at_the_earliest_instant_of_that_step() {
     // Forward by 49 s at an instant between 7.000 s and 7.010 s (real time). Term 1 expires at
     // 7.5 s on the store's clock, which the step carried it past; term 2 was granted at 7.005 s
-    // (56.005 s on the stepped clock): the step, and so term 1's end, came before that, not at
-    // the window's end (a fault-suite run reported a 4.6 ms overlap that way).
-    let dir = temp_dir("clock-expiry-before-first-reading");
+    // (56.005 s on the stepped clock). The step may have come as early as 7.000 s, so term 1 may
+    // have ended then: no certain overlap (a fault-suite run reported a 4.6 ms one, placing the
+    // end at the window's 7.010 s).
+    let dir = temp_dir("clock-expiry-earliest-step");
     let mut h = base();
     h.leases = vec![
-        lease("k1", 1, "leader-a#1", 5 * S, Some(7 * S + 500_000)),
+        expired("k1", 1, "leader-a#1", 5 * S, 7 * S + 500_000),
         lease("k1", 2, "leader-b#1", 7 * S + 5_000 + 49 * S, None),
     ];
     write_schedule(&dir, &h);
     write_clock(&dir, &[(7 * S, 7 * S + 10_000, 49 * S)]);
     let loaded = fencing_checker::History::load(&dir).unwrap();
-    assert_eq!(loaded.leases[0].ended_at_us, Some(7 * S + 5_000));
+    assert_eq!(loaded.leases[0].ended_at_us, Some(7 * S));
     assert_eq!(loaded.leases[1].granted_at_us, 7 * S + 5_000);
     let report = check_schedule(&dir).unwrap();
     assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
-    // A grant before the step, inside term 1, still overlaps it.
+
+    // Forward by 1 s in the same window. A grant read on the old offset at 7.004 s shows the step
+    // came after it, so term 1 ran until after 7.004 s: that grant overlaps it, whatever another
+    // key's expiry (a projection, not a reading: 8.001 s, which falls at 7.001 s on the new
+    // offset) seems to say about the step.
     let mut h = base();
-    h.leases =
-        vec![lease("k1", 1, "leader-a#1", 5 * S, Some(7 * S + 500_000)), lease("k1", 2, "leader-b#1", 6 * S, None)];
+    h.leases = vec![
+        expired("k1", 1, "leader-a#1", 5 * S, 7 * S + 500_000),
+        lease("k1", 2, "leader-b#1", 7 * S + 4_000, None),
+        expired("k2", 1, "leader-c#1", 6 * S, 8 * S + 1_000),
+        lease("k2", 2, "leader-d#1", 8 * S + 500_000, None),
+    ];
     write_schedule(&dir, &h);
+    write_clock(&dir, &[(7 * S, 7 * S + 10_000, S)]);
     let report = check_schedule(&dir).unwrap();
-    assert!(report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+    assert!(
+        report.violations.iter().any(|v| v.invariant == Invariant::S1 && v.detail.contains("key k1")),
+        "{:?}",
+        report.violations
+    );
     fs::remove_dir_all(dir).unwrap();
 }

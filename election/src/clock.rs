@@ -123,6 +123,16 @@ impl ClockWatch {
         self.reference = None;
     }
 
+    /// Makes `sample` (one that agreed) the reference when its round trip was narrower: spans
+    /// measured from it vouch for a rate sooner (a disagreement seen on a slow round trip would
+    /// otherwise widen every comparison until the reference moves on).
+    pub fn prefer_narrower(&mut self, sample: ClockSample) {
+        let width = |s: &ClockSample| s.received.saturating_duration_since(s.sent);
+        if self.reference.is_some_and(|reference| width(&sample) < width(&reference)) {
+            self.reference = Some(sample);
+        }
+    }
+
     /// Takes one more sample.
     pub fn observe(&mut self, sample: ClockSample) -> ClockVerdict {
         let Some(reference) = self.reference else {

@@ -28,7 +28,8 @@ use crate::metrics as names;
 /// What this gateway makes of the store's clock.
 #[derive(Debug)]
 pub(super) struct StoreClock {
-    watch: Mutex<ClockWatch>,
+    /// The watch, and when the last sample (from any reader) was answered.
+    watch: Mutex<(ClockWatch, Option<BootInstant>)>,
     /// The clocks agreed over a span of `trust_after` at least, with no disagreement since.
     trusted: AtomicBool,
     /// Counts the disagreements: a grant is used only under the generation it was given in.
@@ -66,7 +67,7 @@ impl StoreClock {
         StoreClock {
             // The store's clock comes as microseconds: 1 ms for rounding. The reference moves
             // every 10 s, so a rate error shows over spans up to that long.
-            watch: Mutex::new(ClockWatch::new(tolerance, SLACK, Duration::from_secs(10))),
+            watch: Mutex::new((ClockWatch::new(tolerance, SLACK, Duration::from_secs(10)), None)),
             trusted: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             trust_after,
@@ -79,7 +80,16 @@ impl StoreClock {
 
     /// Takes one round trip's sample; false when the clocks disagree (grants must go).
     pub(super) fn observe(&self, sample: ClockSample) -> bool {
-        let Ok(mut watch) = self.watch.lock() else { return false };
+        let Ok(mut guard) = self.watch.lock() else { return false };
+        let (watch, last) = &mut *guard;
+        // No answer for longer than the window: a reference that old would hide a rate that
+        // changed meanwhile in the tolerance of the whole span. Start afresh, untrusted.
+        if last.is_some_and(|last| sample.sent.saturating_duration_since(last) > STALE) {
+            watch.reset();
+            self.trusted.store(false, Ordering::Release);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        *last = Some(last.map_or(sample.received, |last| last.max(sample.received)));
         match watch.observe(sample) {
             ClockVerdict::Unknown => true,
             ClockVerdict::Agrees { span, uncertainty } => {
@@ -90,6 +100,8 @@ impl StoreClock {
                     && (uncertainty + SLACK).as_secs_f64() <= self.certainty * span.as_secs_f64()
                 {
                     self.trusted.store(true, Ordering::Release);
+                } else if !self.trusted() {
+                    watch.prefer_narrower(sample);
                 }
                 true
             }
@@ -117,17 +129,6 @@ impl StoreClock {
         }
     }
 
-    /// Starts afresh, untrusted, when the last sample is older than the reference window (the
-    /// store did not answer for that long): a reference that old would hide a rate that changed
-    /// meanwhile in the tolerance of the whole span.
-    fn forget(&self) {
-        if let Ok(mut watch) = self.watch.lock() {
-            watch.reset();
-        }
-        self.trusted.store(false, Ordering::Release);
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
     /// Whether writes may be admitted and grants used: the clocks have agreed over a span of
     /// `trust_after` at least that vouches for their rates, with no disagreement since.
     pub(super) fn trusted(&self) -> bool {
@@ -148,11 +149,11 @@ impl StoreClock {
 /// while they are, and at once when a disagreement ends the trust, so that the reference the
 /// round trips are measured against is never old (after an idle hour, a clock that ran fast for
 /// the last five seconds would hide in an hour's tolerance).
-pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, check_timeout: Duration) {
+pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Weak<StoreClock>, check_timeout: Duration) {
     const READ: &str = "SELECT extract(epoch FROM clock_timestamp())::float8";
     let mut was_trusted = false;
-    let mut last_answered: Option<BootInstant> = None;
-    loop {
+    // Until the fence store that owns the clock is dropped.
+    while let Some(clock) = clock.upgrade() {
         let read = tokio::time::timeout(check_timeout, async {
             let client = pool.get().await.ok()?;
             // Timed around the query alone: a wait for a connection would only widen the sample.
@@ -163,10 +164,6 @@ pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, ch
         .await;
         let answered = matches!(read, Ok(Some(_)));
         if let Ok(Some(sample)) = read {
-            if last_answered.is_some_and(|last| sample.sent.saturating_duration_since(last) > STALE) {
-                clock.forget();
-            }
-            last_answered = Some(sample.received);
             clock.observe(sample);
         }
         let trusted = clock.trusted();
@@ -181,6 +178,7 @@ pub(super) async fn earn_trust(pool: Pool, clock: std::sync::Arc<StoreClock>, ch
                 () = tokio::time::sleep(KEEP_WATCHING) => {}
             }
         } else {
+            drop(clock);
             // A store that does not answer is asked again less often (it may be restarting).
             tokio::time::sleep(Duration::from_millis(if answered { 50 } else { 500 })).await;
         }
@@ -241,5 +239,46 @@ mod tests {
         assert!(!clock.observe(stepped));
         assert!(!clock.trusted());
         assert_eq!(clock.generation(), generation + 1);
+    }
+
+    #[test]
+    fn a_disagreement_seen_on_a_slow_round_trip_does_not_keep_trust_away_for_long() {
+        let zero = BootInstant::now();
+        let clock = StoreClock::new(0.01, Duration::from_millis(100));
+        clock.observe(sample(zero, 0.0, 0.0005, 1.0));
+        clock.observe(sample(zero, 0.3, 0.0005, 1.0));
+        assert!(clock.trusted());
+        // The store's clock steps 60 s; the step is seen on a round trip of 200 ms (a raise that
+        // waited out a grant): that sample becomes the reference.
+        let mut stepped = sample(zero, 0.5, 0.2, 1.0);
+        stepped.store_secs += 60.0;
+        assert!(!clock.observe(stepped));
+        // Narrow round trips every 50 ms from then on: trusted again within a second, not only
+        // once the reference moves on (10 s), as a 200 ms-wide reference would need.
+        let mut at = 0.75;
+        while !clock.trusted() {
+            let mut next = sample(zero, at, 0.0005, 1.0);
+            next.store_secs += 60.0;
+            clock.observe(next);
+            at += 0.05;
+            assert!(at < 1.75, "not trusted again within a second of the step");
+        }
+    }
+
+    #[test]
+    fn a_store_that_did_not_answer_for_ten_seconds_is_watched_afresh() {
+        let zero = BootInstant::now();
+        let clock = StoreClock::new(0.01, Duration::from_millis(100));
+        clock.observe(sample(zero, 0.0, 0.0005, 1.0));
+        clock.observe(sample(zero, 0.3, 0.0005, 1.0));
+        assert!(clock.trusted());
+        let generation = clock.generation();
+        // 60 s later: this clock ran 1.5% slow for the last 20 s, hidden in 1% of 60 s; the gap
+        // itself ends the trust, which the next samples earn again.
+        clock.observe(sample(zero, 60.0, 0.0005, 1.0));
+        assert!(!clock.trusted());
+        assert_eq!(clock.generation(), generation + 1);
+        clock.observe(sample(zero, 60.3, 0.0005, 1.0));
+        assert!(clock.trusted());
     }
 }

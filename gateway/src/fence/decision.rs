@@ -43,9 +43,10 @@ pub struct ClockTicket {
 const SUSPEND: Duration = Duration::from_millis(10);
 
 impl ClockTicket {
-    /// Under `generation` of `clock`'s agreement (read before the decision was asked for).
-    pub(super) fn new(clock: &Arc<StoreClock>, generation: u64) -> ClockTicket {
-        ClockTicket { clock: Arc::clone(clock), generation, made: Instant::now(), made_boot: BootInstant::now() }
+    /// Under `generation` of `clock`'s agreement, both read before the decision was asked for at
+    /// `asked` (on the monotonic and the boot clock): a suspend from then on is seen.
+    pub(super) fn new(clock: &Arc<StoreClock>, generation: u64, asked: (Instant, BootInstant)) -> ClockTicket {
+        ClockTicket { clock: Arc::clone(clock), generation, made: asked.0, made_boot: asked.1 }
     }
 
     /// The agreement's generation.

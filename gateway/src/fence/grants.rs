@@ -170,7 +170,7 @@ impl Grants {
             gate,
             asked: latest_start.checked_sub(wait).unwrap_or(now).min(now),
             answered: now,
-            clocks: ClockTicket::new(&self.clock, generation),
+            clocks: ClockTicket::new(&self.clock, generation, (now, boot_now)),
         };
         let renew = now >= grant.renew_after && !grant.renewing;
         grant.renewing |= renew;
@@ -215,7 +215,7 @@ impl Grants {
             let result = match timeout_at(started + check_timeout, answer).await {
                 Ok(Ok(Ok(mut gate))) => {
                     let answered = Instant::now();
-                    let clocks = ClockTicket::new(&clock, generation);
+                    let clocks = ClockTicket::new(&clock, generation, (started, boot_started));
                     let granted = gate.is_admitted() && !gate.grant.is_zero();
                     // Under clocks that disagreed since the renewal was asked, neither its settle
                     // nor its grant is counted; a refusal drops the grant held all the same.

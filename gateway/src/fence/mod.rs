@@ -113,7 +113,7 @@ impl FenceStore {
         // that), and never while they disagree.
         let trust_after = (grant / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
         let clock = Arc::new(StoreClock::new(rho, trust_after));
-        tokio::spawn(clock::earn_trust(pool.clone(), Arc::clone(&clock), check_timeout));
+        tokio::spawn(clock::earn_trust(pool.clone(), Arc::downgrade(&clock), check_timeout));
         let lane = |in_flight: usize, max_batch: usize| {
             let (queue, pending) = mpsc::unbounded_channel();
             let batcher = Batcher {
@@ -215,7 +215,7 @@ impl FenceStore {
                 gate,
                 asked: now,
                 answered: now,
-                clocks: ClockTicket::new(&self.clock, self.clock.generation()),
+                clocks: ClockTicket::new(&self.clock, self.clock.generation(), (now, BootInstant::now())),
             });
         }
         // Waits and deadlines counted on a clock that disagrees with the store's stand for
@@ -244,7 +244,7 @@ impl FenceStore {
         };
         let answered = Instant::now();
         self.check_duration.record(answered.duration_since(started).as_secs_f64());
-        let clocks = ClockTicket::new(&self.clock, generation);
+        let clocks = ClockTicket::new(&self.clock, generation, (started, boot_started));
         if let Ok(gate) = &result
             && gate.is_admitted()
             && !clocks.holds()

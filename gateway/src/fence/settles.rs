@@ -142,7 +142,9 @@ impl Settles {
             sleep_until(at).await;
             let forget = || {
                 if let Ok(mut table) = table.lock()
-                    && table.get(&resource).is_some_and(|held| held.term == term && held.settle_ms == settle_ms)
+                    && table.get(&resource).is_some_and(|held| {
+                        held.term == term && held.settle_ms == settle_ms && held.generation == clocks.generation()
+                    })
                 {
                     table.remove(&resource);
                 }
