@@ -241,13 +241,19 @@ mod tests {
         assert_eq!(clock.generation(), generation + 1);
     }
 
-    #[test]
-    fn a_disagreement_seen_on_a_slow_round_trip_does_not_keep_trust_away_for_long() {
-        let zero = BootInstant::now();
+    /// A watch that trusts the clocks after 0.3 s of loopback round trips from `zero`.
+    fn trusted(zero: BootInstant) -> StoreClock {
         let clock = StoreClock::new(0.01, Duration::from_millis(100));
         clock.observe(sample(zero, 0.0, 0.0005, 1.0));
         clock.observe(sample(zero, 0.3, 0.0005, 1.0));
         assert!(clock.trusted());
+        clock
+    }
+
+    #[test]
+    fn a_disagreement_seen_on_a_slow_round_trip_does_not_keep_trust_away_for_long() {
+        let zero = BootInstant::now();
+        let clock = trusted(zero);
         // The store's clock steps 60 s; the step is seen on a round trip of 200 ms (a raise that
         // waited out a grant): that sample becomes the reference.
         let mut stepped = sample(zero, 0.5, 0.2, 1.0);
@@ -268,10 +274,7 @@ mod tests {
     #[test]
     fn a_store_that_did_not_answer_for_ten_seconds_is_watched_afresh() {
         let zero = BootInstant::now();
-        let clock = StoreClock::new(0.01, Duration::from_millis(100));
-        clock.observe(sample(zero, 0.0, 0.0005, 1.0));
-        clock.observe(sample(zero, 0.3, 0.0005, 1.0));
-        assert!(clock.trusted());
+        let clock = trusted(zero);
         let generation = clock.generation();
         // 60 s later: this clock ran 1.5% slow for the last 20 s, hidden in 1% of 60 s; the gap
         // itself ends the trust, which the next samples earn again.

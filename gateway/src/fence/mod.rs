@@ -76,6 +76,8 @@ pub struct FenceStore {
     /// Metric handles, resolved once: a decision records through them without a registry lookup.
     granted_writes: metrics::Counter,
     cached_refusals: metrics::Counter,
+    /// `fencing_store_errors_total{kind="clock"}`: writes refused while the clocks disagree.
+    clock_refusals: metrics::Counter,
     check_duration: metrics::Histogram,
 }
 
@@ -108,9 +110,10 @@ impl FenceStore {
             clock_rate_tolerance: rho,
         } = settings;
         // Writes are admitted (and grants used) once the store's clock has agreed with this host's
-        // over a span of half a grant (a tenth of a second at least, a second at most: with the
-        // settle margin off every grant, a clock off by more than the tolerance shows within
-        // that), and never while they disagree.
+        // over a span of half a grant at least (a tenth of a second at least, a second at most:
+        // with the settle margin off every grant, a clock off by more than the tolerance shows
+        // within that) that also vouches for their rates (`clock`), and never while they
+        // disagree.
         let trust_after = (grant / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
         let clock = Arc::new(StoreClock::new(rho, trust_after));
         tokio::spawn(clock::earn_trust(pool.clone(), Arc::downgrade(&clock), check_timeout));
@@ -151,6 +154,7 @@ impl FenceStore {
 
             granted_writes: metrics::counter!(names::GRANTED_WRITES),
             cached_refusals: metrics::counter!(names::CACHED_REFUSALS),
+            clock_refusals: metrics::counter!(names::STORE_ERRORS, "kind" => "clock"),
             check_duration: metrics::histogram!(names::CHECK_DURATION),
         }
     }
@@ -222,7 +226,7 @@ impl FenceStore {
         // nothing: no decision is even asked for (a refusal above changes nothing, and is sure).
         let generation = self.clock.generation();
         if !self.clock.trusted() {
-            metrics::counter!(names::STORE_ERRORS, "kind" => "clock").increment(1);
+            self.clock_refusals.increment(1);
             return Err(Undecided::ClocksDisagree);
         }
         let started = Instant::now();
@@ -254,7 +258,7 @@ impl FenceStore {
             // its settle wait does not, so neither that nor a grant is kept, and the write is
             // not admitted here.
             self.remember(resource, gate.max_term);
-            metrics::counter!(names::STORE_ERRORS, "kind" => "clock").increment(1);
+            self.clock_refusals.increment(1);
             return Err(Undecided::ClocksDisagree);
         }
         let mut result = result;
@@ -276,7 +280,7 @@ impl FenceStore {
             }
             Err(Undecided::TimedOut) => metrics::counter!(names::STORE_ERRORS, "kind" => "timeout").increment(1),
             Err(Undecided::Failed(_)) => metrics::counter!(names::STORE_ERRORS, "kind" => "error").increment(1),
-            Err(Undecided::ClocksDisagree) => metrics::counter!(names::STORE_ERRORS, "kind" => "clock").increment(1),
+            Err(Undecided::ClocksDisagree) => self.clock_refusals.increment(1),
         }
         result.map(|gate| Decision { gate, asked: started, answered, clocks })
     }
