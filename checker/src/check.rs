@@ -1,13 +1,16 @@
 //! The rules: each function takes a schedule's [`History`] and returns the violations it finds.
 //!
 //! Every rule reads the recorded facts only; nothing here knows how the product works beyond the
-//! contract's invariants (S1-S5), exactly-once application and recovery after the last fault.
+//! contract's invariants (S1-S5, S7), exactly-once application and recovery after the last fault.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::history::{CHECKING_UPSTREAM, ClientWrite, History, LeasePeriod, Mode, Outcome, UpstreamRequest, WritePath};
+use crate::history::{
+    CHECKING_UPSTREAM, ClientWrite, History, LeaderAct, LeaseCall, LeasePeriod, Mode, Outcome, UpstreamRequest,
+    WritePath,
+};
 use crate::report::{Invariant, Violation};
 
 /// Tunables of the rules.
@@ -32,9 +35,15 @@ pub fn check_history(h: &History, opts: &CheckOptions) -> Vec<Violation> {
     out.extend(s1_periods_do_not_overlap(h));
     out.extend(s2_terms_grow_by_one(h));
     out.extend(s2_every_believed_period_is_the_stores(h));
+    out.extend(s2_no_period_resumed_after_its_holder_lost_it(h));
+    out.extend(s1_leaders_acts_do_not_overlap(h));
+    out.extend(lease_answers_name_the_callers_period(h));
+    out.extend(s2_no_renewal_brings_an_ended_period_back(h));
     out.extend(s3_terms_never_decrease(h));
     out.extend(s4_no_write_after_newer_grant(h, opts));
+    out.extend(s4_bound_writes_carry_a_granted_term_of_their_owner(h));
     out.extend(s5_no_lower_byte_after_higher_head(h, opts));
+    out.extend(s7_acts_before_the_deadline_within_the_period(h));
     out.extend(exactly_once(h));
     out.extend(recovery(h).1);
     out
@@ -185,6 +194,323 @@ pub fn s2_every_believed_period_is_the_stores(h: &History) -> Vec<Violation> {
     out
 }
 
+/// How far apart two clocks of this machine read when the records compare them: the history's
+/// clock (real time) and a process's monotonic clock, read as a pair (`instant_us`).
+pub const CLOCK_READ_TOLERANCE_US: i64 = 1_000;
+
+/// Whether a step of the store's clock happened (may have happened) within `[from_us, to_us]`:
+/// then the store's times and the processes' own no longer compare (docs/CONTRACT.md, Clocks:
+/// a step moves expiry against a holder's deadline until its next round trip).
+fn clock_stepped_within(h: &History, from_us: i64, to_us: i64) -> bool {
+    h.clock_steps.iter().any(|step| step.before_us <= to_us && step.at_us >= from_us)
+}
+
+/// S2: a period a holder ended locally is over: an owner elected again with a term it had
+/// already seen itself lose (the store handed back the same period) is reported. Events are
+/// taken per owner in the order that process saw them.
+pub fn s2_no_period_resumed_after_its_holder_lost_it(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut by_owner: BTreeMap<(&str, &str), Vec<&crate::history::Election>> = BTreeMap::new();
+    for e in &h.elections {
+        by_owner.entry((e.owner.as_str(), e.key.as_str())).or_default().push(e);
+    }
+    for ((owner, key), mut events) in by_owner {
+        events.sort_by_key(|e| e.at_us);
+        let mut lost: HashMap<i64, i64> = HashMap::new();
+        for e in events {
+            match e.event.as_str() {
+                "lost" => {
+                    lost.entry(e.term).or_insert(e.at_us);
+                }
+                "elected" => {
+                    if let Some(at) = lost.get(&e.term) {
+                        out.push(violation(
+                            h,
+                            Invariant::S2,
+                            format!(
+                                "key {key}: {owner} was elected with term {} at {}, a period it had lost at {at}: a \
+                                 period ended locally is over, the next one needs a new term",
+                                e.term, e.at_us
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// S1 from the leaders' own records: per key, no leader acts with a term after a leader with a
+/// higher term had already acted. An act's check lies between its `checked_us` and its
+/// `acted_us`, so only a pair whose checks certainly came in the wrong order is reported: the
+/// older term's act checked after the newer one's had been answered. Not where the store's clock
+/// stepped since the renewal that gave the older act its deadline (the contract: a step moves
+/// expiry against the holder's deadline until its next round trip), nor after a forced release of
+/// the older period.
+pub fn s1_leaders_acts_do_not_overlap(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    // A forced release ends a period its holder still believes in, until its deadline: by design.
+    let forced: HashSet<(&str, i64)> = h
+        .leases
+        .iter()
+        .filter(|p| p.end_reason.as_deref() == Some("force_released"))
+        .map(|p| (p.key.as_str(), p.term))
+        .collect();
+    // Per key and term: the earliest answered act, and the latest-checked act.
+    let mut first_answered: BTreeMap<(&str, i64), &LeaderAct> = BTreeMap::new();
+    let mut last_checked: BTreeMap<(&str, i64), &LeaderAct> = BTreeMap::new();
+    for act in &h.acts {
+        let first = first_answered.entry((act.key.as_str(), act.term)).or_insert(act);
+        if act.acted_us < first.acted_us {
+            *first = act;
+        }
+        let last = last_checked.entry((act.key.as_str(), act.term)).or_insert(act);
+        if act.checked_us > last.checked_us {
+            *last = act;
+        }
+    }
+    for (&(key, term), older) in &last_checked {
+        if forced.contains(&(key, term)) {
+            continue;
+        }
+        let newer = first_answered
+            .range((key, term.saturating_add(1))..=(key, i64::MAX))
+            .map(|(_, act)| *act)
+            .filter(|newer| older.checked_us > newer.acted_us)
+            .min_by_key(|newer| newer.acted_us);
+        if let Some(newer) = newer {
+            // The older holder's deadline came from a renewal sent at most a ttl before it: a
+            // step of the store's clock since then may have ended its period early.
+            let ttl_us = i64::try_from(h.meta.ttl_ms).unwrap_or(i64::MAX / 1_000).saturating_mul(1_000);
+            if clock_stepped_within(h, older.deadline_us.saturating_sub(ttl_us), older.checked_us) {
+                continue;
+            }
+            out.push(violation(
+                h,
+                Invariant::S1,
+                format!(
+                    "key {key}: {} acted with term {term} (checked at {}) after {} had acted with term {} (answered \
+                     at {}): two leaders at once, by their own records",
+                    older.owner, older.checked_us, newer.owner, newer.term, newer.acted_us
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// S7: a well-behaved holder (an act its elector said it may do) acts only before its local
+/// deadline, and that deadline falls before the store's expiry of its period; every act lies
+/// within the store's period of that term, which is the actor's. Where the store's clock stepped
+/// during the period, only the first rule holds (the contract: the holder notices the step at its
+/// next round trip).
+pub fn s7_acts_before_the_deadline_within_the_period(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let periods: HashMap<(&str, i64), &LeasePeriod> = h.leases.iter().map(|p| ((p.key.as_str(), p.term), p)).collect();
+    // Reported once per period and rule, at its first act.
+    let mut reported: HashSet<(String, i64, &str)> = HashSet::new();
+    let mut report = |out: &mut Vec<Violation>, act: &LeaderAct, rule: &'static str, detail: String| {
+        if reported.insert((act.key.clone(), act.term, rule)) {
+            out.push(violation(h, Invariant::S7, detail));
+        }
+    };
+    for act in &h.acts {
+        let who = format!("{} (key {}, term {})", act.owner, act.key, act.term);
+        if act.checked_us > act.deadline_us.saturating_add(CLOCK_READ_TOLERANCE_US) {
+            report(
+                &mut out,
+                act,
+                "deadline",
+                format!(
+                    "{who} acted at {} after its own deadline {}: it was told it leads {} us past the deadline",
+                    act.checked_us,
+                    act.deadline_us,
+                    act.checked_us.saturating_sub(act.deadline_us)
+                ),
+            );
+        }
+        let Some(period) = periods.get(&(act.key.as_str(), act.term)) else {
+            report(&mut out, act, "period", format!("{who} acted with a term the store's history does not have"));
+            continue;
+        };
+        if period.owner != act.owner {
+            report(&mut out, act, "period", format!("{who} acted in a period the store gives to {}", period.owner));
+            continue;
+        }
+        let end = period.ended_at_us.unwrap_or(i64::MAX);
+        let span_end = end.min(h.meta.ended_us).max(act.deadline_us).max(act.checked_us);
+        if clock_stepped_within(h, period.granted_at_us, span_end) {
+            continue;
+        }
+        if act.acted_us.saturating_add(CLOCK_READ_TOLERANCE_US) < period.granted_at_us {
+            report(
+                &mut out,
+                act,
+                "before",
+                format!(
+                    "{who} acted at {} before the store granted the term at {}",
+                    act.acted_us, period.granted_at_us
+                ),
+            );
+        }
+        if period.end_reason.as_deref() == Some("force_released") {
+            continue;
+        }
+        if act.checked_us > end.saturating_add(CLOCK_READ_TOLERANCE_US) {
+            report(
+                &mut out,
+                act,
+                "after",
+                format!(
+                    "{who} acted at {} after the store's period ended at {} ({})",
+                    act.checked_us,
+                    end,
+                    period.end_reason.as_deref().unwrap_or("open")
+                ),
+            );
+        }
+        if period.end_reason.as_deref() == Some("expired")
+            && act.deadline_us > end.saturating_add(CLOCK_READ_TOLERANCE_US)
+        {
+            report(
+                &mut out,
+                act,
+                "expiry",
+                format!(
+                    "{who} had a deadline {} that fell {} us after the store's expiry of its period at {}",
+                    act.deadline_us,
+                    act.deadline_us.saturating_sub(end),
+                    end
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// Renewals and acquires of the HTTP lease API as their clients saw them: an ok answer names a
+/// period of the store's history whose owner is the caller, and an ok renewal answers the term the
+/// caller holds (a renewal that answers ok with another term has extended another period: a
+/// client that does not compare terms is told it still leads). Reported as S1: the caller and the
+/// store's holder both hold the lease.
+pub fn lease_answers_name_the_callers_period(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let owners: HashMap<(&str, i64), &str> =
+        h.leases.iter().map(|p| ((p.key.as_str(), p.term), p.owner.as_str())).collect();
+    for call in h.lease_calls.iter().filter(|c| c.status == Some(200) && c.op != "release") {
+        let what = format!("{} of {} by {} (sent at {})", call.op, call.key, call.owner, call.sent_us);
+        let Some(term) = call.term else {
+            out.push(violation(h, Invariant::S1, format!("{what} answered ok without a term")));
+            continue;
+        };
+        match owners.get(&(call.key.as_str(), term)) {
+            Some(owner) if *owner == call.owner => {}
+            Some(owner) => out.push(violation(
+                h,
+                Invariant::S1,
+                format!("{what} answered ok with term {term}, which the store's history gives to {owner}"),
+            )),
+            None => out.push(violation(
+                h,
+                Invariant::S1,
+                format!("{what} answered ok with term {term}, which the store's history does not have"),
+            )),
+        }
+        if call.op == "renew"
+            && let Some(believed) = call.believed_term.filter(|believed| *believed != term)
+            && !unanswered_call_may_still_land(h, call)
+        {
+            out.push(violation(
+                h,
+                Invariant::S1,
+                format!("{what} for term {believed} answered ok with term {term}: it extended another period"),
+            ));
+        }
+    }
+    out
+}
+
+/// How long after it was sent a call whose outcome the caller never learned (no answer, or a 5xx:
+/// a gateway gave up waiting) may still take effect at the store: a link held, or a gateway
+/// paused, for up to 2 s delivers it late, and the query then runs. Two and a half times that.
+pub const UNANSWERED_CALL_WINDOW_US: i64 = 5_000_000;
+
+/// Whether a call of `call`'s caller sent before it, whose outcome the caller never learned, may
+/// have taken effect at the store after its other calls were answered (within
+/// [`UNANSWERED_CALL_WINDOW_US`] of `call`): then its answers no longer show what it held.
+fn unanswered_call_may_still_land(h: &History, call: &LeaseCall) -> bool {
+    h.lease_calls.iter().any(|earlier| {
+        earlier.owner == call.owner
+            && earlier.key == call.key
+            && earlier.op != "release"
+            && earlier.sent_us < call.sent_us
+            && earlier.sent_us >= call.sent_us.saturating_sub(UNANSWERED_CALL_WINDOW_US)
+            && earlier.status.is_none_or(|status| status >= 500)
+    })
+}
+
+/// S2 for renewals: a period that ended is over. Per caller, an ok renewal of term t is reported
+/// when t had certainly ended before it was sent: released by an ok release, or expired (the
+/// call before it, by this caller, was answered ok with t and a remaining time that ran out
+/// before this one was sent, and no call in between may have extended it). Not where the store's
+/// clock stepped in between, nor where an earlier call of the caller whose outcome it never
+/// learned may have reached the store late ([`UNANSWERED_CALL_WINDOW_US`]).
+pub fn s2_no_renewal_brings_an_ended_period_back(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut by_caller: BTreeMap<(&str, &str), Vec<&LeaseCall>> = BTreeMap::new();
+    for call in &h.lease_calls {
+        by_caller.entry((call.owner.as_str(), call.key.as_str())).or_default().push(call);
+    }
+    for ((owner, key), mut calls) in by_caller {
+        calls.sort_by_key(|c| c.sent_us);
+        for (i, call) in calls.iter().enumerate() {
+            let (Some(200), "renew", Some(term)) = (call.status, call.op.as_str(), call.term) else { continue };
+            // The calls before it, latest first, skipping those that certainly changed nothing.
+            let mut earlier = calls[..i].iter().rev().filter(|c| !matches!(c.status, Some(400..=499)));
+            let Some(previous) = earlier.next() else { continue };
+            if previous.received_us > call.sent_us
+                || clock_stepped_within(h, previous.sent_us, call.received_us)
+                || unanswered_call_may_still_land(h, call)
+            {
+                continue;
+            }
+            let ended = match (previous.op.as_str(), previous.status) {
+                ("release", Some(204)) if previous.believed_term == Some(term) => {
+                    Some(format!("released by its ok release answered at {}", previous.received_us))
+                }
+                ("acquire" | "renew", Some(200)) if previous.term == Some(term) => {
+                    let expired_by = previous
+                        .received_us
+                        .saturating_add(previous.remaining_ms.unwrap_or(i64::MAX / 2_000).saturating_mul(1_000));
+                    (call.sent_us > expired_by.saturating_add(CLOCK_READ_TOLERANCE_US)).then(|| {
+                        format!(
+                            "expired by {expired_by} (its {} answered at {} with {} ms remaining)",
+                            previous.op,
+                            previous.received_us,
+                            previous.remaining_ms.unwrap_or_default()
+                        )
+                    })
+                }
+                _ => None,
+            };
+            if let Some(ended) = ended {
+                out.push(violation(
+                    h,
+                    Invariant::S2,
+                    format!(
+                        "key {key}: a renewal by {owner} sent at {} was answered ok with term {term}, a period that had \
+                         ended: {ended}",
+                        call.sent_us
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// S3: per resource, terms never decrease (a) in the protected table in ticket order, (b) per
 /// upstream in the arrival order of complete requests, (c) the checking upstream never had
 /// to refuse (409) a token lower than one it had already received complete, and (d) in the
@@ -321,28 +647,43 @@ fn admitted_term(h: &History, c: &ClientWrite) -> Option<i64> {
     mine().find(|r| r.applied()).or_else(|| mine().find(|r| r.complete)).and_then(|r| r.token)
 }
 
-/// S4: no ok write on a bound resource with term t was invoked at least the grant margin after
-/// a later term of its key had been granted.
+/// S4: no ok write on a bound resource with term t was invoked after a later term of its key was
+/// known to be granted: at the grant margin after the store's grant (how long a grant may take to
+/// commit), or, the moment the contract says, at the first instant a process had been told of it
+/// (an elector's `elected` event, an ok acquire's answer), whichever came first.
 pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Violation> {
     let mut out = Vec::new();
     let by_key = periods_by_key(h);
+    // The first instant a process had been told of each grant.
+    let mut told: HashMap<(&str, i64), i64> = HashMap::new();
+    let answers = h.elections.iter().filter(|e| e.event == "elected").map(|e| (e.key.as_str(), e.term, e.at_us));
+    let acquired = h
+        .lease_calls
+        .iter()
+        .filter(|c| c.op == "acquire" && c.status == Some(200))
+        .filter_map(|c| c.term.map(|term| (c.key.as_str(), term, c.received_us)));
+    for (key, term, at) in answers.chain(acquired) {
+        let first = told.entry((key, term)).or_insert(at);
+        *first = (*first).min(at);
+    }
     for c in &h.clients {
         if c.outcome != Outcome::Ok || !c.bound {
             continue;
         }
         let Some(term) = admitted_term(h, c) else { continue };
         let Some(periods) = by_key.get(c.key.as_str()) else { continue };
-        let newer = periods
-            .iter()
-            .filter(|p| p.term > term && p.granted_at_us <= c.invoked_us.saturating_sub(opts.grant_margin_us))
-            .min_by_key(|p| p.granted_at_us);
+        let known = |p: &LeasePeriod| {
+            let by_margin = p.granted_at_us.saturating_add(opts.grant_margin_us);
+            told.get(&(p.key.as_str(), p.term)).map_or(by_margin, |at| by_margin.min(*at))
+        };
+        let newer = periods.iter().filter(|p| p.term > term && known(p) <= c.invoked_us).min_by_key(|p| known(p));
         if let Some(p) = newer {
             out.push(violation(
                 h,
                 Invariant::S4,
                 format!(
                     "{} ({}, {} via {}, resource {}) admitted with term {term} although key {} granted term {} \
-                     to {} at {}, {} us before it was invoked at {}",
+                     to {} at {} (known granted by {}), {} us before it was invoked at {}",
                     c.request_id,
                     c.client,
                     c.mode.as_str(),
@@ -352,9 +693,60 @@ pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Vi
                     p.term,
                     p.owner,
                     p.granted_at_us,
+                    known(p),
                     c.invoked_us.saturating_sub(p.granted_at_us),
                     c.invoked_us
                 ),
+            ));
+        }
+    }
+    out
+}
+
+/// S4 for forged and future tokens, and for stamp mode: an ok write on a bound resource was
+/// admitted with a term its lease had granted by the time the write ended (a forged or future
+/// token is refused, and cannot poison the fence), and in stamp mode with the term of the owner it
+/// presented (the gateway stamps only for the lease's holder). Not where the store's clock stepped
+/// during the write.
+pub fn s4_bound_writes_carry_a_granted_term_of_their_owner(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let periods: HashMap<(&str, i64), &LeasePeriod> = h.leases.iter().map(|p| ((p.key.as_str(), p.term), p)).collect();
+    for c in h.clients.iter().filter(|c| c.outcome == Outcome::Ok && c.bound) {
+        let Some(term) = admitted_term(h, c) else { continue };
+        let what = format!(
+            "{} ({}, {} via {}, resource {})",
+            c.request_id,
+            c.client,
+            c.mode.as_str(),
+            c.path.as_str(),
+            c.resource
+        );
+        let Some(period) = periods.get(&(c.key.as_str(), term)) else {
+            out.push(violation(
+                h,
+                Invariant::S4,
+                format!("{what} admitted with term {term}, which key {} never granted (a forged token)", c.key),
+            ));
+            continue;
+        };
+        if period.granted_at_us > c.completed_us && !clock_stepped_within(h, c.invoked_us, period.granted_at_us) {
+            out.push(violation(
+                h,
+                Invariant::S4,
+                format!(
+                    "{what} admitted with term {term}, ended at {}, before key {} granted that term at {} (a future token)",
+                    c.completed_us, c.key, period.granted_at_us
+                ),
+            ));
+        }
+        if c.mode == Mode::Stamp
+            && let Some(owner) = c.owner.as_deref()
+            && owner != period.owner
+        {
+            out.push(violation(
+                h,
+                Invariant::S4,
+                format!("{what} presented owner {owner} and was stamped with term {term}, which is {}'s", period.owner),
             ));
         }
     }

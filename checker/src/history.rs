@@ -213,6 +213,10 @@ pub enum Outcome {
 pub struct ClientWrite {
     /// The leader process.
     pub client: String,
+    /// The owner identity it wrote as (a leader's elector's; none for the racer). Stamp mode
+    /// presents it (`Fencing-Owner`).
+    #[serde(default)]
+    pub owner: Option<String>,
     /// The write's id, unique within a schedule.
     pub request_id: String,
     /// The lease key it wrote under.
@@ -271,6 +275,48 @@ pub struct Election {
     pub event: String,
     /// When the process saw it.
     pub at_us: i64,
+}
+
+/// One line of `acts.jsonl`: a leader-only act of a leader process, with the belief it acted on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderAct {
+    /// The owner (the leader process's identity).
+    pub owner: String,
+    /// The lease key.
+    pub key: String,
+    /// The term it acted with.
+    pub term: i64,
+    /// Just before it asked its elector whether it leads (the check came at or after this).
+    pub checked_us: i64,
+    /// Just after the elector answered that it leads (the check came at or before this).
+    pub acted_us: i64,
+    /// The local deadline of the period it acted in, as the elector had it then, in real time.
+    pub deadline_us: i64,
+}
+
+/// One line of `lease_calls.jsonl`: one call of a client of the HTTP lease API, and its answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseCall {
+    /// The client process.
+    pub client: String,
+    /// The owner identity it called with.
+    pub owner: String,
+    /// The lease key.
+    pub key: String,
+    /// `acquire`, `renew` or `release`.
+    pub op: String,
+    /// The term the client believed it held when it called (from its last ok acquire).
+    pub believed_term: Option<i64>,
+    /// When the call was sent.
+    pub sent_us: i64,
+    /// When its answer arrived, or the client gave up.
+    pub received_us: i64,
+    /// The HTTP status; none when no answer came.
+    pub status: Option<u16>,
+    /// The term the answer named.
+    pub term: Option<i64>,
+    /// The lease's remaining time the answer gave, in milliseconds.
+    pub remaining_ms: Option<i64>,
 }
 
 /// One line of `clock.jsonl`: the store's wall clock was set to read real time plus `offset_us`
@@ -419,20 +465,27 @@ pub struct History {
     /// `elections.jsonl`.
     #[serde(default)]
     pub elections: Vec<Election>,
+    /// `acts.jsonl`.
+    #[serde(default)]
+    pub acts: Vec<LeaderAct>,
+    /// `lease_calls.jsonl`.
+    #[serde(default)]
+    pub lease_calls: Vec<LeaseCall>,
+    /// `clock.jsonl`: the steps of the store's clock.
+    #[serde(default)]
+    pub clock_steps: Vec<ClockStep>,
 }
 
 fn io_error(path: &Path, source: io::Error) -> InputError {
     InputError::Io { path: path.to_path_buf(), source }
 }
 
-/// Reads a JSON-lines file; a missing file is empty. Blank lines are refused like any other
+/// Reads a JSON-lines file. A missing file is an error: the runner writes every file, empty
+/// when it has no records of that kind, so a missing one is a history that cannot be checked
+/// (its rules would pass with nothing to check). Blank lines are refused like any other
 /// malformed line.
 fn read_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<(usize, T)>, InputError> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_error(path, e)),
-    };
+    let text = fs::read_to_string(path).map_err(|e| io_error(path, e))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let record = serde_json::from_str(line).map_err(|source| InputError::Parse {
@@ -473,7 +526,14 @@ impl History {
         let leases: Vec<LeasePeriod> = periods.into_iter().map(|(_, period)| period).collect();
 
         let mut upstream = Vec::new();
-        for path in upstream_files(dir)? {
+        let upstream_paths = upstream_files(dir)?;
+        if upstream_paths.is_empty() {
+            return Err(InputError::Io {
+                path: dir.join("upstream-*.jsonl"),
+                source: io::Error::new(io::ErrorKind::NotFound, "no upstream file"),
+            });
+        }
+        for path in upstream_paths {
             let name = path
                 .file_name()
                 .and_then(|n| n.to_str())
@@ -516,7 +576,26 @@ impl History {
         }
 
         let faults = read_lines::<Fault>(&dir.join("faults.jsonl"))?.into_iter().map(|(_, r)| r).collect();
-        Ok(History { meta, leases, upstream, table, clients, faults, elections })
+        let acts_path = dir.join("acts.jsonl");
+        let mut acts = Vec::new();
+        for (line, act) in read_lines::<LeaderAct>(&acts_path)? {
+            if act.acted_us < act.checked_us {
+                return Err(invalid(&acts_path, line, "acted_us before checked_us".to_owned()));
+            }
+            acts.push(act);
+        }
+        let calls_path = dir.join("lease_calls.jsonl");
+        let mut lease_calls = Vec::new();
+        for (line, call) in read_lines::<LeaseCall>(&calls_path)? {
+            if !matches!(call.op.as_str(), "acquire" | "renew" | "release") {
+                return Err(invalid(&calls_path, line, format!("unknown op {:?}", call.op)));
+            }
+            if call.received_us < call.sent_us {
+                return Err(invalid(&calls_path, line, "received_us before sent_us".to_owned()));
+            }
+            lease_calls.push(call);
+        }
+        Ok(History { meta, leases, upstream, table, clients, faults, elections, acts, lease_calls, clock_steps: steps })
     }
 }
 

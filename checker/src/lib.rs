@@ -1,5 +1,5 @@
 //! `fencing-checker`: reads a history recorded by the fault suite (format: `checker/HISTORY.md`)
-//! and reports violations of the fencing invariants S1-S5, of exactly-once application, and of
+//! and reports violations of the fencing invariants S1-S5 and S7, of exactly-once application, and of
 //! recovery after the last fault.
 //!
 //! Like Jepsen's checkers, it shares no code with the product it checks: it depends on none of

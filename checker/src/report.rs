@@ -22,6 +22,9 @@ pub enum Invariant {
     S4,
     /// No byte of a lower-term write after the first byte of a higher-term one.
     S5,
+    /// A well-behaved holder acts only before its local deadline, which falls before the store's
+    /// expiry of its period.
+    S7,
     /// Every write is applied as often as its outcome says.
     #[serde(rename = "once")]
     Once,
@@ -32,12 +35,13 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Invariant; 7] = [
+    pub const ALL: [Invariant; 8] = [
         Invariant::S1,
         Invariant::S2,
         Invariant::S3,
         Invariant::S4,
         Invariant::S5,
+        Invariant::S7,
         Invariant::Once,
         Invariant::Recovery,
     ];
@@ -50,6 +54,7 @@ impl Invariant {
             Invariant::S3 => "S3",
             Invariant::S4 => "S4",
             Invariant::S5 => "S5",
+            Invariant::S7 => "S7",
             Invariant::Once => "once",
             Invariant::Recovery => "recovery",
         }

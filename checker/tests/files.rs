@@ -67,15 +67,34 @@ fn history_round_trips_through_files() {
 }
 
 #[test]
-fn missing_files_mean_no_records() {
-    let dir = temp_dir("missing-files");
-    fs::write(dir.join("meta.json"), serde_json::to_string(&base().meta).unwrap()).unwrap();
-    let report = check_schedule(&dir).unwrap();
-    assert!(report.faults.is_empty());
-    assert_eq!(report.writes.total.ok + report.writes.total.failed + report.writes.total.indeterminate, 0);
-    // No write at all: the only violation is that writes never recovered.
-    assert_eq!(report.violations.len(), 1, "{:?}", report.violations);
-    assert_eq!(report.violations[0].invariant, Invariant::Recovery);
+fn a_missing_history_file_is_an_error_not_an_empty_one() {
+    // Its rules would pass with nothing to check: every file must be there, empty or not.
+    for file in [
+        "leases.jsonl",
+        "table.jsonl",
+        "clients.jsonl",
+        "faults.jsonl",
+        "elections.jsonl",
+        "acts.jsonl",
+        "lease_calls.jsonl",
+        "clock.jsonl",
+    ] {
+        let dir = temp_dir(&format!("missing-{file}"));
+        write_schedule(&dir, &base());
+        fs::remove_file(dir.join(file)).unwrap();
+        let error = check_schedule(&dir).unwrap_err();
+        assert!(error.to_string().contains(file), "{file}: {error}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+    let dir = temp_dir("missing-upstreams");
+    write_schedule(&dir, &base());
+    fs::remove_file(dir.join("upstream-applying.jsonl")).unwrap();
+    fs::remove_file(dir.join("upstream-checking.jsonl")).unwrap();
+    assert!(check_schedule(&dir).unwrap_err().to_string().contains("upstream"));
+    // Empty files are a history with no records of that kind.
+    for file in ["acts.jsonl", "lease_calls.jsonl", "faults.jsonl"] {
+        fs::write(dir.join(file), "").unwrap();
+    }
     fs::remove_dir_all(dir).unwrap();
 }
 
@@ -93,7 +112,7 @@ fn blank_line_is_an_error() {
     let dir = temp_dir("blank");
     write_schedule(&dir, &base());
     append(&dir.join("leases.jsonl"), "");
-    assert_invalid(&dir, "leases.jsonl", 3, "EOF");
+    assert_invalid(&dir, "leases.jsonl", 4, "EOF");
     fs::remove_dir_all(dir).unwrap();
 }
 
@@ -173,7 +192,7 @@ fn table_renders_counts_and_worst_recovery() {
 schedules              2
 faults                 pg-crash 2, sigstop-gateway 2
 writes                 ok 12, failed 0, indeterminate 0 (gateway: ok 8, failed 0, indeterminate 0; sql: ok 4, failed 0, indeterminate 0)
-violations             S1 0, S2 0, S3 0, S4 0, S5 0, once 0, recovery 0
+violations             S1 0, S2 0, S3 0, S4 0, S5 0, S7 0, once 0, recovery 0
 worst recovery         2.41 s (schedule 2)
 ";
     assert_eq!(report.render(), expected);
@@ -201,7 +220,7 @@ fn bin_exits_0_on_a_clean_run() {
     let out = run_bin(&[run.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).starts_with("schedules              2\n"), "{}", stdout(&out));
-    assert!(stdout(&out).contains("violations             S1 0, S2 0, S3 0, S4 0, S5 0, once 0, recovery 0\n"));
+    assert!(stdout(&out).contains("violations             S1 0, S2 0, S3 0, S4 0, S5 0, S7 0, once 0, recovery 0\n"));
     fs::remove_dir_all(run).unwrap();
 }
 
@@ -244,7 +263,9 @@ fn bin_exits_2_on_a_missing_run_dir_or_bad_flag() {
 fn bin_flags_set_grant_margin_and_byte_tolerance() {
     let run = temp_dir("bin-flags");
     let mut h = base();
-    // An S4 case 60 ms after the grant, and an S5 case 5 us late.
+    // An S4 case 60 ms after the grant (which no process was told of before 6.2 s), and an S5
+    // case 5 us late.
+    h.elections[1].at_us = 6 * S + 200_000;
     let mut c = gateway_write("c7", "applying", 1, 6 * S + 60_000);
     c.resource = "acct-2".into();
     h.clients.push(c);
@@ -296,6 +317,7 @@ fn store_times_become_real_times_across_steps_of_the_stores_clock() {
     let steps = [steps[0], steps[1], steps[2], (8 * S, 8 * S, 0)];
     let dir = temp_dir("clock-steps");
     let mut h = base();
+    h.lease_calls.clear();
     h.leases = vec![
         // Granted before the steps; its expiry (store 5.2 s) was stepped over by the step made
         // between 4.999 s and 5 s: it ended at that step's instant, 4.999 s at the earliest.
@@ -321,6 +343,7 @@ fn store_times_become_real_times_across_steps_of_the_stores_clock() {
     // Periods that do not overlap on the store's clock but did in real time are S1 violations.
     h.leases[2] = lease("k1", 3, "leader-a#1", 7 * S + 400_000 - 300 * S, None);
     write_schedule(&dir, &h);
+    write_clock(&dir, &steps);
     let report = check_schedule(&dir).unwrap();
     assert!(report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
     fs::remove_dir_all(dir).unwrap();
@@ -346,6 +369,7 @@ fn an_expiry_just_past_a_step_that_carried_the_clock_past_it_is_that_steps_insta
     // term 2 was granted at 8.01 s (no slack around the step may place the end at 8.02 s).
     let dir = temp_dir("clock-expiry-past-step");
     let mut h = base();
+    h.lease_calls.clear();
     h.leases = vec![
         lease("k1", 1, "leader-a#1", 0, Some(8 * S + 20_000 - 300 * S)),
         lease("k1", 2, "leader-b#1", 8 * S + 10_000, None),
@@ -375,6 +399,7 @@ fn an_expiry_a_forward_step_carried_the_clock_past_ends_at_the_earliest_instant_
     // end at the window's 7.010 s).
     let dir = temp_dir("clock-expiry-earliest-step");
     let mut h = base();
+    h.lease_calls.clear();
     h.leases = vec![
         expired("k1", 1, "leader-a#1", 5 * S, 7 * S + 500_000),
         lease("k1", 2, "leader-b#1", 7 * S + 5_000 + 49 * S, None),
@@ -392,6 +417,7 @@ fn an_expiry_a_forward_step_carried_the_clock_past_ends_at_the_earliest_instant_
     // key's expiry (a projection, not a reading: 8.001 s, which falls at 7.001 s on the new
     // offset) seems to say about the step.
     let mut h = base();
+    h.lease_calls.clear();
     h.leases = vec![
         expired("k1", 1, "leader-a#1", 5 * S, 7 * S + 500_000),
         lease("k1", 2, "leader-b#1", 7 * S + 4_000, None),

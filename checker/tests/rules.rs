@@ -55,6 +55,8 @@ fn s1_open_period_overlapped_by_later_grant_is_reported() {
 fn s1_period_ending_before_its_grant_is_reported() {
     let mut h = base();
     h.leases[0].ended_at_us = Some(-1);
+    // (The leader's acts after that "end" would be S7's too.)
+    h.acts.clear();
     assert_one(&check(&h), Invariant::S1, &["term 1", "ends at -1 before its grant at 0"]);
 }
 
@@ -83,6 +85,8 @@ fn s2_term_granted_twice_is_reported() {
     let mut h = base();
     h.leases[1].ended_at_us = Some(8 * S);
     h.leases.push(lease("k1", 2, "leader-c#1", 9 * S, None));
+    // (leader-b#1's acts in a period the history also gives to leader-c#1 would be S7's too.)
+    h.acts.clear();
     assert_one(&check(&h), Invariant::S2, &["term 2", "appears twice", "leader-c#1"]);
 }
 
@@ -185,8 +189,10 @@ fn s4_stamp_mode_uses_the_token_the_upstream_received() {
     h.upstream.push(r);
     assert_one(&check(&h), Invariant::S4, &["c7", "term 1", "term 2"]);
 
-    // Stamped with term 2, the same write is clean, whatever term the client record names.
+    // Stamped with term 2 for its holder, the same write is clean, whatever term the client
+    // record names.
     h.upstream.last_mut().unwrap().token = Some(2);
+    h.clients.last_mut().unwrap().owner = Some("leader-b#1".into());
     assert_eq!(check(&h), vec![]);
     h.clients.last_mut().unwrap().term = Some(1);
     assert_eq!(check(&h), vec![]);
@@ -195,6 +201,8 @@ fn s4_stamp_mode_uses_the_token_the_upstream_received() {
 #[test]
 fn s4_write_within_the_grant_margin_or_unbound_is_clean() {
     let mut h = base();
+    // No process was told of term 2 before 6.2 s.
+    h.elections[1].at_us = 6 * S + 200_000;
     let mut c = gateway_write("c7", "applying", 1, 6 * S + 90_000);
     c.resource = "acct-2".into();
     h.clients.push(c);
@@ -543,4 +551,223 @@ fn s2_an_elected_term_missing_from_the_stores_history_is_reported() {
     let mut h = base();
     h.elections.push(elected("k1", 3, "leader-a#2", 20 * S));
     assert_one(&check(&h), Invariant::S2, &["leader-a#2", "term 3", "does not have"]);
+}
+
+#[test]
+fn s2_an_owner_elected_again_into_a_period_it_had_lost_is_reported() {
+    let mut h = base();
+    // leader-b#1 lost term 2 locally (its renewal timed out) and was handed term 2 again.
+    h.elections.push(fencing_checker::history::Election {
+        owner: "leader-b#1".into(),
+        key: "k1".into(),
+        term: 2,
+        event: "lost".into(),
+        at_us: 12 * S,
+    });
+    h.elections.push(elected("k1", 2, "leader-b#1", 12 * S + 300_000));
+    assert_one(&check(&h), Invariant::S2, &["leader-b#1", "term 2", "a period it had lost at 12000000"]);
+    // Elected with a new term after the loss: clean.
+    h.leases[1].ended_at_us = Some(12 * S + 200_000);
+    h.leases.push(lease("k1", 3, "leader-b#1", 12 * S + 200_000, None));
+    h.elections.last_mut().unwrap().term = 3;
+    assert_eq!(check(&h), vec![]);
+}
+
+// S7
+
+#[test]
+fn s7_an_act_after_its_own_deadline_is_reported() {
+    let mut h = base();
+    h.acts.push(act("leader-b#1", "k1", 2, 12 * S, 12 * S - 5_000));
+    assert_one(&check(&h), Invariant::S7, &["leader-b#1", "after its own deadline", "5000 us past"]);
+    // Within the clocks' reading tolerance of the deadline: clean.
+    h.acts.last_mut().unwrap().deadline_us = 12 * S - 500;
+    assert_eq!(check(&h), vec![]);
+}
+
+#[test]
+fn s7_a_deadline_after_the_stores_expiry_is_reported() {
+    let mut h = base();
+    h.leases[0].end_reason = Some("expired".into());
+    // The store's expiry of term 1 is 4 s; the holder's deadline 4.15 s (a margin added, not
+    // taken off).
+    h.acts.push(act("leader-a#1", "k1", 1, 3 * S + 600_000, 4 * S + 150_000));
+    assert_one(&check(&h), Invariant::S7, &["leader-a#1", "fell 150000 us after the store's expiry"]);
+    // Not where the store's clock stepped during the period: a step moves expiry against the
+    // holder's deadline until its next round trip.
+    h.clock_steps.push(fencing_checker::history::ClockStep { before_us: 2 * S, at_us: 2 * S + 1_000, offset_us: 0 });
+    assert_eq!(check(&h), vec![]);
+}
+
+#[test]
+fn s7_an_act_after_the_period_ended_or_in_anothers_period_is_reported() {
+    let mut h = base();
+    h.acts.push(act("leader-a#1", "k1", 1, 4 * S + 200_000, 4 * S + 300_000));
+    assert_one(&check(&h), Invariant::S7, &["leader-a#1", "after the store's period ended at 4000000 (released)"]);
+    let mut h = base();
+    h.acts.push(act("leader-c#1", "k1", 2, 12 * S, 12 * S + 500_000));
+    assert_one(&check(&h), Invariant::S7, &["leader-c#1", "a period the store gives to leader-b#1"]);
+    let mut h = base();
+    h.acts.push(act("leader-c#1", "k1", 7, 12 * S, 12 * S + 500_000));
+    assert_one(&check(&h), Invariant::S7, &["leader-c#1", "term 7", "does not have"]);
+}
+
+#[test]
+fn s1_a_leader_acting_after_a_newer_term_had_acted_is_reported_from_the_leaders_own_records() {
+    let mut h = base();
+    // leader-a#1 acts with term 1 at 11.5 s, after leader-b#1 had acted with term 2 at 11 s: its
+    // deadline (as it had it) is also past, and the store ended its period at 4 s.
+    h.acts.push(act("leader-a#1", "k1", 1, 11 * S + 500_000, 11 * S + 600_000));
+    let violations = check(&h);
+    assert!(
+        violations.iter().any(|v| v.invariant == Invariant::S1
+            && v.detail.contains("leader-a#1 acted with term 1")
+            && v.detail.contains("by their own records")),
+        "{violations:#?}"
+    );
+    // Not where the store's clock stepped since the renewal that gave the older act its deadline
+    // (a forward step ends the period early; the holder notices at its next round trip).
+    let mut stepped = h.clone();
+    stepped.acts.last_mut().unwrap().deadline_us = 12 * S;
+    stepped.clock_steps.push(fencing_checker::history::ClockStep {
+        before_us: 10 * S + 700_000,
+        at_us: 10 * S + 701_000,
+        offset_us: 60 * S,
+    });
+    assert!(!s1_from_records(&stepped), "{:#?}", check(&stepped));
+    // Nor after a forced release of the older period: its holder acts until its deadline.
+    let mut forced = h.clone();
+    forced.leases[0].end_reason = Some("force_released".into());
+    assert!(!s1_from_records(&forced), "{:#?}", check(&forced));
+    // Checks that may have come in either order (the newer one answered after the older one was
+    // checked) are not reported.
+    let mut h = base();
+    h.leases[0].ended_at_us = None;
+    h.leases[0].end_reason = None;
+    h.leases[1].granted_at_us = 11 * S - 20_000;
+    h.acts = vec![act("leader-a#1", "k1", 1, 11 * S - 10_500, 11 * S + 100_000)];
+    h.acts.push(act("leader-b#1", "k1", 2, 11 * S - 11_000, 11 * S + 500_000));
+    assert!(!s1_from_records(&h));
+}
+
+fn s1_from_records(h: &History) -> bool {
+    check(h).iter().any(|v| v.detail.contains("by their own records"))
+}
+
+// The HTTP lease API's answers
+
+#[test]
+fn an_ok_renewal_naming_another_owners_period_is_reported() {
+    let mut h = base();
+    // lease-y#1 took k3 with term 2; lease-x#1's late renewal extended that period.
+    h.lease_calls.truncate(2);
+    h.leases[2].ended_at_us = Some(22 * S);
+    h.leases[2].end_reason = Some("expired".into());
+    h.leases.push(lease("k3", 2, "lease-y#1", 22 * S, None));
+    h.lease_calls.push(call("lease-y#1", "acquire", None, 22 * S - 3_000, Some(200), Some(2), Some(1500)));
+    h.lease_calls.push(call("lease-x#1", "renew", Some(1), 23 * S, Some(200), Some(2), Some(1500)));
+    let violations = check(&h);
+    assert!(
+        violations.iter().any(|v| v.invariant == Invariant::S1
+            && v.detail.contains("renew of k3 by lease-x#1")
+            && v.detail.contains("gives to lease-y#1")),
+        "{violations:#?}"
+    );
+    assert!(violations.iter().any(|v| v.detail.contains("for term 1 answered ok with term 2")), "{violations:#?}");
+    // A renewal answering a later term of the caller's own, after one of its acquires went
+    // unanswered (it may have reached the store after the release and started that term): clean.
+    let mut h = base();
+    h.lease_calls.insert(0, call("lease-x#1", "acquire", None, 19 * S, None, None, None));
+    h.leases[2].end_reason = Some("released".into());
+    h.leases.push(lease("k3", 2, "lease-x#1", 21 * S + 50_000, None));
+    h.lease_calls.last_mut().unwrap().status = Some(200);
+    h.lease_calls.last_mut().unwrap().term = Some(2);
+    h.lease_calls.last_mut().unwrap().remaining_ms = Some(1500);
+    assert_eq!(check(&h), vec![]);
+}
+
+#[test]
+fn an_ok_renewal_of_an_expired_or_released_period_is_reported() {
+    let mut h = base();
+    // After its renewal at 20.5 s (1.5 s left at 20.505 s), lease-x#1 renews at 22.2 s: ok.
+    h.lease_calls.truncate(2);
+    h.lease_calls.push(call("lease-x#1", "renew", Some(1), 22 * S + 200_000, Some(200), Some(1), Some(1500)));
+    h.leases[2].ended_at_us = Some(24 * S);
+    assert_one(&check(&h), Invariant::S2, &["lease-x#1", "term 1", "a period that had ended: expired by 22005000"]);
+    // A renewal in between whose answer was lost may have extended it: not reported.
+    let late = h.lease_calls.pop().unwrap();
+    let mut lost = call("lease-x#1", "renew", Some(1), 21 * S, None, None, None);
+    lost.received_us = 24 * S;
+    h.lease_calls.push(lost);
+    h.lease_calls.push(late);
+    assert_eq!(check(&h), vec![]);
+    // An earlier call whose outcome the caller never learned (a 503: the gateway gave up while a
+    // held link still carried it) may have reached the store after the others: not reported.
+    let mut h = base();
+    h.lease_calls.truncate(2);
+    h.lease_calls.insert(0, call("lease-x#1", "renew", Some(1), 19 * S, Some(503), None, None));
+    h.lease_calls.push(call("lease-x#1", "renew", Some(1), 22 * S + 200_000, Some(200), Some(1), Some(1500)));
+    h.leases[2].ended_at_us = Some(24 * S);
+    assert_eq!(check(&h), vec![]);
+    // ...unless it was sent long before.
+    h.lease_calls[0].sent_us = 5 * S;
+    h.lease_calls[0].received_us = 6 * S;
+    assert_one(&check(&h), Invariant::S2, &["lease-x#1", "a period that had ended"]);
+    // After its own ok release.
+    let mut h = base();
+    h.lease_calls.last_mut().unwrap().status = Some(200);
+    h.lease_calls.last_mut().unwrap().term = Some(1);
+    h.lease_calls.last_mut().unwrap().remaining_ms = Some(1500);
+    h.leases[2].ended_at_us = Some(23 * S);
+    assert_one(&check(&h), Invariant::S2, &["lease-x#1", "released by its ok release"]);
+}
+
+#[test]
+fn s4_a_write_invoked_after_a_process_was_told_of_the_newer_grant_is_reported_at_once() {
+    let mut h = base();
+    // 20 ms after the grant of term 2, within the grant margin, but after leader-b#1 was told.
+    h.elections[1].at_us = 6 * S + 10_000;
+    let mut c = gateway_write("c7", "applying", 1, 6 * S + 20_000);
+    c.resource = "acct-2".into();
+    h.clients.push(c);
+    let mut r = req("applying", 3, "c7", Some(1), 6 * S + 30_000, Some(200));
+    r.resource = "acct-2".into();
+    h.upstream.push(r);
+    assert_one(&check(&h), Invariant::S4, &["c7", "term 1", "known granted by 6010000"]);
+    // Invoked before anyone was told: within the margin, not reported.
+    h.elections[1].at_us = 6 * S + 30_000;
+    assert_eq!(check(&h), vec![]);
+}
+
+#[test]
+fn s4_a_forged_or_future_token_admitted_is_reported() {
+    let mut h = base();
+    h.clients[3].term = Some(5);
+    h.upstream[2].token = Some(5);
+    let violations = check(&h);
+    assert!(
+        violations.iter().any(|v| v.invariant == Invariant::S4 && v.detail.contains("never granted")),
+        "{violations:#?}"
+    );
+    // A term granted only after the write ended: a future token.
+    let mut h = base();
+    h.leases[1].granted_at_us = 12 * S;
+    h.elections[1].at_us = 12 * S;
+    h.acts.pop();
+    let violations = check(&h);
+    assert!(
+        violations.iter().any(|v| v.invariant == Invariant::S4 && v.detail.contains("a future token")),
+        "{violations:#?}"
+    );
+}
+
+#[test]
+fn s4_a_stamp_write_stamped_with_another_owners_term_is_reported() {
+    let mut h = base();
+    // c4 in stamp mode, as leader-a#1 (a zombie of term 1), stamped with leader-b#1's term 2.
+    h.clients[3].mode = Mode::Stamp;
+    h.clients[3].term = None;
+    assert_one(&check(&h), Invariant::S4, &["c4", "presented owner leader-a#1", "leader-b#1's"]);
+    h.clients[3].owner = Some("leader-b#1".into());
+    assert_eq!(check(&h), vec![]);
 }

@@ -142,6 +142,10 @@ impl ElectorHandle {
 
     /// The current leadership period, if this process leads and its deadline has not passed.
     pub fn leadership(&self) -> Option<Leadership> {
+        // Planted bug (fault suite, `elector-deadline-ignored`): the period as the elector last
+        // set it, its deadline not checked at the moment of acting.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("elector-deadline-ignored", |_| self.shared.leadership.borrow().clone());
         self.shared.leadership.borrow().clone().filter(Leadership::is_valid)
     }
 
@@ -549,6 +553,13 @@ impl Runtime {
     /// The local deadline: when the call was sent, plus the store's remaining time, minus the
     /// safety margin (S7), on both clocks. Never based on a wall clock.
     fn deadline(&self, sent: Sent, reply: &LeaseReply) -> Deadline {
+        // Planted bug (fault suite, `elector-margin-added`): the margin added, not taken off, so
+        // the deadline falls after the store's expiry.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("elector-margin-added", |_| Deadline {
+            wake: sent.wake + reply.remaining + self.elector.safety_margin,
+            boot: sent.boot + reply.remaining + self.elector.safety_margin,
+        });
         Deadline {
             wake: (sent.wake + reply.remaining).checked_sub(self.elector.safety_margin).unwrap_or(sent.wake),
             boot: (sent.boot + reply.remaining).checked_sub(self.elector.safety_margin).unwrap_or(sent.boot),

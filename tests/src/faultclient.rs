@@ -27,17 +27,45 @@ pub type HttpClient = Client<HttpConnector, BoxBody>;
 /// records real time all the same: it takes its first reading as the start and scales what
 /// passed since (to within the milliseconds between the library's start and that reading).
 pub fn now_us() -> i64 {
-    static START: OnceLock<(i64, f64)> = OnceLock::new();
     let fake =
         SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    let (start, rate) = *START.get_or_init(|| {
-        let rate = std::env::var("FENCING_FAULT_CLOCK_RATE").ok().and_then(|r| r.parse::<f64>().ok());
-        (fake, rate.filter(|r| r.is_finite() && *r > 0.0).unwrap_or(1.0))
-    });
+    let (start, rate) = *START.get_or_init(|| (fake, rate_from_env()));
     if rate == 1.0 {
         return fake;
     }
     start + ((fake - start) as f64 / rate) as i64
+}
+
+/// The history clock's start (its first reading) and the rate this process's clocks run at.
+static START: OnceLock<(i64, f64)> = OnceLock::new();
+
+fn rate_from_env() -> f64 {
+    let rate = std::env::var("FENCING_FAULT_CLOCK_RATE").ok().and_then(|r| r.parse::<f64>().ok());
+    rate.filter(|r| r.is_finite() && *r > 0.0).unwrap_or(1.0)
+}
+
+/// An instant of this process's monotonic clock (tokio's) on the history's clock: the real time
+/// at which it falls (or fell). The two clocks are read as a pair with nothing between them (a
+/// pair that took over a millisecond, a pause of the process, is read again), so a pause of the
+/// process anywhere else does not move the answer.
+pub fn instant_us(at: tokio::time::Instant) -> i64 {
+    let rate = START.get().map_or_else(rate_from_env, |start| start.1);
+    let mut tries = 0;
+    loop {
+        let before = tokio::time::Instant::now();
+        let now = now_us();
+        let after = tokio::time::Instant::now();
+        tries += 1;
+        if after.duration_since(before) < Duration::from_millis(1) || tries >= 20 {
+            let middle = before + after.duration_since(before) / 2;
+            let ahead_us = if at >= middle {
+                at.duration_since(middle).as_secs_f64() * 1e6
+            } else {
+                -(middle.duration_since(at).as_secs_f64() * 1e6)
+            };
+            return now + (ahead_us / rate) as i64;
+        }
+    }
 }
 
 /// A pooled HTTP/1.1 client that gives up connecting after a second.

@@ -14,8 +14,10 @@
 //! The schedule's seed decides every fault, its target and its timing; the processes' own
 //! scheduling is not under its control, so a replay repeats the faults, not every interleaving.
 //!
-//! Planted bugs ([`Plant`]) replace SQL in the schedule's database after migrating, never
-//! anything in the shipped binaries: the suite shows that the checker catches them.
+//! Planted bugs ([`Plant`]) replace SQL in the schedule's database after migrating, or turn on
+//! a failpoint of the election library in the leader processes (`FAILPOINTS`; compiled in only
+//! with `fencing-election`'s `failpoints` feature, which only this crate asks for): the suite
+//! shows that the checker catches them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -38,7 +40,8 @@ use crate::faultproxy::{Direction, FaultProxy, Mode};
 use crate::pg::{Durability, PgCluster, Replication, connect, try_connect};
 use crate::workspace_bin;
 
-/// A bug planted in the schedule's database, to show that the checker catches it.
+/// A bug planted in the schedule's database or in the leader processes, to show that the checker
+/// catches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plant {
     /// The fence comparison weakened: a stale term is admitted.
@@ -62,11 +65,34 @@ pub enum Plant {
     /// each grant records when it ends by that clock, and a term change waits until the clock
     /// reads past it, so a step of the clock ends the wait while gateways still hold grants.
     WallClockWaits,
+    /// An elector whose local deadline adds the safety margin instead of taking it off: the
+    /// holder acts past the store's expiry of its period (a failpoint in the election library).
+    ElectorMarginAdded,
+    /// An elector whose `leadership()` does not check the deadline at the moment of acting, only
+    /// what its renewal loop last set (a failpoint in the election library).
+    ElectorDeadlineIgnored,
+    /// A renewal that does not check the owner: it extends whoever holds the lease, and answers
+    /// ok with that holder's term.
+    RenewAnyOwner,
+    /// A renewal that does not check the expiry: a period that ended (expired or released) is
+    /// brought back while no one else took the lease.
+    RenewExpired,
+    /// An acquire that ignores `new_period`: a holder that ended its period locally is handed the
+    /// same term again.
+    AcquireKeepsPeriod,
+    /// Stamp mode that does not check the owner: any owner's write is stamped with the lease's
+    /// current term while it is unexpired.
+    StampAnyOwner,
+    /// A gate that takes a future term of a bound resource's lease for its current one.
+    FutureTerm,
+    /// The gateway's decision (`fencing.gate`) commits asynchronously: a raise answered before
+    /// it was durable is lost in a crash (the other paths stay durable).
+    GateAsyncCommit,
 }
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 8] = [
+    pub const ALL: [Plant; 16] = [
         Plant::WeakFence,
         Plant::NoSettle,
         Plant::AsyncCommit,
@@ -75,6 +101,14 @@ impl Plant {
         Plant::GrantIgnored,
         Plant::GrantOverstay,
         Plant::WallClockWaits,
+        Plant::ElectorMarginAdded,
+        Plant::ElectorDeadlineIgnored,
+        Plant::RenewAnyOwner,
+        Plant::RenewExpired,
+        Plant::AcquireKeepsPeriod,
+        Plant::StampAnyOwner,
+        Plant::FutureTerm,
+        Plant::GateAsyncCommit,
     ];
 
     /// The name on the command line.
@@ -88,12 +122,30 @@ impl Plant {
             Plant::GrantIgnored => "grant-ignored",
             Plant::GrantOverstay => "grant-overstay",
             Plant::WallClockWaits => "wall-clock-waits",
+            Plant::ElectorMarginAdded => "elector-margin-added",
+            Plant::ElectorDeadlineIgnored => "elector-deadline-ignored",
+            Plant::RenewAnyOwner => "renew-any-owner",
+            Plant::RenewExpired => "renew-expired",
+            Plant::AcquireKeepsPeriod => "acquire-keeps-period",
+            Plant::StampAnyOwner => "stamp-any-owner",
+            Plant::FutureTerm => "future-term",
+            Plant::GateAsyncCommit => "gate-async-commit",
+        }
+    }
+
+    /// The failpoint of the election library that plants this bug in the leader processes
+    /// (`FAILPOINTS`), if it is one; the others are SQL ([`plant_sql`]).
+    pub fn failpoint(self) -> Option<&'static str> {
+        match self {
+            Plant::ElectorMarginAdded => Some("elector-margin-added=return"),
+            Plant::ElectorDeadlineIgnored => Some("elector-deadline-ignored=return"),
+            _ => None,
         }
     }
 
     /// The invariants whose violation shows this bug; the planted-bug tests count no other.
     pub fn shows_as(self) -> &'static [fencing_checker::Invariant] {
-        use fencing_checker::Invariant::{S1, S2, S3, S4, S5};
+        use fencing_checker::Invariant::{S1, S2, S3, S4, S5, S7};
         match self {
             // A stale term admitted: it reaches an upstream or the table after a higher one.
             Plant::WeakFence => &[S3, S4, S5],
@@ -109,6 +161,19 @@ impl Plant {
             // A grant or a raise lost in a crash: a term granted twice, or a fence gone back.
             Plant::AsyncCommit => &[S1, S2, S3],
             Plant::NoNewTerm => &[S1, S2],
+            // A holder acting after the store's expiry of its period, or past its own deadline.
+            Plant::ElectorMarginAdded | Plant::ElectorDeadlineIgnored => &[S7],
+            // A client told it holds a period the store gives to another owner.
+            Plant::RenewAnyOwner => &[S1],
+            // A period brought back after it ended.
+            Plant::RenewExpired => &[S2],
+            // A period a holder ended locally, handed back to it.
+            Plant::AcquireKeepsPeriod => &[S2],
+            // A write admitted with a term it should not have carried.
+            Plant::StampAnyOwner | Plant::FutureTerm => &[S4],
+            // A raise lost in a crash: the lower term admitted again after the higher one was
+            // answered (the racer's lanes, in the clients' order).
+            Plant::GateAsyncCommit => &[S3],
         }
     }
 
@@ -217,6 +282,28 @@ impl Managed {
         }
     }
 
+    /// [`Managed::terminate`] for all of `processes` at once: SIGTERM to each, then each waited
+    /// for until `grace` from now, and killed if it has not exited.
+    async fn terminate_all(processes: &mut [Managed], grace: Duration) {
+        for process in processes.iter_mut() {
+            if process.paused {
+                process.signal(Signal::SIGCONT);
+            }
+            if let Some(pid) = process.pid() {
+                let _ = kill(pid, Signal::SIGTERM);
+            }
+        }
+        let until = Instant::now() + grace;
+        for process in processes.iter_mut() {
+            if let Some(mut child) = process.child.take()
+                && tokio::time::timeout_at(until, child.wait()).await.is_err()
+            {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            }
+        }
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     async fn terminate(&mut self, grace: Duration) {
         if self.paused {
@@ -243,6 +330,8 @@ struct Schedule {
     gateways: Vec<Managed>,
     leaders: Vec<Managed>,
     racer: Managed,
+    /// Leaders through the gateways' HTTP lease API (key `k3`).
+    lease_clients: Vec<Managed>,
     upstreams: Vec<Managed>,
     gateway_pg: Vec<FaultProxy>,
     leader_pg: Vec<FaultProxy>,
@@ -447,6 +536,46 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             }
             planted
         }
+        Plant::ElectorMarginAdded | Plant::ElectorDeadlineIgnored => String::new(),
+        Plant::RenewAnyOwner => remove_block(
+            &function("renew")?,
+            "    IF row_.owner <> p_owner THEN
+        RETURN (false, row_.owner, row_.term, row_.expires_at,
+                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+    END IF;
+",
+            "renewal's owner check",
+        )?,
+        Plant::RenewExpired => remove_block(
+            &function("renew")?,
+            "    IF row_.expires_at <= now_ THEN
+        RETURN (false, NULL, row_.term, row_.expires_at, 0)::fencing.lease_result;
+    END IF;
+",
+            "renewal's expiry check",
+        )?,
+        Plant::AcquireKeepsPeriod => {
+            let acquire = function("acquire")?;
+            let planted = acquire.replace("AND NOT coalesce(new_period, false) THEN", "THEN");
+            if planted == acquire {
+                bail!("the acquire function no longer checks `new_period` as it did: update the planted bug");
+            }
+            planted
+        }
+        Plant::StampAnyOwner => {
+            remove_block(&function("gate_lease")?, "lease_.owner <> p_owner OR ", "stamp's owner check")?
+        }
+        Plant::FutureTerm => wrap_gate(
+            "IF decision.outcome = 'future_term' THEN decision.admitted := true; decision.outcome := 'admitted'; decision.wait_ms := 0; END IF;",
+        ),
+        Plant::GateAsyncCommit => {
+            let gate = function("gate")?;
+            let planted = gate.replace("PERFORM fencing.commit_durably();", "NULL;");
+            if planted == gate {
+                bail!("the gate function no longer calls fencing.commit_durably: update the planted bug");
+            }
+            planted
+        }
         Plant::GateRace => {
             // A raise that decides on two versions of the fence row: the one it read, and the
             // one it locked, whose maximum it no longer checks (a concurrent higher term that
@@ -465,6 +594,15 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             planted
         }
     })
+}
+
+/// `sql` without `block` (a check the planted bug leaves out), or an error when `sql` no longer
+/// has it (`what` names it).
+fn remove_block(sql: &str, block: &str, what: &str) -> Result<String> {
+    if !sql.contains(block) {
+        bail!("the {what} is no longer written as it was: update the planted bug");
+    }
+    Ok(sql.replacen(block, "", 1))
 }
 
 /// Gateways 0 and 1 hold grants, gateway 2 asks Postgres for every write: a term change through
@@ -595,6 +733,7 @@ async fn run_schedule(
     // Gateways, each reaching Postgres through a proxy of its own.
     let mut gateways = Vec::new();
     let mut gateway_ports = Vec::new();
+    let mut control_ports = Vec::new();
     let mut gateway_pg = Vec::new();
     for (gateway, config_path) in config_paths.iter().enumerate() {
         let proxy = FaultProxy::start(pg_addr).await?;
@@ -622,14 +761,16 @@ async fn run_schedule(
             let mut managed = Managed { name: format!("gateway-{gateway}"), command, child: None, paused: false };
             managed.spawn()?;
             if wait_listening(proxy_port, Duration::from_secs(20)).await {
-                started = Some((managed, proxy_port));
+                started = Some((managed, proxy_port, control_port));
                 break;
             }
             managed.kill_now().await;
         }
-        let (managed, proxy_port) = started.ok_or_else(|| anyhow!("gateway-{gateway} did not listen in 3 tries"))?;
+        let (managed, proxy_port, control_port) =
+            started.ok_or_else(|| anyhow!("gateway-{gateway} did not listen in 3 tries"))?;
         gateway_pg.push(proxy);
         gateway_ports.push(proxy_port);
+        control_ports.push(control_port);
         gateways.push(managed);
     }
 
@@ -640,11 +781,14 @@ async fn run_schedule(
     for (leader, letter) in ["a", "b", "c"].iter().enumerate() {
         let proxy = FaultProxy::start(pg_addr).await?;
         let database_url = format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr());
-        let mut command = Vec::new();
+        let mut command = vec!["env".to_owned()];
         if let Some((_, rate)) = leader_rate.filter(|(slow, _)| *slow == leader) {
-            command.push("env".to_owned());
             command.extend(clock_rate_env(rate)?);
             clock_rates.insert(format!("leader-{letter}"), json!(rate));
+        }
+        // A planted bug of the election library: its failpoint, in every leader.
+        if let Some(failpoint) = config.plant.and_then(Plant::failpoint) {
+            command.push(format!("FAILPOINTS={failpoint}"));
         }
         command.extend([
             workspace_bin("fault-leader")?.display().to_string(),
@@ -658,6 +802,8 @@ async fn run_schedule(
             dir.join(format!("client-{letter}.jsonl")).display().to_string(),
             "--elections".to_owned(),
             dir.join(format!("elections-{letter}.jsonl")).display().to_string(),
+            "--acts".to_owned(),
+            dir.join(format!("acts-{letter}.jsonl")).display().to_string(),
             "--seed".to_owned(),
             (seed ^ ((leader as u64 + 1) * 0x9e37_79b9)).to_string(),
             "--ttl-ms".to_owned(),
@@ -687,6 +833,30 @@ async fn run_schedule(
     let mut racer = Managed { name: "racer".to_owned(), command: racer_command, child: None, paused: false };
     racer.spawn()?;
 
+    // Two leaders of `k3` through the HTTP lease API, late on purpose now and then.
+    let control_list = control_ports.iter().map(|port| format!("127.0.0.1:{port}")).collect::<Vec<_>>().join(",");
+    let mut lease_clients = Vec::new();
+    for (n, letter) in ["x", "y"].iter().enumerate() {
+        let command = vec![
+            workspace_bin("fault-lease-client")?.display().to_string(),
+            "--name".to_owned(),
+            format!("lease-{letter}"),
+            "--controls".to_owned(),
+            control_list.clone(),
+            "--key".to_owned(),
+            "k3".to_owned(),
+            "--log".to_owned(),
+            dir.join(format!("lease-calls-{letter}.jsonl")).display().to_string(),
+            "--seed".to_owned(),
+            (seed ^ ((n as u64 + 7) * 0x85eb_ca6b)).to_string(),
+            "--ttl-ms".to_owned(),
+            config.ttl.as_millis().to_string(),
+        ];
+        let mut managed = Managed { name: format!("lease-{letter}"), command, child: None, paused: false };
+        managed.spawn()?;
+        lease_clients.push(managed);
+    }
+
     let mut schedule = Schedule {
         index,
         seed,
@@ -695,6 +865,7 @@ async fn run_schedule(
         gateways,
         leaders,
         racer,
+        lease_clients,
         upstreams,
         gateway_pg,
         leader_pg,
@@ -784,6 +955,15 @@ impl Schedule {
         let mut active: Vec<Fault> = Vec::new();
         let mut next_fault = Instant::now();
         let mut last_end_us = now_us();
+        // Once or twice a schedule, a crash of Postgres right after a gateway's raise of a fence
+        // (every deciding path must be durable, not only a lease's new term). Drawn from a
+        // generator of its own, so that a seed's other faults stay what they were.
+        let mut raise_rng = StdRng::seed_from_u64(self.seed ^ 0x7a15_e0c8);
+        let phase_ms = config.seconds.saturating_mul(1000).max(1500);
+        let mut crashes_after_raise: Vec<Instant> = (0..if raise_rng.random_bool(0.5) { 2 } else { 1 })
+            .map(|_| Instant::now() + Duration::from_millis(raise_rng.random_range(300..phase_ms - 1000)))
+            .collect();
+        crashes_after_raise.sort();
         loop {
             // The store changes when a failover ends.
             let current = self.promoted.clone();
@@ -800,6 +980,20 @@ impl Schedule {
                 if active.is_empty() {
                     return Ok(last_end_us);
                 }
+            } else if crashes_after_raise.first().is_some_and(|at| now >= *at)
+                && !active.iter().any(|f| f.kind.starts_with("pg-crash") || f.kind == "pg-failover")
+            {
+                crashes_after_raise.remove(0);
+                let started_us = now_us();
+                self.crash_after_raise(cluster).await?;
+                let lasting = Duration::from_millis(raise_rng.random_range(300..1500));
+                active.push(Fault {
+                    kind: "pg-crash-after-raise",
+                    target: 0,
+                    link: usize::MAX,
+                    started_us,
+                    ends: Instant::now() + lasting,
+                });
             } else if now >= next_fault && active.len() < 2 {
                 if let Some(fault) = self.begin(cluster, rng, &active).await? {
                     active.push(fault);
@@ -988,6 +1182,57 @@ impl Schedule {
         Ok(target)
     }
 
+    /// A raise of a fence (the racer's lanes: through a gateway, or through SQL), then a crash
+    /// of Postgres as soon as the raise is visible, with every process that commits
+    /// synchronously paused meanwhile (leaders, lease clients, the racer) so that none of their
+    /// commits flushes the raise's WAL first: a raise answered before it was durable is lost,
+    /// and the racer's next trial on that lane sends the term below it again.
+    async fn crash_after_raise(&mut self, cluster: &PgCluster) -> Result<()> {
+        // The lanes' fence maximum, and the SQL raises' rows: a raise that moved the first and
+        // not the second went through a gateway (an SQL raise commits synchronously anyway, as
+        // the application asks for).
+        let raises = "SELECT (SELECT coalesce(sum(max_term), 0)::bigint FROM fencing.fences
+                               WHERE resource LIKE '/free%/race-%'),
+                             (SELECT count(*) FROM race_ledger)";
+        // Straight to Postgres, not through a fault proxy.
+        if let Ok(Ok(watcher)) = tokio::time::timeout(Duration::from_secs(1), try_connect(&self.url)).await {
+            let read = async |client: &tokio_postgres::Client| match tokio::time::timeout(
+                Duration::from_millis(200),
+                client.query_one(raises, &[]),
+            )
+            .await
+            {
+                Ok(Ok(row)) => row.try_get::<_, i64>(0).ok().zip(row.try_get::<_, i64>(1).ok()),
+                _ => None,
+            };
+            if let Some(mut before) = read(&watcher).await {
+                let until = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < until {
+                    let Some(now) = read(&watcher).await else { continue };
+                    if now.0 != before.0 && now.1 == before.1 {
+                        break;
+                    }
+                    before = now;
+                }
+            }
+        }
+        let mut stopped: Vec<&mut Managed> = self
+            .leaders
+            .iter_mut()
+            .chain(self.lease_clients.iter_mut())
+            .chain(std::iter::once(&mut self.racer))
+            .filter(|process| !process.paused)
+            .collect();
+        for process in &mut stopped {
+            process.signal(Signal::SIGSTOP);
+        }
+        let crashed = tokio::task::block_in_place(|| cluster.crash_now());
+        for process in &mut stopped {
+            process.signal(Signal::SIGCONT);
+        }
+        crashed
+    }
+
     /// A failover, its first half: a synchronous standby of the store is made (a base backup
     /// while the load goes on; from then on every durable commit waits for it), the load runs on
     /// it a moment, and the primary is killed (SIGQUIT to the postmaster). The standby is
@@ -1087,7 +1332,7 @@ impl Schedule {
             }
             // The step stays (the store's clock never reads a time twice); the link recovers.
             "pg-clock-forward" => self.gateway_pg[target].set(Mode::Pass),
-            "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
+            "pg-crash" | "pg-crash-after-raise" => tokio::task::block_in_place(|| cluster.start_server())?,
             "pg-failover" => self.promote().await?,
             "pg-crash-after-grant" => {
                 tokio::task::block_in_place(|| cluster.start_server())?;
@@ -1115,18 +1360,14 @@ impl Schedule {
     }
 
     async fn stop(&mut self) {
+        // Each kind at once (their shutdowns overlap), in the order the writes flow.
         self.racer.terminate(Duration::from_secs(1)).await;
-        for leader in &mut self.leaders {
-            leader.terminate(Duration::from_secs(3)).await;
-        }
+        Managed::terminate_all(&mut self.lease_clients, Duration::from_secs(1)).await;
+        Managed::terminate_all(&mut self.leaders, Duration::from_secs(3)).await;
         // Writes in flight end within the forward timeout.
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        for gateway in &mut self.gateways {
-            gateway.terminate(Duration::from_secs(2)).await;
-        }
-        for upstream in &mut self.upstreams {
-            upstream.terminate(Duration::from_secs(1)).await;
-        }
+        Managed::terminate_all(&mut self.gateways, Duration::from_secs(2)).await;
+        Managed::terminate_all(&mut self.upstreams, Duration::from_secs(1)).await;
     }
 
     async fn record(&self, config: &SuiteConfig, started_us: i64, quiet_from_us: i64, ended_us: i64) -> Result<()> {
@@ -1235,6 +1476,24 @@ impl Schedule {
             let _ = std::fs::remove_file(&path);
         }
         std::fs::write(self.dir.join("elections.jsonl"), elections)?;
+        // The leaders' acts (S7) and the HTTP lease clients' calls, whole lines only.
+        for (merged, parts) in
+            [("acts", ["acts-a", "acts-b", "acts-c"].as_slice()), ("lease_calls", &["lease-calls-x", "lease-calls-y"])]
+        {
+            let mut text = String::new();
+            for part in parts {
+                let path = self.dir.join(format!("{part}.jsonl"));
+                let Ok(lines) = std::fs::read_to_string(&path) else { continue };
+                for line in lines.lines().filter(|l| serde_json::from_str::<Value>(l).is_ok()) {
+                    let _ = writeln!(text, "{line}");
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+            if text.is_empty() {
+                bail!("no {merged} were recorded in this schedule (are the leaders and lease clients starting?)");
+            }
+            std::fs::write(self.dir.join(format!("{merged}.jsonl")), text)?;
+        }
         let mut faults = String::new();
         for fault in &self.faults {
             let _ = writeln!(faults, "{fault}");

@@ -1,7 +1,8 @@
 //! The fault suite: randomized schedules of real faults against real processes, each history
 //! checked by the independent checker (`checker/`, which shares no code with what it checks).
 //! CI runs `FENCING_FAULT_SCHEDULES` schedules (default 25) of about 10 s, then shows that each
-//! of the eight planted bugs is caught within 50 schedules.
+//! of the planted bugs is caught: the first eight within 50 schedules, those of the suite's
+//! blind spots (S7, renewals, periods ended locally) within 25.
 //!
 //! Replay a run: `FENCING_FAULT_SEED=<seed> cargo test --workspace --test faults`. A longer soak:
 //! `./target/debug/fault-suite --schedules 500 --seconds 6 --seed 1` (see the README).
@@ -26,7 +27,7 @@ fn seed() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_schedules_of_real_processes_show_no_violation_of_s1_to_s5() {
+async fn fault_schedules_of_real_processes_show_no_violation_of_s1_to_s5_or_s7() {
     let _one = ONE_AT_A_TIME.lock().await;
     let schedules = std::env::var("FENCING_FAULT_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(25_usize);
     let seed = seed();
@@ -45,11 +46,21 @@ async fn fault_schedules_of_real_processes_show_no_violation_of_s1_to_s5() {
 /// Runs schedules with `plant` until the checker reports a violation of an invariant the bug
 /// breaks ([`Plant::shows_as`]); fails when none came in 50 schedules.
 async fn caught(plant: Plant) {
+    caught_within(plant, 50).await;
+}
+
+/// [`caught`], within `schedules` schedules.
+async fn caught_within(plant: Plant, schedules: usize) {
+    caught_in(plant, schedules, 6).await;
+}
+
+/// [`caught`], within `schedules` schedules of `seconds` of faults each.
+async fn caught_in(plant: Plant, schedules: usize, seconds: u64) {
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = seed();
     let cluster = start_cluster().unwrap();
     let out = out_dir(plant.name());
-    let mut config = SuiteConfig::new(50, 6, seed, out.clone());
+    let mut config = SuiteConfig::new(schedules, seconds, seed, out.clone());
     config.plant = Some(plant);
     let mut caught_by = None;
     let ran = run(&cluster, &config, |dir| {
@@ -64,8 +75,8 @@ async fn caught(plant: Plant) {
     })
     .await
     .unwrap();
-    let caught_by =
-        caught_by.unwrap_or_else(|| panic!("planted bug {} not caught in 50 schedules (seed {seed})", plant.name()));
+    let caught_by = caught_by
+        .unwrap_or_else(|| panic!("planted bug {} not caught in {schedules} schedules (seed {seed})", plant.name()));
     println!("planted bug {} caught in schedule {} of seed {seed}: {caught_by}", plant.name(), ran - 1);
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -108,4 +119,43 @@ async fn planted_grant_used_past_its_end_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_waits_on_instants_of_the_stores_wall_clock_are_caught() {
     caught(Plant::WallClockWaits).await;
+}
+
+// The suite's blind spots (issue: what the fault suite cannot see yet): each caught within the 25
+// schedules of a CI run, of 4 s of faults each (to keep CI's time: each is most often caught in
+// its first few schedules).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_elector_deadline_that_adds_the_margin_is_caught() {
+    caught_in(Plant::ElectorMarginAdded, 25, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_elector_that_does_not_check_the_deadline_when_acting_is_caught() {
+    caught_in(Plant::ElectorDeadlineIgnored, 25, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_renewal_that_extends_another_owners_lease_is_caught() {
+    caught_in(Plant::RenewAnyOwner, 25, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_renewal_that_brings_an_ended_period_back_is_caught() {
+    caught_in(Plant::RenewExpired, 25, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_acquire_that_hands_a_lost_period_back_is_caught() {
+    caught_in(Plant::AcquireKeepsPeriod, 25, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_stamp_for_any_owner_is_caught() {
+    caught_in(Plant::StampAnyOwner, 25, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_gate_that_admits_a_future_term_is_caught() {
+    caught_in(Plant::FutureTerm, 25, 4).await;
 }

@@ -8,7 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fencing_checker::history::{
-    ClientWrite, Election, Fault, History, LeasePeriod, Meta, Mode, Outcome, TableRow, UpstreamRequest, WritePath,
+    ClientWrite, Election, Fault, History, LeaderAct, LeaseCall, LeasePeriod, Meta, Mode, Outcome, TableRow,
+    UpstreamRequest, WritePath,
 };
 
 /// One second in microseconds.
@@ -54,6 +55,7 @@ pub fn incomplete(mut r: UpstreamRequest) -> UpstreamRequest {
 pub fn gateway_write(id: &str, upstream: &str, term: i64, invoked: i64) -> ClientWrite {
     ClientWrite {
         client: "leader-a".into(),
+        owner: Some("leader-a#1".into()),
         request_id: id.into(),
         key: "k1".into(),
         path: WritePath::Gateway,
@@ -110,7 +112,11 @@ pub fn base() -> History {
     };
     History {
         meta,
-        leases: vec![lease("k1", 1, "leader-a#1", 0, Some(4 * S)), lease("k1", 2, "leader-b#1", 6 * S, None)],
+        leases: vec![
+            lease("k1", 1, "leader-a#1", 0, Some(4 * S)),
+            lease("k1", 2, "leader-b#1", 6 * S, None),
+            lease("k3", 1, "lease-x#1", 20 * S + 2_000, Some(21 * S + 2_000)),
+        ],
         upstream: vec![
             req("applying", 1, "c1", Some(1), S, Some(200)),
             req("checking", 1, "c2", Some(1), S + 100_000, Some(200)),
@@ -133,6 +139,56 @@ pub fn base() -> History {
             end_us: 10 * S,
         }],
         elections: vec![elected("k1", 1, "leader-a#1", 0), elected("k1", 2, "leader-b#1", 6 * S)],
+        acts: vec![
+            act("leader-a#1", "k1", 1, S - 10_000, S + 400_000),
+            act("leader-a#1", "k1", 1, 3 * S, 3 * S + 500_000),
+            act("leader-b#1", "k1", 2, 11 * S - 10_000, 11 * S + 500_000),
+        ],
+        lease_calls: vec![
+            call("lease-x#1", "acquire", None, 20 * S, Some(200), Some(1), Some(1500)),
+            call("lease-x#1", "renew", Some(1), 20 * S + 500_000, Some(200), Some(1), Some(1500)),
+            call("lease-y#1", "acquire", None, 20 * S + 600_000, Some(409), Some(1), None),
+            call("lease-x#1", "release", Some(1), 21 * S, Some(204), None, None),
+            call("lease-x#1", "renew", Some(1), 21 * S + 100_000, Some(409), None, None),
+        ],
+        clock_steps: Vec::new(),
+    }
+}
+
+/// A leader's act of `key` with `term`, checked at `checked` and answered 1 ms later, under the
+/// deadline `deadline`.
+pub fn act(owner: &str, key: &str, term: i64, checked: i64, deadline: i64) -> LeaderAct {
+    LeaderAct {
+        owner: owner.into(),
+        key: key.into(),
+        term,
+        checked_us: checked,
+        acted_us: checked + 1_000,
+        deadline_us: deadline,
+    }
+}
+
+/// A call of the HTTP lease API on key `k3`, sent at `sent` and answered 5 ms later.
+pub fn call(
+    owner: &str,
+    op: &str,
+    believed: Option<i64>,
+    sent: i64,
+    status: Option<u16>,
+    term: Option<i64>,
+    remaining_ms: Option<i64>,
+) -> LeaseCall {
+    LeaseCall {
+        client: owner.split('#').next().unwrap_or_default().into(),
+        owner: owner.into(),
+        key: "k3".into(),
+        op: op.into(),
+        believed_term: believed,
+        sent_us: sent,
+        received_us: sent + 5_000,
+        status,
+        term,
+        remaining_ms,
     }
 }
 
@@ -158,6 +214,9 @@ pub fn write_schedule(dir: &Path, h: &History) {
     fs::write(dir.join("clients.jsonl"), lines(&h.clients)).unwrap();
     fs::write(dir.join("faults.jsonl"), lines(&h.faults)).unwrap();
     fs::write(dir.join("elections.jsonl"), lines(&h.elections)).unwrap();
+    fs::write(dir.join("acts.jsonl"), lines(&h.acts)).unwrap();
+    fs::write(dir.join("lease_calls.jsonl"), lines(&h.lease_calls)).unwrap();
+    fs::write(dir.join("clock.jsonl"), lines(&h.clock_steps)).unwrap();
     let mut by_upstream: BTreeMap<&str, Vec<&UpstreamRequest>> = BTreeMap::new();
     for r in &h.upstream {
         by_upstream.entry(&r.upstream).or_default().push(r);

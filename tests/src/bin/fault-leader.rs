@@ -1,17 +1,24 @@
 //! A leader process of the fault suite: it contends for the lease keys `k1` and `k2` through the
 //! election library and, for each key it leads, writes as fast as it reasonably can: through a
 //! random gateway in verify and stamp mode, to a bound route and an unbound one, and straight
-//! into the key's protected table with `SET LOCAL fencing.token`; some bodies trickle in. After
-//! it loses a key, it sometimes goes on writing with the old term for a while, as a leader that
-//! does not know it lost would: those writes must be refused.
+//! into the key's protected table with `SET LOCAL fencing.token`; some bodies trickle in; one in
+//! sixteen bound writes forges a term the lease has not granted yet. After it loses a key, it
+//! sometimes goes on writing with the old term (or, in stamp mode, its old owner identity) for a
+//! while, as a leader that does not know it lost would: those writes must be refused.
 //!
 //! ```text
 //! fault-leader --name leader-a --database-url URL --gateways ADDR,ADDR,ADDR --log FILE
-//!              --elections FILE --seed N [--ttl-ms 1500] [--zombie-ms 1000]
+//!              --elections FILE --acts FILE --seed N [--ttl-ms 1500] [--zombie-ms 1000]
 //! ```
 //! Every write is logged twice in the history format of `checker/HISTORY.md`: once when invoked
 //! (outcome `indeterminate`) and once when it ended; the runner keeps the last line per request.
-//! Every election and loss it sees is logged to the elections file.
+//! Every election and loss it sees is logged to the elections file. Every leader-only act (a batch
+//! of writes while the elector says it leads: the well-behaved leader, as opposed to the zombie
+//! writes after it found it no longer leads) is logged to the acts file with the term, the instant
+//! just before it asked the elector, and the local deadline it acted under (S7).
+//!
+//! Planted bugs in the election library (`FAILPOINTS`, the `fail` crate's syntax) are set up at
+//! start; the suite sets them only for a planted-bug run.
 //! SIGTERM resigns gracefully (the electors shut down and release), then the process exits.
 
 use std::net::SocketAddr;
@@ -23,7 +30,7 @@ use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use fencing_election::{Elector, ElectorHandle};
 use fencing_tests::faultclient::{
-    BoxBody, HttpClient, Log, http_client, http_write, now_us, open_log_or_exit, until_sigterm,
+    BoxBody, HttpClient, Log, http_client, http_write, instant_us, now_us, open_log_or_exit, until_sigterm,
 };
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -38,6 +45,7 @@ struct Args {
     gateways: Vec<SocketAddr>,
     log: String,
     elections: String,
+    acts: String,
     seed: u64,
     ttl: Duration,
     zombie: Duration,
@@ -50,6 +58,7 @@ fn parse_args() -> Result<Args, String> {
         gateways: Vec::new(),
         log: String::new(),
         elections: String::new(),
+        acts: String::new(),
         seed: 0,
         ttl: Duration::from_millis(1500),
         zombie: Duration::from_millis(1000),
@@ -68,6 +77,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--log" => args.log = value,
             "--elections" => args.elections = value,
+            "--acts" => args.acts = value,
             "--seed" => args.seed = value.parse().map_err(|e| format!("--seed: {e}"))?,
             "--ttl-ms" => args.ttl = Duration::from_millis(value.parse().map_err(|e| format!("--ttl-ms: {e}"))?),
             "--zombie-ms" => {
@@ -81,8 +91,9 @@ fn parse_args() -> Result<Args, String> {
         || args.gateways.is_empty()
         || args.log.is_empty()
         || args.elections.is_empty()
+        || args.acts.is_empty()
     {
-        return Err("--name, --database-url, --gateways, --log and --elections are required".to_owned());
+        return Err("--name, --database-url, --gateways, --log, --elections and --acts are required".to_owned());
     }
     Ok(args)
 }
@@ -102,6 +113,8 @@ struct Leader {
     http: HttpClient,
     database_url: String,
     log: Log,
+    /// Leader-only acts, with the deadline each acted under (S7).
+    acts: Log,
     next_id: AtomicU64,
     zombie: Duration,
 }
@@ -121,11 +134,19 @@ impl Leader {
 
     /// One write for `key` with `term`, of a random kind.
     async fn write(&self, key: &Key, term: i64, leading: bool, rng: &mut StdRng) {
-        let kind = match rng.random_range(0..10) {
-            0..=3 => Kind::Verify,
-            4..=5 if leading => Kind::Stamp,
-            4..=6 => Kind::Unbound,
+        // Stamp mode for zombies too, and more often: the gateway must stamp only for the lease's
+        // holder, and a zombie's stamp writes meet the next holder's lease.
+        let kind = match (leading, rng.random_range(0..10)) {
+            (true, 0..=3) | (false, 0..=1) => Kind::Verify,
+            (true, 4..=5) | (false, 2..=6) => Kind::Stamp,
+            (true, 6) | (false, 7) => Kind::Unbound,
             _ => Kind::Sql,
+        };
+        // Now and then a forged token on a bound resource: a term the lease has not granted yet
+        // (S4: it must not poison the fence, nor be admitted).
+        let term = match kind {
+            Kind::Verify | Kind::Sql if rng.random_ratio(1, 16) => term + rng.random_range(1..=3),
+            _ => term,
         };
         let index = if key.key == "k1" { 1 } else { 2 };
         let suffix = if rng.random_bool(0.5) { "a" } else { "b" };
@@ -143,7 +164,8 @@ impl Leader {
         let gateway = rng.random_range(0..self.gateways.len());
         let presented = if matches!(kind, Kind::Stamp) { Value::Null } else { json!(term) };
         let mut record = json!({
-            "client": self.name, "request_id": request_id, "key": key.key, "path": path, "mode": mode,
+            "client": self.name, "owner": key.elector.owner(), "request_id": request_id, "key": key.key,
+            "path": path, "mode": mode,
             "gateway": if path == "gateway" { json!(gateway) } else { Value::Null },
             "upstream": upstream, "resource": resource, "bound": bound, "term": presented,
             "invoked_us": now_us(), "completed_us": Value::Null, "outcome": "indeterminate",
@@ -248,6 +270,7 @@ fn pool(url: &str) -> Result<Pool, String> {
 async fn main() {
     // The history's clock takes its first reading as its start (a slow or fast leader).
     let _ = now_us();
+    let _failpoints = fail::FailScenario::setup();
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
@@ -286,6 +309,7 @@ async fn main() {
         http: http_client(),
         database_url: args.database_url.clone(),
         log,
+        acts: open_log_or_exit("fault-leader", &args.acts),
         next_id: AtomicU64::new(0),
         zombie: args.zombie,
     });
@@ -317,7 +341,20 @@ async fn main() {
         let mut rng = StdRng::seed_from_u64(args.seed ^ (index as u64 + 1) ^ u64::from(std::process::id()));
         writers.push(tokio::spawn(async move {
             loop {
-                let leading = key.elector.leadership().map(|period| period.term());
+                // The instant before the elector is asked: a period it answers with lasted at
+                // least until then.
+                let checked_us = now_us();
+                let period = key.elector.leadership();
+                if let Some(period) = &period {
+                    // ...and the instant after it answered: the check lies in between.
+                    let acted_us = now_us();
+                    leader.acts.write(&json!({
+                        "owner": key.elector.owner(), "key": key.key, "term": period.term(),
+                        "checked_us": checked_us, "acted_us": acted_us,
+                        "deadline_us": instant_us(period.deadline()),
+                    }));
+                }
+                let leading = period.map(|period| period.term());
                 let term = {
                     let mut last = key.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     match (leading, *last) {

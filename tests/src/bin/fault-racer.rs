@@ -16,7 +16,9 @@
 //! t + 1; with the store deciding on one row version, every write of t is either sent before
 //! the raise's settle time or refused.
 //!
-//! After each trial, one more write of t goes through every gateway, as a zombie's would.
+//! After each trial, one more write of t goes through every gateway, as a zombie's would; and
+//! each trial begins with a write of the term below (the last trial's t), repeated until it is
+//! decided (the store may be down), which a raise lost in a crash would let in again.
 //!
 //! SIGUSR1 (the injector sends it right after stepping the store's clock) ends the pause of
 //! every lane that is in it: those lanes raise through SQL at once (with `--database-url`), so
@@ -116,8 +118,9 @@ struct Racer {
 }
 
 impl Racer {
-    /// One write of `term` to the lane's resource through gateway `gateway`.
-    async fn write(&self, lane: usize, term: i64, gateway: usize) {
+    /// One write of `term` to the lane's resource through gateway `gateway`. True when it was
+    /// decided: admitted (a 2xx) or refused for its term (409), not left unknown or unavailable.
+    async fn write(&self, lane: usize, term: i64, gateway: usize) -> bool {
         let route = 1 + lane % 2;
         let resource = format!("race-{lane}");
         let request_id =
@@ -139,6 +142,7 @@ impl Racer {
         http_write(&self.http, &mut record, request).await;
         record["completed_us"] = json!(now_us());
         self.log.write(&record);
+        record["outcome"] == "ok" || record["status"] == 409
     }
 
     /// One raise to `term` of the lane's fence through SQL, as an application's transaction.
@@ -202,6 +206,18 @@ impl Racer {
         // Lanes start spread out, so their trials do not all fall on the same instants.
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
         loop {
+            // The term before first, as a zombie of the last trial would, again until it is
+            // decided (for up to 5 s: the store may be down): after a crash (the runner crashes
+            // Postgres right after a raise now and then), a raise answered but not durable would
+            // let it in again.
+            if term > 1 {
+                let until = tokio::time::Instant::now() + Duration::from_secs(5);
+                while !self.write(lane, term - 1, rng.random_range(0..gateways)).await
+                    && tokio::time::Instant::now() < until
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
             // The resource's maximum is t (or becomes it), with this write's forward timeout.
             self.write(lane, term, rng.random_range(0..gateways)).await;
             // Past half of a grant: the next decisions for t renew the gateways' grants.
@@ -215,8 +231,9 @@ impl Racer {
             let mut race = Vec::new();
             for _ in 0..lower {
                 let gateway = rng.random_range(0..gateways);
-                race.push(Box::pin(self.write(lane, term, gateway))
-                    as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>);
+                race.push(Box::pin(async move {
+                    self.write(lane, term, gateway).await;
+                }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>);
             }
             let raise = rng.random_range(0..gateways);
             let by_sql = self.pool.as_ref().filter(|_| rng.random_bool(1.0 / 3.0) || woken);
@@ -225,7 +242,9 @@ impl Racer {
                 Box::pin(async move {
                     match by_sql {
                         Some(pool) => self.write_sql(lane, term + 1, pool).await,
-                        None => self.write(lane, term + 1, raise).await,
+                        None => {
+                            self.write(lane, term + 1, raise).await;
+                        }
                     }
                 }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>,
             );
