@@ -972,9 +972,14 @@ impl Schedule {
             // End the faults whose time is up.
             let (ended, still): (Vec<Fault>, Vec<Fault>) = active.into_iter().partition(|f| f.ends <= now);
             active = still;
+            let any_ended = !ended.is_empty();
             for fault in ended {
                 self.end(cluster, &fault).await?;
                 last_end_us = now_us();
+            }
+            // An ended failover changed the store: nothing more on the old one in this round.
+            if any_ended && self.promoted.as_ref().map(Arc::as_ptr) != current.as_ref().map(Arc::as_ptr) {
+                continue;
             }
             if now >= phase_end {
                 if active.is_empty() {
