@@ -67,3 +67,21 @@ async fn cluster_is_removed_when_its_test_process_is_killed() {
     child.wait().await.unwrap();
     assert_cleaned_up(pid, &root).await;
 }
+
+/// A server that does not act on SIGQUIT (here: its postmaster stopped, as one hung in its
+/// signal handler under libfaketime would be) is still crashed, within the bound, by SIGKILL to
+/// it and its children, and starts again on its data: the fault suite's crashes never hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_sigquit_is_still_crashed_and_starts_again() {
+    let cluster = fencing_tests::pg::PgCluster::start().unwrap();
+    let postmaster = Pid::from_raw(cluster.postmaster_pid().unwrap());
+    kill(postmaster, Signal::SIGSTOP).unwrap();
+    let started = tokio::time::Instant::now();
+    tokio::task::block_in_place(|| cluster.crash_now()).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(25), "crash took {:?}", started.elapsed());
+    assert!(kill(postmaster, None).is_err(), "the postmaster survived");
+    tokio::task::block_in_place(|| cluster.start_server()).unwrap();
+    let client = fencing_tests::pg::connect(&cluster.url("postgres")).await;
+    let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+}
