@@ -64,6 +64,12 @@ fn periods_by_key(h: &History) -> BTreeMap<&str, Vec<&LeasePeriod>> {
     by_key
 }
 
+/// Each period by its key and term (the last line wins where the history has a term twice: S2
+/// reports that).
+fn periods_by_term(h: &History) -> HashMap<(&str, i64), &LeasePeriod> {
+    h.leases.iter().map(|p| ((p.key.as_str(), p.term), p)).collect()
+}
+
 fn describe_end(end: Option<i64>) -> String {
     end.map_or_else(|| "open".to_owned(), |e| e.to_string())
 }
@@ -308,7 +314,7 @@ pub fn s1_leaders_acts_do_not_overlap(h: &History) -> Vec<Violation> {
 /// next round trip).
 pub fn s7_acts_before_the_deadline_within_the_period(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
-    let periods: HashMap<(&str, i64), &LeasePeriod> = h.leases.iter().map(|p| ((p.key.as_str(), p.term), p)).collect();
+    let periods = periods_by_term(h);
     // Reported once per period and rule, at its first act.
     let mut reported: HashSet<(String, i64, &str)> = HashSet::new();
     let mut report = |out: &mut Vec<Violation>, act: &LeaderAct, rule: &'static str, detail: String| {
@@ -397,16 +403,15 @@ pub fn s7_acts_before_the_deadline_within_the_period(h: &History) -> Vec<Violati
 /// store's holder both hold the lease.
 pub fn lease_answers_name_the_callers_period(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
-    let owners: HashMap<(&str, i64), &str> =
-        h.leases.iter().map(|p| ((p.key.as_str(), p.term), p.owner.as_str())).collect();
+    let periods = periods_by_term(h);
     for call in h.lease_calls.iter().filter(|c| c.status == Some(200) && c.op != "release") {
         let what = format!("{} of {} by {} (sent at {})", call.op, call.key, call.owner, call.sent_us);
         let Some(term) = call.term else {
             out.push(violation(h, Invariant::S1, format!("{what} answered ok without a term")));
             continue;
         };
-        match owners.get(&(call.key.as_str(), term)) {
-            Some(owner) if *owner == call.owner => {}
+        match periods.get(&(call.key.as_str(), term)).map(|p| p.owner.as_str()) {
+            Some(owner) if owner == call.owner => {}
             Some(owner) => out.push(violation(
                 h,
                 Invariant::S1,
@@ -710,7 +715,7 @@ pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Vi
 /// during the write.
 pub fn s4_bound_writes_carry_a_granted_term_of_their_owner(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
-    let periods: HashMap<(&str, i64), &LeasePeriod> = h.leases.iter().map(|p| ((p.key.as_str(), p.term), p)).collect();
+    let periods = periods_by_term(h);
     for c in h.clients.iter().filter(|c| c.outcome == Outcome::Ok && c.bound) {
         let Some(term) = admitted_term(h, c) else { continue };
         let what = format!(
