@@ -76,20 +76,31 @@ pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-/// A client log: one JSON line per record, flushed at once.
+/// A history log: one JSON line per record, each appended by one write. A process restarted
+/// after a kill appends to its predecessor's log: a line the kill tore is ended first, so the
+/// torn line alone is lost (the runner drops lines that do not parse), not the next record too.
 pub struct Log(Mutex<std::fs::File>);
 
 impl Log {
-    /// Opens `path` for appending.
+    /// Opens `path` for appending, ending a torn last line.
     pub fn open(path: &str) -> std::io::Result<Log> {
-        Ok(Log(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(path)?)))
+        use std::io::{Read as _, Seek as _, SeekFrom};
+        let mut file = std::fs::OpenOptions::new().create(true).read(true).append(true).open(path)?;
+        if file.metadata()?.len() > 0 {
+            let mut last = [0_u8];
+            file.seek(SeekFrom::End(-1))?;
+            file.read_exact(&mut last)?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n")?;
+            }
+        }
+        Ok(Log(Mutex::new(file)))
     }
 
-    /// Appends one record.
+    /// Appends one record, in one write.
     pub fn write(&self, line: &Value) {
         if let Ok(mut file) = self.0.lock() {
-            let _ = writeln!(file, "{line}");
-            let _ = file.flush();
+            let _ = file.write_all(format!("{line}\n").as_bytes());
         }
     }
 }

@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use crate::faultprobe::{FollowUp, ProbePath, Prober};
 use crate::faultproxy::{Direction, FaultProxy, Mode};
 use crate::pg::{Durability, PgCluster, Replication, connect, try_connect};
 use crate::workspace_bin;
@@ -88,11 +89,26 @@ pub enum Plant {
     /// The gateway's decision (`fencing.gate`) commits asynchronously: a raise answered before
     /// it was durable is lost in a crash (the other paths stay durable).
     GateAsyncCommit,
+    /// An application's raise through SQL (`fencing.try_admit`, behind `fencing.admit` and the
+    /// SQL guard) commits as the session does: asynchronously here, so a raise answered before
+    /// it was durable is lost in a crash.
+    AdmitAsyncCommit,
+    /// The admin action `fencing.advance_fence` commits as the session does.
+    AdvanceAsyncCommit,
+    /// `fencing.bind` commits as the session does: a binding answered before it was durable is
+    /// lost in a crash, and the resource admits any term again.
+    BindAsyncCommit,
+    /// The admin action `fencing.rebind` commits as the session does: a rebinding answered
+    /// before it was durable is lost in a crash, and the old lease's leader is admitted again.
+    RebindAsyncCommit,
+    /// A raise through SQL (`fencing.try_admit`) records no settle for the new term: its writes
+    /// through a gateway are forwarded at once, while the lower term's may still be arriving.
+    SqlRaiseSkipsSettle,
 }
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 16] = [
+    pub const ALL: [Plant; 21] = [
         Plant::WeakFence,
         Plant::NoSettle,
         Plant::AsyncCommit,
@@ -109,6 +125,11 @@ impl Plant {
         Plant::StampAnyOwner,
         Plant::FutureTerm,
         Plant::GateAsyncCommit,
+        Plant::AdmitAsyncCommit,
+        Plant::AdvanceAsyncCommit,
+        Plant::BindAsyncCommit,
+        Plant::RebindAsyncCommit,
+        Plant::SqlRaiseSkipsSettle,
     ];
 
     /// The name on the command line.
@@ -130,6 +151,11 @@ impl Plant {
             Plant::StampAnyOwner => "stamp-any-owner",
             Plant::FutureTerm => "future-term",
             Plant::GateAsyncCommit => "gate-async-commit",
+            Plant::AdmitAsyncCommit => "admit-async-commit",
+            Plant::AdvanceAsyncCommit => "advance-async-commit",
+            Plant::BindAsyncCommit => "bind-async-commit",
+            Plant::RebindAsyncCommit => "rebind-async-commit",
+            Plant::SqlRaiseSkipsSettle => "sql-raise-skips-settle",
         }
     }
 
@@ -145,12 +171,12 @@ impl Plant {
 
     /// The invariants whose violation shows this bug; the planted-bug tests count no other.
     pub fn shows_as(self) -> &'static [fencing_checker::Invariant] {
-        use fencing_checker::Invariant::{S1, S2, S3, S4, S5, S7};
+        use fencing_checker::Invariant::{Once, S1, S2, S3, S4, S5, S7};
         match self {
             // A stale term admitted: it reaches an upstream or the table after a higher one.
             Plant::WeakFence => &[S3, S4, S5],
             // Lower-term writes in flight overtaken by the new term's.
-            Plant::NoSettle | Plant::GateRace => &[S3, S5],
+            Plant::NoSettle | Plant::GateRace | Plant::SqlRaiseSkipsSettle => &[S3, S5],
             // A lower term admitted by a grant after a higher term's write was answered (the
             // racer's SQL raise), or forwarded after it (overstay).
             Plant::GrantIgnored => &[S3],
@@ -172,8 +198,11 @@ impl Plant {
             // A write admitted with a term it should not have carried.
             Plant::StampAnyOwner | Plant::FutureTerm => &[S4],
             // A raise lost in a crash: the lower term admitted again after the higher one was
-            // answered (the racer's lanes, in the clients' order).
+            // answered (a durability probe's, in the clients' order), and an SQL raise's row gone.
             Plant::GateAsyncCommit => &[S3],
+            Plant::AdmitAsyncCommit | Plant::AdvanceAsyncCommit => &[S3, Once],
+            // A binding lost in a crash: the resource admits a term its lease never granted.
+            Plant::BindAsyncCommit | Plant::RebindAsyncCommit => &[S4],
         }
     }
 
@@ -359,6 +388,9 @@ struct Schedule {
     database: String,
     /// A schedule fails over at most once (a failover takes a base backup: seconds).
     failed_over: bool,
+    /// The durability probes ([`crate::faultprobe`]), and the one whose crash is on.
+    prober: Prober,
+    probe_pending: Option<FollowUp>,
 }
 
 /// One fault being applied.
@@ -575,6 +607,45 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
                 bail!("the gate function no longer calls fencing.commit_durably: update the planted bug");
             }
             planted
+        }
+        Plant::AdmitAsyncCommit => {
+            let try_admit = function("try_admit")?;
+            let planted = try_admit.replace("PERFORM fencing.commit_durably();", "NULL;");
+            if planted == try_admit {
+                bail!("fencing.try_admit no longer calls fencing.commit_durably: update the planted bug");
+            }
+            planted
+        }
+        Plant::AdvanceAsyncCommit => remove_block(
+            &function("advance_fence")?,
+            "    PERFORM fencing.commit_durably();\n",
+            "advance_fence's durable commit",
+        )?,
+        // The first call in the file is fencing.bind's (fencing.rebind's comes after).
+        Plant::BindAsyncCommit => {
+            remove_block(&function("bind")?, "    PERFORM fencing.commit_durably();\n", "bind's durable commit")?
+        }
+        Plant::SqlRaiseSkipsSettle => {
+            let try_admit = function("try_admit")?;
+            let planted = try_admit.replace(
+                "settle_ms = fencing.next_settle(fence_), forward_ms = NULL",
+                "settle_ms = NULL, forward_ms = NULL",
+            );
+            if planted == try_admit {
+                bail!("fencing.try_admit no longer records the new term's settle as it did: update the planted bug");
+            }
+            planted
+        }
+        Plant::RebindAsyncCommit => {
+            let bind = function("bind")?;
+            let at = bind
+                .find("CREATE OR REPLACE FUNCTION fencing.rebind")
+                .ok_or_else(|| anyhow!("the bind file no longer defines fencing.rebind: update the planted bug"))?;
+            let (before, rebind) = bind.split_at(at);
+            format!(
+                "{before}{}",
+                remove_block(rebind, "    PERFORM fencing.commit_durably();\n", "rebind's durable commit")?
+            )
         }
         Plant::GateRace => {
             // A raise that decides on two versions of the fence row: the one it read, and the
@@ -883,10 +954,21 @@ async fn run_schedule(
         standby: None,
         database: name.clone(),
         failed_over: false,
+        prober: Prober::new(
+            dir,
+            gateway_ports.iter().map(|port| SocketAddr::from(([127, 0, 0, 1], *port))).collect(),
+            index,
+        )?,
+        probe_pending: None,
     };
     let started_us = now_us();
-    // Let leaders be elected and write before the first fault.
-    tokio::time::sleep(config.ttl).await;
+    // Let leaders be elected and write before the first fault: both keys led, then a few
+    // hundred milliseconds of writes (at most a ttl in all: a fault may come before an election).
+    let warm_until = Instant::now() + config.ttl;
+    while Instant::now() < warm_until && !both_keys_elected(dir) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(WARM_WRITES.min(warm_until.saturating_duration_since(Instant::now()))).await;
     let quiet_from_us = schedule.inject(original, config, &mut rng).await?;
     // Writes must flow again: wait for them (bounded by the recovery bound), then a little more.
     let bound = config.ttl * 2 + Duration::from_secs(5);
@@ -913,6 +995,30 @@ async fn run_schedule(
         }
     }
     Ok(schedule.promoted.take())
+}
+
+/// How long leaders write after both keys are first led, before the first fault.
+const WARM_WRITES: Duration = Duration::from_millis(300);
+
+/// Whether the leaders' own records (`elections-<letter>.jsonl`, written as they go) show both
+/// `k1` and `k2` elected.
+fn both_keys_elected(dir: &Path) -> bool {
+    let mut led = [false, false];
+    for letter in ["a", "b", "c"] {
+        let Ok(text) = std::fs::read_to_string(dir.join(format!("elections-{letter}.jsonl"))) else { continue };
+        for line in text.lines() {
+            let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
+            if value["event"] != "elected" {
+                continue;
+            }
+            match value["key"].as_str() {
+                Some("k1") => led[0] = true,
+                Some("k2") => led[1] = true,
+                _ => {}
+            }
+        }
+    }
+    led == [true, true]
 }
 
 /// How many writes the clients saw answered ok through gateway `gateway` (in the recorded
@@ -955,15 +1061,16 @@ impl Schedule {
         let mut active: Vec<Fault> = Vec::new();
         let mut next_fault = Instant::now();
         let mut last_end_us = now_us();
-        // Once or twice a schedule, a crash of Postgres right after a gateway's raise of a fence
-        // (every deciding path must be durable, not only a lease's new term). Drawn from a
-        // generator of its own, so that a seed's other faults stay what they were.
+        // Once a schedule, in its first half, a crash of Postgres right after a fence-moving
+        // action (every deciding path must be durable, not only a lease's new term:
+        // `crate::faultprobe`), on the path the seed names: consecutive seeds take turns, so any
+        // five schedules in a row probe every path. Its time is drawn from a generator of its
+        // own, so that a seed's other faults stay what they were.
         let mut raise_rng = StdRng::seed_from_u64(self.seed ^ 0x7a15_e0c8);
-        let phase_ms = config.seconds.saturating_mul(1000).max(1500);
-        let mut crashes_after_raise: Vec<Instant> = (0..if raise_rng.random_bool(0.5) { 2 } else { 1 })
-            .map(|_| Instant::now() + Duration::from_millis(raise_rng.random_range(300..phase_ms - 1000)))
-            .collect();
-        crashes_after_raise.sort();
+        let phase_ms = config.seconds.saturating_mul(1000).max(2000);
+        let turn = ProbePath::ALL[usize::try_from(self.seed % ProbePath::ALL.len() as u64).unwrap_or(0)];
+        let mut crashes_after_raise =
+            vec![(Instant::now() + Duration::from_millis(raise_rng.random_range(300..phase_ms / 2)), turn)];
         loop {
             // The store changes when a failover ends.
             let current = self.promoted.clone();
@@ -985,15 +1092,15 @@ impl Schedule {
                 if active.is_empty() {
                     return Ok(last_end_us);
                 }
-            } else if crashes_after_raise.first().is_some_and(|at| now >= *at)
+            } else if crashes_after_raise.first().is_some_and(|(at, _)| now >= *at)
                 && !active.iter().any(|f| f.kind.starts_with("pg-crash") || f.kind == "pg-failover")
             {
-                crashes_after_raise.remove(0);
+                let (_, path) = crashes_after_raise.remove(0);
                 let started_us = now_us();
-                self.crash_after_raise(cluster).await?;
-                let lasting = Duration::from_millis(raise_rng.random_range(300..1500));
+                self.crash_after_probe(cluster, path, &mut raise_rng).await?;
+                let lasting = Duration::from_millis(raise_rng.random_range(200..800));
                 active.push(Fault {
-                    kind: "pg-crash-after-raise",
+                    kind: path.fault_kind(),
                     target: 0,
                     link: usize::MAX,
                     started_us,
@@ -1067,12 +1174,18 @@ impl Schedule {
             link = 0;
         }
         let lasting = Duration::from_millis(rng.random_range(300..2000));
-        // One fault per process or link at a time, and a Postgres crash alone.
+        // One fault per process or link at a time, and a Postgres crash alone; while the store
+        // is down after a durability probe's crash, faults of processes and links go on (only
+        // the store's own wait), so that the probes do not take the schedule's time from them.
         let crash = |kind: &str| kind.starts_with("pg-crash") || kind == "pg-failover";
+        let probe = |kind: &str| ProbePath::ALL.iter().any(|path| path.fault_kind() == kind);
         if kind == "pg-failover" && self.failed_over {
             return Ok(None);
         }
-        if active.iter().any(|f| crash(f.kind)) || (crash(kind) && !active.is_empty()) {
+        if active.iter().any(|f| crash(f.kind) && !probe(f.kind)) || (crash(kind) && !active.is_empty()) {
+            return Ok(None);
+        }
+        if kind.starts_with("pg-") && active.iter().any(|f| probe(f.kind)) {
             return Ok(None);
         }
         if active.iter().any(|f| f.target == target && f.link == link) {
@@ -1110,7 +1223,11 @@ impl Schedule {
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
             "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
             "pg-crash-after-grant" => target = self.crash_after_grant(cluster).await?,
-            "pg-failover" => self.begin_failover(cluster, rng).await?,
+            "pg-failover" => {
+                if !self.begin_failover(cluster, rng).await? {
+                    return Ok(None);
+                }
+            }
             "proxy-delay" => {
                 let delay = Mode::Delay(Duration::from_millis(rng.random_range(50..300)));
                 self.links(link, target).iter().for_each(|proxy| proxy.set(delay));
@@ -1187,53 +1304,37 @@ impl Schedule {
         Ok(target)
     }
 
-    /// A raise of a fence (the racer's lanes: through a gateway, or through SQL), then a crash
-    /// of Postgres as soon as the raise is visible, with every process that commits
-    /// synchronously paused meanwhile (leaders, lease clients, the racer) so that none of their
-    /// commits flushes the raise's WAL first: a raise answered before it was durable is lost,
-    /// and the racer's next trial on that lane sends the term below it again.
-    async fn crash_after_raise(&mut self, cluster: &PgCluster) -> Result<()> {
-        // The lanes' fence maximum, and the SQL raises' rows: a raise that moved the first and
-        // not the second went through a gateway (an SQL raise commits synchronously anyway, as
-        // the application asks for).
-        let raises = "SELECT (SELECT coalesce(sum(max_term), 0)::bigint FROM fencing.fences
-                               WHERE resource LIKE '/free%/race-%'),
-                             (SELECT count(*) FROM race_ledger)";
-        // Straight to Postgres, not through a fault proxy.
-        if let Ok(Ok(watcher)) = tokio::time::timeout(Duration::from_secs(1), try_connect(&self.url)).await {
-            let read = async |client: &tokio_postgres::Client| match tokio::time::timeout(
-                Duration::from_millis(200),
-                client.query_one(raises, &[]),
-            )
-            .await
-            {
-                Ok(Ok(row)) => row.try_get::<_, i64>(0).ok().zip(row.try_get::<_, i64>(1).ok()),
-                _ => None,
-            };
-            if let Some(mut before) = read(&watcher).await {
-                let until = Instant::now() + Duration::from_secs(3);
-                while Instant::now() < until {
-                    let Some(now) = read(&watcher).await else { continue };
-                    if now.0 != before.0 && now.1 == before.1 {
-                        break;
-                    }
-                    before = now;
-                }
-            }
-        }
-        let mut stopped: Vec<&mut Managed> = self
+    /// The gateways a probe may write through: running and not paused.
+    fn usable_gateways(&self) -> Vec<usize> {
+        (0..self.gateways.len()).filter(|&g| self.gateways[g].child.is_some() && !self.gateways[g].paused).collect()
+    }
+
+    /// A crash of Postgres right after a probe's fence-moving action on `path`
+    /// ([`crate::faultprobe`]), made with every process that commits synchronously paused (the
+    /// leaders, the lease clients and the racer), so that no durable commit of theirs carries the
+    /// action's record to disk by chance; they go on once Postgres is down.
+    async fn crash_after_probe(&mut self, cluster: &PgCluster, path: ProbePath, rng: &mut StdRng) -> Result<()> {
+        let usable = self.usable_gateways();
+        let url = self.url.clone();
+        let pids: Vec<Pid> = self
             .leaders
-            .iter_mut()
-            .chain(self.lease_clients.iter_mut())
-            .chain(std::iter::once(&mut self.racer))
+            .iter()
+            .chain(&self.lease_clients)
+            .chain(std::iter::once(&self.racer))
             .filter(|process| !process.paused)
+            .filter_map(Managed::pid)
             .collect();
-        for process in &mut stopped {
-            process.signal(Signal::SIGSTOP);
-        }
-        let crashed = tokio::task::block_in_place(|| cluster.crash_now());
-        for process in &mut stopped {
-            process.signal(Signal::SIGCONT);
+        let pause = || {
+            for pid in &pids {
+                let _ = kill(*pid, Signal::SIGSTOP);
+            }
+        };
+        self.probe_pending = self.prober.act(path, &url, &usable, rng, pause).await;
+        // As a power cut: every process of the server stopped, then killed, so nothing of it
+        // runs after the action's answer (a server told to quit runs its signal handlers first).
+        let crashed = tokio::task::block_in_place(|| cluster.power_cut());
+        for pid in &pids {
+            let _ = kill(*pid, Signal::SIGCONT);
         }
         crashed
     }
@@ -1242,13 +1343,28 @@ impl Schedule {
     /// while the load goes on; from then on every durable commit waits for it), the load runs on
     /// it a moment, and the primary is killed (SIGQUIT to the postmaster). The standby is
     /// promoted when the fault ends ([`Schedule::promote`]); until then there is no store.
-    async fn begin_failover(&mut self, cluster: &PgCluster, rng: &mut StdRng) -> Result<()> {
-        let standby = tokio::task::block_in_place(|| cluster.start_standby(Replication::Synchronous))?;
+    ///
+    /// False, and no fault, when the base backup failed (it was seen to lose its WAL stream on
+    /// a loaded machine, once in hundreds of failovers): the store is as it was, and a harness
+    /// failure is not a finding about the product. Said on stderr.
+    async fn begin_failover(&mut self, cluster: &PgCluster, rng: &mut StdRng) -> Result<bool> {
+        let standby = match tokio::task::block_in_place(|| cluster.start_standby(Replication::Synchronous)) {
+            Ok(standby) => standby,
+            Err(error) => {
+                eprintln!("fault suite: schedule {}: no failover, the standby did not start: {error:#}", self.index);
+                // Commits must not wait for a standby that is not there.
+                tokio::task::block_in_place(|| {
+                    let _ = cluster.psql("ALTER SYSTEM RESET synchronous_standby_names");
+                    let _ = cluster.psql("SELECT pg_reload_conf()");
+                });
+                return Ok(false);
+            }
+        };
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
         tokio::task::block_in_place(|| cluster.crash_now())?;
         self.standby = Some(standby);
         self.failed_over = true;
-        Ok(())
+        Ok(true)
     }
 
     /// A failover, its second half: the standby is promoted, and every link to Postgres sends
@@ -1337,7 +1453,14 @@ impl Schedule {
             }
             // The step stays (the store's clock never reads a time twice); the link recovers.
             "pg-clock-forward" => self.gateway_pg[target].set(Mode::Pass),
-            "pg-crash" | "pg-crash-after-raise" => tokio::task::block_in_place(|| cluster.start_server())?,
+            "pg-crash" => tokio::task::block_in_place(|| cluster.start_server())?,
+            kind if ProbePath::ALL.iter().any(|path| path.fault_kind() == kind) => {
+                tokio::task::block_in_place(|| cluster.start_server())?;
+                if let Some(follow_up) = self.probe_pending.take() {
+                    let usable = self.usable_gateways();
+                    self.prober.follow_up(follow_up, self.url.clone(), usable, self.seed ^ fault.started_us as u64);
+                }
+            }
             "pg-failover" => self.promote().await?,
             "pg-crash-after-grant" => {
                 tokio::task::block_in_place(|| cluster.start_server())?;
@@ -1365,6 +1488,8 @@ impl Schedule {
     }
 
     async fn stop(&mut self) {
+        // The probes' last follow-ups first (bounded): they write through the gateways.
+        self.prober.finish().await;
         // Each kind at once (their shutdowns overlap), in the order the writes flow.
         self.racer.terminate(Duration::from_secs(1)).await;
         Managed::terminate_all(&mut self.lease_clients, Duration::from_secs(1)).await;
@@ -1425,7 +1550,7 @@ impl Schedule {
         // process died before the write ended).
         let mut clients: BTreeMap<String, Value> = BTreeMap::new();
         let mut order: HashMap<String, usize> = HashMap::new();
-        for letter in ["a", "b", "c", "racer"] {
+        for letter in ["a", "b", "c", "racer", "prober"] {
             let path = self.dir.join(format!("client-{letter}.jsonl"));
             let Ok(text) = std::fs::read_to_string(&path) else { continue };
             for line in text.lines() {

@@ -10,6 +10,8 @@
 //! - [`faultproxy`]: a TCP proxy that delays, holds, cuts or resets a link on command.
 //! - [`faultsuite`]: the fault suite's scenario runner: real processes, seeded faults, a history.
 //! - [`faultclient`]: what the fault suite's client processes share: the log, one HTTP write.
+//! - [`faultprobe`]: the fault suite's durability probes: each fence-moving path crashed right
+//!   after its answer, then the lower term presented again.
 //! - [`gateway`]: the gateway and the recording upstream as real processes, and a client.
 //! - [`process`]: [`process::ElectorProcess`] runs the election example as a real process and
 //!   reads its JSON lines.
@@ -18,6 +20,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod faultclient;
+pub mod faultprobe;
 pub mod faultproxy;
 pub mod faultsuite;
 pub mod gateway;

@@ -251,24 +251,28 @@ impl PgCluster {
         }
         // A server under libfaketime can hang in its SIGQUIT handler (a handler that logs reads
         // the clock, and the library's clock may be mid-call where the signal arrived): then the
-        // crash is made harder, as a power cut would: SIGKILL to its children and to it. Nothing
-        // of it survives, so the next start finds no shared memory in use; its stale pid file
-        // is removed.
-        let children: Vec<i32> = fs::read_dir("/proc")
-            .map(|entries| {
-                entries
-                    .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-                    .filter(|child| {
-                        fs::read_to_string(format!("/proc/{child}/stat")).ok().is_some_and(|stat| {
-                            // The parent pid is the second field after the parenthesized name.
-                            stat.rsplit_once(')')
-                                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
-                                == Some(pid.as_raw())
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        // crash is made harder, as a power cut would.
+        self.kill_server(pid)
+    }
+
+    /// Crashes the server as a power cut would, with nothing written after the call: every
+    /// process of it stopped (SIGSTOP, the postmaster first), then killed (SIGKILL). A server
+    /// that gets SIGQUIT may still write out WAL while its processes act on it; one that gets
+    /// this does not. Waits, bounded, until it is gone.
+    pub fn power_cut(&self) -> Result<()> {
+        let pid = self.postmaster_pid().ok_or_else(|| anyhow!("the server is not running"))?;
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+        for child in children_of(pid.as_raw()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGSTOP);
+        }
+        self.kill_server(pid)
+    }
+
+    /// SIGKILL to the postmaster `pid`'s children and to it. Nothing of it survives, so the next
+    /// start finds no shared memory in use; its stale pid file is removed.
+    fn kill_server(&self, pid: nix::unistd::Pid) -> Result<()> {
+        let children = children_of(pid.as_raw());
         for child in children {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGKILL);
         }
@@ -280,7 +284,7 @@ impl PgCluster {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        bail!("the postmaster {pid} did not stop within 10 s of SIGQUIT nor 10 s of SIGKILL")
+        bail!("the postmaster {pid} did not stop within 10 s of SIGKILL")
     }
 
     fn pg_ctl_stop(&self, mode: &str) -> Result<()> {
@@ -720,6 +724,24 @@ pub fn faketime_library() -> Result<PathBuf> {
 }
 
 /// A loopback port that was free a moment ago.
+/// The processes whose parent is `pid` (from `/proc`).
+fn children_of(pid: i32) -> Vec<i32> {
+    fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|child| {
+                    fs::read_to_string(format!("/proc/{child}/stat")).ok().is_some_and(|stat| {
+                        // The parent pid is the second field after the parenthesized name.
+                        stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                            == Some(pid)
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("probe for a free port")?;
     Ok(listener.local_addr()?.port())

@@ -30,6 +30,12 @@
 //! `race_ledger`. Such a raise is answered without any settle wait, so a gateway that still
 //! admits t afterwards (a grant used past its end, or a term change that did not wait for the
 //! grants on t) is seen by the client order: a write of t invoked after t + 1 was answered.
+//! Paths mix as they do where a leader writes through gateways and a job through SQL: the
+//! moment an SQL raise is answered, a write of its term goes through a gateway; and half of the
+//! SQL raises come as a double raise: t + 1 through a gateway, which waits there for the writes
+//! of t to settle, and meanwhile t + 2 through SQL, then through a gateway. The write of t + 2
+//! must settle behind the one of t + 1 still on its way (S5), which the SQL raise records for it
+//! (`settle_ms`) as a gateway's raise does; one that did not would be forwarded first.
 //!
 //! Every write is logged like a leader's (`checker/HISTORY.md`), with client `racer`, key `""`
 //! (it leads nothing) and `bound: false`. SIGTERM stops it.
@@ -146,7 +152,8 @@ impl Racer {
     }
 
     /// One raise to `term` of the lane's fence through SQL, as an application's transaction.
-    async fn write_sql(&self, lane: usize, term: i64, pool: &Pool) {
+    /// True when it committed.
+    async fn write_sql(&self, lane: usize, term: i64, pool: &Pool) -> bool {
         let route = 1 + lane % 2;
         let resource = format!("race-{lane}");
         let fence = format!("/free{route}/{resource}");
@@ -197,6 +204,7 @@ impl Racer {
         }
         record["completed_us"] = json!(now_us());
         self.log.write(&record);
+        record["outcome"] == "ok"
     }
 
     /// Trials on one lane, forever.
@@ -207,9 +215,9 @@ impl Racer {
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
         loop {
             // The term before first, as a zombie of the last trial would, again until it is
-            // decided (for up to 5 s: the store may be down): after a crash (the runner crashes
-            // Postgres right after a raise now and then), a raise answered but not durable would
-            // let it in again.
+            // decided (for up to 5 s: the store may be down): after a crash, a raise answered but
+            // not durable would let it in again (the runner's durability probes aim at exactly
+            // that, `fencing_tests::faultprobe`; this catches it wherever a crash falls).
             if term > 1 {
                 let until = tokio::time::Instant::now() + Duration::from_secs(5);
                 while !self.write(lane, term - 1, rng.random_range(0..gateways)).await
@@ -237,11 +245,36 @@ impl Racer {
             }
             let raise = rng.random_range(0..gateways);
             let by_sql = self.pool.as_ref().filter(|_| rng.random_bool(1.0 / 3.0) || woken);
+            // Half of the SQL raises come in a double raise across paths (below).
+            let double = by_sql.is_some() && !woken && rng.random_bool(0.5);
+            let then = rng.random_range(0..gateways);
             race.insert(
                 rng.random_range(0..=race.len()),
                 Box::pin(async move {
                     match by_sql {
-                        Some(pool) => self.write_sql(lane, term + 1, pool).await,
+                        // Paths mixed as where a leader writes through gateways and a job
+                        // through SQL: t + 1 through a gateway (settling there behind the
+                        // writes of t), and while it waits, t + 2 through SQL, then through a
+                        // gateway the moment that is answered. The write of t + 2 must settle
+                        // behind the one of t + 1 still on its way (S5), which the SQL raise
+                        // records for it as a gateway's raise does.
+                        Some(pool) if double => {
+                            let first = self.write(lane, term + 1, raise);
+                            let second = async {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                if self.write_sql(lane, term + 2, pool).await {
+                                    self.write(lane, term + 2, then).await;
+                                }
+                            };
+                            futures::join!(first, second);
+                        }
+                        // The new term through a gateway the moment the SQL raise is answered,
+                        // while the writes of t may still be on their way.
+                        Some(pool) => {
+                            if self.write_sql(lane, term + 1, pool).await {
+                                self.write(lane, term + 1, then).await;
+                            }
+                        }
                         None => {
                             self.write(lane, term + 1, raise).await;
                         }
@@ -254,7 +287,7 @@ impl Racer {
             // grant on t used past its end, or a raise that did not wait for it, would be).
             let late: Vec<_> = (0..gateways).map(|gateway| self.write(lane, term, gateway)).collect();
             futures::future::join_all(late).await;
-            term += 1;
+            term += if double { 2 } else { 1 };
         }
     }
 }

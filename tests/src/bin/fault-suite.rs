@@ -5,8 +5,9 @@
 //! ```
 //! Prints the seed, runs the schedules (schedule i uses seed + i), checks each history with the
 //! independent checker (`fencing-checker`), prints the run's table, and exits 1 on any violation.
-//! Planted bugs (for showing that the checker catches them): weak-fence, no-settle,
-//! async-commit, no-new-term, gate-race.
+//! Planted bugs (for showing that the checker catches them): every name of
+//! `fencing_tests::faultsuite::Plant::ALL`, in the README's table (`weak-fence`, `no-settle`,
+//! `gate-async-commit`, ...).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

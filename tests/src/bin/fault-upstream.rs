@@ -14,12 +14,12 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use fencing_tests::faultclient::Log;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Body as _;
@@ -38,7 +38,7 @@ struct State {
     name: String,
     checking: bool,
     early: bool,
-    log: Mutex<std::fs::File>,
+    log: Log,
     seq: Mutex<u64>,
     /// The highest token accepted per resource (checking mode).
     maxima: Mutex<HashMap<String, i64>>,
@@ -46,10 +46,7 @@ struct State {
 
 impl State {
     fn write(&self, line: &serde_json::Value) {
-        if let Ok(mut file) = self.log.lock() {
-            let _ = writeln!(file, "{line}");
-            let _ = file.flush();
-        }
+        self.log.write(line);
     }
 }
 
@@ -179,7 +176,8 @@ async fn main() {
         eprintln!("fault-upstream: --log FILE is required");
         std::process::exit(64);
     };
-    let file = match std::fs::OpenOptions::new().create(true).append(true).open(&log) {
+    // Appended to, after a restart too (a line torn by the kill is ended first).
+    let file = match Log::open(&log) {
         Ok(file) => file,
         Err(error) => {
             eprintln!("fault-upstream: open {log}: {error}");
@@ -200,14 +198,8 @@ async fn main() {
             std::process::exit(69);
         }
     }
-    let state = Arc::new(State {
-        name,
-        checking,
-        early,
-        log: Mutex::new(file),
-        seq: Mutex::new(0),
-        maxima: Mutex::new(HashMap::new()),
-    });
+    let state =
+        Arc::new(State { name, checking, early, log: file, seq: Mutex::new(0), maxima: Mutex::new(HashMap::new()) });
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;

@@ -32,3 +32,71 @@ async fn every_planted_bug_installs_and_the_gateway_can_still_decide() {
         }
     }
 }
+
+/// A cluster whose database commits asynchronously and whose WAL writer writes rarely: an
+/// asynchronous commit is lost in a crash unless something forced it out.
+async fn asynchronous_database() -> (fencing_tests::pg::PgCluster, String) {
+    use fencing_tests::pg::{Durability, PgCluster, connect};
+    let cluster =
+        PgCluster::start_with_settings(Durability::Off, "synchronous_commit = off\nwal_writer_delay = 10s\n").unwrap();
+    let admin = connect(&cluster.url("postgres")).await;
+    admin.batch_execute("CREATE DATABASE probes").await.unwrap();
+    let url = cluster.url("probes");
+    let mut client = connect(&url).await;
+    fencing_schema::migrate(&mut client).await.unwrap();
+    client.batch_execute("CHECKPOINT").await.unwrap();
+    (cluster, url)
+}
+
+/// What each durability plant of the fault suite's probes leaves out is what makes its path
+/// durable: with the plant, the path's answered action is lost in a crash of Postgres right after
+/// it; without it, the action survives (so the probes catch the plant for the right reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_durability_plant_loses_its_answered_action_in_a_crash_and_only_it() {
+    use fencing_tests::pg::connect;
+    let paths: [(Plant, &str, &str); 5] = [
+        (
+            Plant::GateAsyncCommit,
+            "SELECT fencing.admit('/p/r', 1)",
+            "SELECT count(*) FROM fencing.gate_many(ARRAY['/p/r'], ARRAY[2::bigint], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], interval '1 second', interval '0')",
+        ),
+        (Plant::AdmitAsyncCommit, "SELECT fencing.admit('/p/r', 1)", "SELECT fencing.admit('/p/r', 2)"),
+        (
+            Plant::AdvanceAsyncCommit,
+            "SELECT fencing.admit('/p/r', 1)",
+            "SELECT fencing.advance_fence('/p/r', 2, 'test', 'probe')",
+        ),
+        (Plant::BindAsyncCommit, "SELECT 1", "SELECT fencing.bind('p-r', 'k')"),
+        (
+            Plant::RebindAsyncCommit,
+            "SELECT fencing.bind('p-r', 'k')",
+            "SELECT fencing.rebind('p-r', 'other', 'test', 'probe')",
+        ),
+    ];
+    for (plant, setup, action) in paths {
+        for planted in [false, true] {
+            let (cluster, url) = asynchronous_database().await;
+            let client = connect(&url).await;
+            if planted {
+                client.batch_execute(&plant_sql(plant).unwrap()).await.unwrap();
+            }
+            client.batch_execute("CHECKPOINT").await.unwrap();
+            client.batch_execute(setup).await.unwrap();
+            client.batch_execute(action).await.unwrap();
+            cluster.crash_now().unwrap();
+            cluster.start_server().unwrap();
+            let client = connect(&url).await;
+            let state = fencing_tests::snapshot(
+                &client,
+                "SELECT resource, max_term, lease_key FROM fencing.fences WHERE resource IN ('/p/r', 'p-r')",
+            )
+            .await;
+            let kept = match plant {
+                Plant::BindAsyncCommit => state.iter().any(|row| row.contains("\"lease_key\":\"k\"")),
+                Plant::RebindAsyncCommit => state.iter().any(|row| row.contains("\"lease_key\":\"other\"")),
+                _ => state.iter().any(|row| row.contains("\"max_term\":2")),
+            };
+            assert_eq!(kept, !planted, "{} (planted: {planted}): after the crash {state:?}", plant.name());
+        }
+    }
+}
