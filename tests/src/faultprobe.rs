@@ -2,8 +2,9 @@
 //! answer, then the lower term presented again.
 //!
 //! Before a crash of Postgres the injector makes one fence-moving action itself, on a resource of
-//! its own, with every process that commits synchronously paused (so no later durable commit
-//! carries the action's record to disk by chance); the crash follows its answer at once. When
+//! its own, with the client processes paused (leaders, lease clients, racer: so that no durable
+//! commit of theirs carries the action's record to disk by chance; the gateways go on); the
+//! crash, a power cut of the server, follows its answer at once. When
 //! Postgres is back, the probe presents what the action must keep out, repeated until it is
 //! decided:
 //!
@@ -18,13 +19,15 @@
 //! For the first three, each resource's fence is first set to term 1 by a write through SQL (no
 //! writes in flight to settle behind, no grants to wait for: the action is answered as soon as
 //! it commits); for the rebind, the prober acquires a lease of its own (`probe-lease-<n>`, for an
-//! hour, so it outlasts any step of the store's clock) and binds the resource to it. Every write is recorded in `client-prober.jsonl` as the racer records its own
-//! (`checker/HISTORY.md`, client `prober`), so the checker's rules see a lost action with no rule
+//! hour, so it outlasts any step of the store's clock) and binds the resource to it. Every write
+//! is recorded in `client-prober.jsonl` as the racer records its own (`checker/HISTORY.md`,
+//! client `prober`), so the checker's rules see a lost action with no rule
 //! of its own: a write of term 1 admitted after the term-2 action was answered (S3, in the
 //! clients' order, and the action's row missing from the table, once), or a bound resource that
 //! admitted a term its lease never granted (S4). The database commits asynchronously
-//! (`start_cluster`), so only `fencing.commit_durably` in the action's function makes it durable:
-//! each path has its planted bug that leaves that out.
+//! (`start_cluster`) and the action's transaction commits as the session does, so only
+//! `fencing.commit_durably` in the action's function makes it durable: each path has its planted
+//! bug that leaves that out. Everything else the probes write commits synchronously.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -152,8 +155,7 @@ impl Prober {
         // The SQL session first: connecting is not part of the window.
         let client = tokio::time::timeout(Duration::from_secs(1), try_connect(url)).await.ok()?.ok()?;
         // The fence at term 1 through SQL: an SQL admission leaves no writes in flight to settle
-        // behind and no grants to wait for, so the action is answered as soon as it commits, and
-        // nothing else commits between the two.
+        // behind and no grants to wait for, so the action is answered as soon as it commits.
         let mut lease_term = 0;
         let setup = match path {
             ProbePath::Bind => true,
@@ -165,7 +167,7 @@ impl Prober {
                     _ => false,
                 }
             }
-            _ => inner.write_sql(&client, ADMIT, &resource, None, 1).await == Some(true),
+            _ => inner.write_sql(&client, ADMIT, &resource, None, 1, Commit::Durable).await == Some(true),
         };
         if !setup {
             return None;
@@ -201,24 +203,29 @@ impl Prober {
                     {
                         break;
                     }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 self.follow_ups.push(raise);
             }
             ProbePath::SqlRaise => {
-                inner.write_sql(&client, ADMIT, &resource, None, 2).await;
+                inner.write_sql(&client, ADMIT, &resource, None, 2, Commit::AsTheSessionDoes).await;
             }
             ProbePath::Advance => {
                 let advance = "SELECT fencing.advance_fence($1, $2, 'fault-suite', 'durability probe')";
-                inner.write_sql(&client, advance, &resource, None, 2).await;
+                inner.write_sql(&client, advance, &resource, None, 2, Commit::AsTheSessionDoes).await;
             }
-            // A binding is not a write: no record of its own, only the follow-up has one.
+            // A binding is not a write: no record of its own, only the follow-up has one, which
+            // holds the resource bound; so a binding that did not certainly happen (an error, no
+            // answer in time) is no probe, and the crash a plain one.
             ProbePath::Bind => {
-                let _ = tokio::time::timeout(ACTION_BOUND, client.query_one(BIND, &[&resource])).await;
+                tokio::time::timeout(ACTION_BOUND, client.query_one(BIND, &[&resource])).await.ok()?.ok()?;
             }
             ProbePath::Rebind => {
                 let rebind = "SELECT fencing.rebind($1, $2, 'fault-suite', 'durability probe')";
-                let _ =
-                    tokio::time::timeout(ACTION_BOUND, client.query_one(rebind, &[&resource, &NOBODYS_LEASE])).await;
+                tokio::time::timeout(ACTION_BOUND, client.query_one(rebind, &[&resource, &NOBODYS_LEASE]))
+                    .await
+                    .ok()?
+                    .ok()?;
             }
         }
         Some(FollowUp { path, resource, lease_term })
@@ -294,7 +301,7 @@ impl Inner {
         let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(1), try_connect(url)).await else {
             return false;
         };
-        self.write_sql(&client, ADMIT, &follow_up.resource, None, 1).await.is_some()
+        self.write_sql(&client, ADMIT, &follow_up.resource, None, 1, Commit::Durable).await.is_some()
     }
 
     /// What a bound probe resource must refuse, once: after a bind to `k1`, a term `k1` never
@@ -308,14 +315,15 @@ impl Inner {
             ProbePath::Bind => ("k1", NEVER_GRANTED),
             _ => (NOBODYS_LEASE, follow_up.lease_term),
         };
-        self.write_sql(&client, ADMIT, &follow_up.resource, Some(key), term).await.is_some()
+        self.write_sql(&client, ADMIT, &follow_up.resource, Some(key), term, Commit::Durable).await.is_some()
     }
 
-    /// One write through SQL in an application's transaction, committing as the database does
-    /// (asynchronously: only the fencing function can make it durable): `action` (with the fence
-    /// and `term`), a ticket, and a row in `race_ledger`. `key` is the lease the resource is
+    /// One write through SQL in an application's transaction: `action` (with the fence and
+    /// `term`), a ticket of the prober's own counter (row 2 of `fault_tickets`: a paused client
+    /// may hold row 1 locked), and a row in `race_ledger`. `key` is the lease the resource is
     /// bound to, if it is. Whether it committed, once decided (committed, or refused by the
-    /// store); None while unknown.
+    /// fence: SQLSTATE class ZF); None while unknown, or failed for another reason (the store
+    /// going down, a timeout), which the caller may try again.
     async fn write_sql(
         &self,
         client: &tokio_postgres::Client,
@@ -323,6 +331,7 @@ impl Inner {
         resource: &str,
         key: Option<&str>,
         term: i64,
+        commit: Commit,
     ) -> Option<bool> {
         let request_id = self.request_id();
         let mut record = json!({
@@ -340,9 +349,16 @@ impl Inner {
                 (coded.is_some(), format!("SQLSTATE {}: {e}", coded.unwrap_or_default()))
             };
             client.batch_execute("BEGIN").await.map_err(|e| (false, e.to_string()))?;
+            if commit == Commit::Durable {
+                client.batch_execute("SET LOCAL synchronous_commit = on").await.map_err(refused)?;
+            }
             client.query_one(action, &[&fence, &term]).await.map_err(refused)?;
             let ticket: i64 = client
-                .query_one("UPDATE fault_tickets SET n = n + 1 WHERE id = 1 RETURNING n", &[])
+                .query_one(
+                    "INSERT INTO fault_tickets AS t VALUES (2, 1)
+                     ON CONFLICT (id) DO UPDATE SET n = t.n + 1 RETURNING n",
+                    &[],
+                )
                 .await
                 .map_err(refused)?
                 .get(0);
@@ -363,11 +379,13 @@ impl Inner {
                 Some(true)
             }
             Ok(Err((true, error))) => {
+                // An error answered before the commit: the transaction did not commit.
+                let fenced = error.starts_with("SQLSTATE ZF");
                 record["outcome"] = json!("failed");
                 record["refused_by"] = json!("store");
                 record["error"] = json!(error);
                 let _ = client.batch_execute("ROLLBACK").await;
-                Some(false)
+                fenced.then_some(false)
             }
             Ok(Err((false, error))) => {
                 record["error"] = json!(error);
@@ -386,6 +404,16 @@ impl Inner {
 
 /// An application's write through SQL.
 const ADMIT: &str = "SELECT fencing.admit($1, $2)";
+
+/// How a probe's write through SQL commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// As the session does (asynchronously in the suite): only the fencing function can make
+    /// it durable. The probes' actions.
+    AsTheSessionDoes,
+    /// Synchronously: everything else the probes write, which no crash may take back.
+    Durable,
+}
 
 /// A binding of a probe's resource to `k1`.
 const BIND: &str = "SELECT fencing.bind($1, 'k1')";

@@ -273,18 +273,20 @@ impl PgCluster {
     /// start finds no shared memory in use; its stale pid file is removed.
     fn kill_server(&self, pid: nix::unistd::Pid) -> Result<()> {
         let children = children_of(pid.as_raw());
-        for child in children {
+        for &child in &children {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child), nix::sys::signal::Signal::SIGKILL);
         }
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        // The postmaster and its children gone (a child still exiting would keep the shared
+        // memory in use, and the next start would refuse it).
         for _ in 0..1_000 {
-            if nix::sys::signal::kill(pid, None).is_err() {
+            if nix::sys::signal::kill(pid, None).is_err() && !children.iter().any(|child| running(*child)) {
                 let _ = fs::remove_file(self.data_dir.join("postmaster.pid"));
                 return Ok(());
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        bail!("the postmaster {pid} did not stop within 10 s of SIGKILL")
+        bail!("the postmaster {pid} or a child of it did not stop within 10 s of SIGKILL")
     }
 
     fn pg_ctl_stop(&self, mode: &str) -> Result<()> {
@@ -724,6 +726,14 @@ pub fn faketime_library() -> Result<PathBuf> {
 }
 
 /// A loopback port that was free a moment ago.
+/// Whether process `pid` exists and has not exited (a zombie, exited and not yet reaped, has).
+fn running(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().to_owned()))
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
 /// The processes whose parent is `pid` (from `/proc`).
 fn children_of(pid: i32) -> Vec<i32> {
     fs::read_dir("/proc")

@@ -30,9 +30,9 @@
 //! `race_ledger`. Such a raise is answered without any settle wait, so a gateway that still
 //! admits t afterwards (a grant used past its end, or a term change that did not wait for the
 //! grants on t) is seen by the client order: a write of t invoked after t + 1 was answered.
-//! Paths mix as they do where a leader writes through gateways and a job through SQL: the
-//! moment an SQL raise is answered, a write of its term goes through a gateway; and half of the
-//! SQL raises come as a double raise: t + 1 through a gateway, which waits there for the writes
+//! Paths mix as they do where a leader writes through gateways and a job through SQL: with the
+//! zombie writes after an SQL raise, a write of its term goes through a gateway; and a quarter of
+//! the SQL raises come as a double raise: t + 1 through a gateway, which waits there for the writes
 //! of t to settle, and meanwhile t + 2 through SQL, then through a gateway. The write of t + 2
 //! must settle behind the one of t + 1 still on its way (S5), which the SQL raise records for it
 //! (`settle_ms`) as a gateway's raise does; one that did not would be forwarded first.
@@ -42,7 +42,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -236,6 +236,9 @@ impl Racer {
                 () = self.now.notified() => true,
             };
             let lower = rng.random_range(1..=4);
+            // Set when this trial's raise through SQL was answered ok (declared before the race,
+            // whose futures borrow it).
+            let raised = AtomicBool::new(false);
             let mut race = Vec::new();
             for _ in 0..lower {
                 let gateway = rng.random_range(0..gateways);
@@ -245,9 +248,11 @@ impl Racer {
             }
             let raise = rng.random_range(0..gateways);
             let by_sql = self.pool.as_ref().filter(|_| rng.random_bool(1.0 / 3.0) || woken);
-            // Half of the SQL raises come in a double raise across paths (below).
-            let double = by_sql.is_some() && !woken && rng.random_bool(0.5);
+            // A quarter of the SQL raises come in a double raise across paths (below): it takes
+            // a trial the settle of two terms, seconds the other trials need too.
+            let double = by_sql.is_some() && !woken && rng.random_bool(0.25);
             let then = rng.random_range(0..gateways);
+            let raised_by_sql = &raised;
             race.insert(
                 rng.random_range(0..=race.len()),
                 Box::pin(async move {
@@ -268,11 +273,9 @@ impl Racer {
                             };
                             futures::join!(first, second);
                         }
-                        // The new term through a gateway the moment the SQL raise is answered,
-                        // while the writes of t may still be on their way.
                         Some(pool) => {
                             if self.write_sql(lane, term + 1, pool).await {
-                                self.write(lane, term + 1, then).await;
+                                raised_by_sql.store(true, Ordering::Relaxed);
                             }
                         }
                         None => {
@@ -285,8 +288,14 @@ impl Racer {
             // Then t once more through every gateway, as a zombie would: whether t + 1 was
             // admitted or not, none of these may be admitted after an ok answer for t + 1 (a
             // grant on t used past its end, or a raise that did not wait for it, would be).
+            // With them, after a single raise through SQL, the new term through a gateway too.
             let late: Vec<_> = (0..gateways).map(|gateway| self.write(lane, term, gateway)).collect();
-            futures::future::join_all(late).await;
+            let next = async {
+                if raised_by_sql.load(Ordering::Relaxed) {
+                    self.write(lane, term + 1, then).await;
+                }
+            };
+            futures::join!(futures::future::join_all(late), next);
             term += if double { 2 } else { 1 };
         }
     }
