@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use crate::faultprobe::{FollowUp, ProbePath, Prober};
 use crate::faultproxy::{Direction, FaultProxy, Mode};
-use crate::pg::{Durability, PgCluster, Replication, connect, try_connect};
+use crate::pg::{Durability, PgCluster, Replication, try_connect};
 use crate::workspace_bin;
 
 /// A bug planted in the schedule's database or in the leader processes, to show that the checker
@@ -430,13 +430,31 @@ pub async fn run(
 }
 
 async fn admin_client(cluster: &PgCluster, database: &str) -> Result<tokio_postgres::Client> {
-    for _ in 0..100 {
-        if let Ok(client) = try_connect(&cluster.url(database)).await {
-            return Ok(client);
+    store_client(cluster, &cluster.url(database)).await
+}
+
+/// A client at `url` on `cluster`, each try bounded (2 s), for 10 s; then the server is cut off
+/// and started again, and tried for 10 s more. Seen once: a backend under libfaketime aborted
+/// in malloc, and after the server's own restart every new backend hung in authentication, so
+/// an unbounded connect hung the run.
+async fn store_client(cluster: &PgCluster, url: &str) -> Result<tokio_postgres::Client> {
+    for round in 0..2 {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(2), try_connect(url)).await {
+                return Ok(client);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if round == 0 {
+            eprintln!("fault suite: no connection to the store within 10 s: power cut and restart");
+            tokio::task::block_in_place(|| {
+                let _ = cluster.power_cut();
+                cluster.start_server()
+            })?;
+        }
     }
-    bail!("cannot connect to {database}")
+    bail!("cannot connect to the store at {url}")
 }
 
 async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str) -> Result<String> {
@@ -450,7 +468,7 @@ async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str)
     admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await?;
     admin.batch_execute(&format!("CREATE DATABASE {name}")).await?;
     let url = cluster.url(name);
-    let mut client = connect(&url).await;
+    let mut client = store_client(cluster, &url).await?;
     fencing_schema::migrate(&mut client).await.map_err(|e| anyhow!("migrate: {e}"))?;
     client
         .batch_execute(
@@ -982,7 +1000,8 @@ async fn run_schedule(
     tokio::time::sleep(Duration::from_millis(500)).await;
     let ended_us = now_us();
     schedule.stop().await;
-    schedule.record(config, started_us, quiet_from_us, ended_us).await?;
+    let store = schedule.promoted.clone();
+    schedule.record(store.as_deref().unwrap_or(original), config, started_us, quiet_from_us, ended_us).await?;
     // A gateway whose clocks ran slow or fast must have admitted nothing at all: not only no
     // violation the checker could see, none of its writes answered ok.
     if let Some((gateway, rate)) = gateway_rate {
@@ -1498,18 +1517,15 @@ impl Schedule {
         Managed::terminate_all(&mut self.upstreams, Duration::from_secs(1)).await;
     }
 
-    async fn record(&self, config: &SuiteConfig, started_us: i64, quiet_from_us: i64, ended_us: i64) -> Result<()> {
-        let client = {
-            let mut found = None;
-            for _ in 0..100 {
-                if let Ok(client) = try_connect(&self.url).await {
-                    found = Some(client);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            found.ok_or_else(|| anyhow!("cannot connect to the schedule's database to read it"))?
-        };
+    async fn record(
+        &self,
+        cluster: &PgCluster,
+        config: &SuiteConfig,
+        started_us: i64,
+        quiet_from_us: i64,
+        ended_us: i64,
+    ) -> Result<()> {
+        let client = store_client(cluster, &self.url).await.context("read the schedule's database")?;
         let mut leases = String::new();
         for row in client
             .query(
