@@ -126,7 +126,9 @@ async fn planted_waits_on_instants_of_the_stores_wall_clock_are_caught() {
 
 // The suite's blind spots (issue: what the fault suite cannot see yet): each caught within the 25
 // schedules of a CI run, of 4 s of faults each (to keep CI's time: each is most often caught in
-// its first few schedules).
+// its first few schedules); those that need a leader to end its period locally while the store
+// still holds it, of 6 s, as the clean run's (a probe's crash takes a second or two of each
+// schedule's store, and one CI run here did not catch acquire-keeps-period in 25 of 4 s).
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_elector_deadline_that_adds_the_margin_is_caught() {
@@ -135,7 +137,7 @@ async fn planted_elector_deadline_that_adds_the_margin_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_elector_that_does_not_check_the_deadline_when_acting_is_caught() {
-    caught_in(Plant::ElectorDeadlineIgnored, 25, 4).await;
+    caught_in(Plant::ElectorDeadlineIgnored, 25, 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,12 +147,12 @@ async fn planted_renewal_that_extends_another_owners_lease_is_caught() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_renewal_that_brings_an_ended_period_back_is_caught() {
-    caught_in(Plant::RenewExpired, 25, 4).await;
+    caught_in(Plant::RenewExpired, 25, 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_acquire_that_hands_a_lost_period_back_is_caught() {
-    caught_in(Plant::AcquireKeepsPeriod, 25, 4).await;
+    caught_in(Plant::AcquireKeepsPeriod, 25, 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
