@@ -127,12 +127,17 @@ pub async fn http_write(http: &HttpClient, record: &mut Value, request: Result<R
     };
     match tokio::time::timeout(Duration::from_secs(5), exchange).await {
         Ok(Ok((status, problem, body))) => {
-            let made_by_gateway = problem
-                && serde_json::from_slice::<Value>(&body)
-                    .ok()
-                    .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
-                    .is_some_and(|t| t.starts_with("urn:fencing-gateway:"));
+            let problem_type = problem
+                .then(|| serde_json::from_slice::<Value>(&body).ok())
+                .flatten()
+                .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned));
+            let made_by_gateway = problem_type.as_deref().is_some_and(|t| t.starts_with("urn:fencing-gateway:"));
             record["status"] = json!(status.as_u16());
+            // Which refusal it was (a 503 for a store that is down, or for clocks not yet
+            // trusted), for whoever reads the history.
+            if let Some(problem_type) = problem_type {
+                record["error"] = json!(problem_type);
+            }
             let (outcome, refused_by) = if status.is_success() {
                 ("ok", Value::Null)
             } else if made_by_gateway && (status.is_client_error() || status.as_u16() == 503) {

@@ -66,6 +66,11 @@ impl ProbePath {
     pub const ALL: [ProbePath; 5] =
         [ProbePath::GatewayRaise, ProbePath::SqlRaise, ProbePath::Advance, ProbePath::Bind, ProbePath::Rebind];
 
+    /// The path whose [`ProbePath::fault_kind`] is `kind`.
+    pub fn parse(kind: &str) -> Option<ProbePath> {
+        ProbePath::ALL.into_iter().find(|path| path.fault_kind() == kind)
+    }
+
     /// The fault's kind in `faults.jsonl`.
     pub fn fault_kind(self) -> &'static str {
         match self {
@@ -106,6 +111,14 @@ pub struct FollowUp {
     lease_term: i64,
 }
 
+/// A clock-step probe between its halves: its SQL session, its resource, and the gateway that
+/// holds a grant on it.
+pub struct ArmedStep {
+    client: tokio_postgres::Client,
+    resource: String,
+    gateway: usize,
+}
+
 /// The probes of one schedule: their HTTP client, log and follow-ups in flight.
 pub struct Prober {
     inner: Arc<Inner>,
@@ -135,16 +148,17 @@ impl Prober {
 
     /// The first half of a probe, before the crash: sets up a new resource (its fence at term 1
     /// through SQL for the paths that raise; bound to `k1` for the rebind), then makes the
-    /// action (a raise through one of `usable` gateways for [`ProbePath::GatewayRaise`]). `pause` is called right before the action (it pauses the processes
-    /// that commit synchronously). Returns what to present when the store is back, or None when
-    /// the probe could not be set up: the crash is then a plain one.
+    /// action (a raise through one of `usable` gateways, drawn, for [`ProbePath::GatewayRaise`]).
+    /// `pause` is called right before the action with the gateway that acts, if any (it pauses
+    /// every other process that writes to the store). Returns what to present when the store is
+    /// back, or None when the probe could not be set up: the crash is then a plain one.
     pub async fn act(
         &mut self,
         path: ProbePath,
         url: &str,
         usable: &[usize],
         rng: &mut StdRng,
-        pause: impl FnOnce(),
+        pause: impl FnOnce(Option<usize>),
     ) -> Option<FollowUp> {
         self.next += 1;
         let resource = match path {
@@ -172,26 +186,27 @@ impl Prober {
         if !setup {
             return None;
         }
-        pause();
-        // What the paused processes had in flight ends first (a gateway finishes the decisions
-        // they asked for), so that the action is the last commit before the crash.
+        // A gateway raise goes through one gateway that admits, drawn now: the others are paused.
+        let acting = match path {
+            ProbePath::GatewayRaise if usable.is_empty() => return None,
+            ProbePath::GatewayRaise => Some(usable[rng.random_range(0..usable.len())]),
+            _ => None,
+        };
+        pause(acting);
+        // What the paused processes had in flight ends first (the acting gateway finishes the
+        // decisions they asked for), so that the action is the last commit before the crash.
         tokio::time::sleep(QUIET_BEFORE_ACTION).await;
         match path {
-            // Through the gateways in a random order until one decides (one may be refusing
-            // everything: its clock runs slow or fast, or its link to Postgres is faulty). The
-            // crash comes as soon as the raise is visible in the store, while the gateway still
-            // forwards the write (the action's commit is then the last one, as on the other
-            // paths). The write goes on in a task of its own and is answered all the same.
+            // Through the acting gateway (one that was ready; its link to Postgres may still be
+            // faulty, and the raise then not made: the crash is a plain one). The crash comes as
+            // soon as the raise is visible in the store, while the gateway still forwards the
+            // write (the action's commit is then the last one, as on the other paths). The write
+            // goes on in a task of its own and is answered all the same.
             ProbePath::GatewayRaise => {
-                let mut order = usable.to_vec();
-                order.sort_by_key(|_| rng.random::<u32>());
                 let (raising, raised) = (Arc::clone(inner), resource.clone());
+                let gateway = acting.unwrap_or_default();
                 let raise = tokio::spawn(async move {
-                    for gateway in order {
-                        if raising.write(&raised, 2, gateway).await.1 {
-                            return;
-                        }
-                    }
+                    raising.write(&raised, 2, gateway).await;
                 });
                 let fence = format!("/free1/{resource}");
                 let until = Instant::now() + ACTION_BOUND;
@@ -252,6 +267,40 @@ impl Prober {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
+    }
+
+    /// The clock-step probe, its first half, before the injector slows `gateway`'s link to
+    /// Postgres and steps the store's clock forward: a resource of its own (`clock-probe-N`) at
+    /// term 1, admitted through `gateway` twice, so that it holds a grant on it. None when a
+    /// write was not admitted (the gateway refuses everything for now): no probe.
+    pub async fn grant_before_step(&mut self, url: &str, gateway: usize) -> Option<ArmedStep> {
+        self.next += 1;
+        let resource = format!("clock-probe-{}", self.next);
+        let client = tokio::time::timeout(Duration::from_secs(1), try_connect(url)).await.ok()?.ok()?;
+        // The first write creates the fence (a raise, which brings no grant); the second brings one.
+        for _ in 0..2 {
+            if !self.inner.write(&resource, 1, gateway).await.0 {
+                return None;
+            }
+        }
+        Some(ArmedStep { client, resource, gateway })
+    }
+
+    /// The clock-step probe, its second half, right after the step: a raise to term 2 through
+    /// SQL, and as soon as it is answered, term 1 again through the gateway with the grant, in a
+    /// task of its own. The raise must wait out the grant on the store's sleep timer, whatever
+    /// its wall clock did, so the gateway has to ask the store again and is refused; a wait timed
+    /// on the store's wall clock (the planted `wall-clock-waits`) ends at the step, while the
+    /// gateway, which sees the step only at its next round trip through the slowed link, still
+    /// admits under its grant.
+    pub fn after_step(&mut self, armed: ArmedStep) {
+        let inner = Arc::clone(&self.inner);
+        self.follow_ups.push(tokio::spawn(async move {
+            let ArmedStep { client, resource, gateway } = armed;
+            if inner.write_sql(&client, ADMIT, &resource, None, 2, Commit::Durable).await == Some(true) {
+                inner.write(&resource, 1, gateway).await;
             }
         }));
     }

@@ -33,6 +33,7 @@ use nix::unistd::Pid;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -229,6 +230,8 @@ pub struct SuiteConfig {
     pub ttl: Duration,
     /// The gateways' forward timeout.
     pub forward_timeout: Duration,
+    /// The path every schedule's durability probe takes; None: the seed's turn (`seed % 5`).
+    pub probe: Option<ProbePath>,
 }
 
 impl SuiteConfig {
@@ -242,6 +245,7 @@ impl SuiteConfig {
             plant: None,
             ttl: Duration::from_millis(1500),
             forward_timeout: Duration::from_millis(1000),
+            probe: None,
         }
     }
 }
@@ -357,6 +361,10 @@ struct Schedule {
     dir: PathBuf,
     url: String,
     gateways: Vec<Managed>,
+    /// The gateways' control listeners (`/readyz`).
+    control_ports: Vec<u16>,
+    /// The leaders' lease ttl.
+    ttl: Duration,
     leaders: Vec<Managed>,
     racer: Managed,
     /// Leaders through the gateways' HTTP lease API (key `k3`).
@@ -952,6 +960,8 @@ async fn run_schedule(
         dir: dir.to_owned(),
         url,
         gateways,
+        control_ports: control_ports.clone(),
+        ttl: config.ttl,
         leaders,
         racer,
         lease_clients,
@@ -979,6 +989,19 @@ async fn run_schedule(
         )?,
         probe_pending: None,
     };
+    // The gateways admit nothing until they trust the store's clock (docs/CONTRACT.md, Clocks):
+    // faults on a system that has not yet admitted a write test nothing, so the schedule begins
+    // once every gateway with a clock of the store's rate is ready (bounded: one that never
+    // becomes ready is the schedule's to show, by writes refused).
+    let ready_until = Instant::now() + READY_BOUND;
+    for (gateway, port) in control_ports.iter().enumerate() {
+        if gateway_rate.is_some_and(|(off, _)| off == gateway) {
+            continue;
+        }
+        while Instant::now() < ready_until && !ready(*port).await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let started_us = now_us();
     // Let leaders be elected and write before the first fault: both keys led, then a few
     // hundred milliseconds of writes (at most a ttl in all: a fault may come before an election).
@@ -1018,6 +1041,22 @@ async fn run_schedule(
 
 /// How long leaders write after both keys are first led, before the first fault.
 const WARM_WRITES: Duration = Duration::from_millis(300);
+
+/// How long a schedule waits for its gateways to be ready before its faults begin.
+const READY_BOUND: Duration = Duration::from_secs(10);
+
+/// Whether the gateway whose control listener is on `port` answers `/readyz` with 200 (within
+/// half a second).
+async fn ready(port: u16) -> bool {
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").await?;
+        let mut head = [0_u8; 12];
+        stream.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head.starts_with(b"HTTP/1.1 200"))
+    };
+    matches!(tokio::time::timeout(Duration::from_millis(500), ask).await, Ok(Ok(true)))
+}
 
 /// Whether the leaders' own records (`elections-<letter>.jsonl`, written as they go) show both
 /// `k1` and `k2` elected.
@@ -1087,7 +1126,9 @@ impl Schedule {
         // own, so that a seed's other faults stay what they were.
         let mut raise_rng = StdRng::seed_from_u64(self.seed ^ 0x7a15_e0c8);
         let phase_ms = config.seconds.saturating_mul(1000).max(2000);
-        let turn = ProbePath::ALL[usize::try_from(self.seed % ProbePath::ALL.len() as u64).unwrap_or(0)];
+        let turn = config
+            .probe
+            .unwrap_or(ProbePath::ALL[usize::try_from(self.seed % ProbePath::ALL.len() as u64).unwrap_or(0)]);
         let mut crashes_after_raise =
             vec![(Instant::now() + Duration::from_millis(raise_rng.random_range(300..phase_ms / 2)), turn)];
         loop {
@@ -1117,7 +1158,7 @@ impl Schedule {
                 let (_, path) = crashes_after_raise.remove(0);
                 let started_us = now_us();
                 self.crash_after_probe(cluster, path, &mut raise_rng).await?;
-                let lasting = Duration::from_millis(raise_rng.random_range(200..800));
+                let lasting = Duration::from_millis(raise_rng.random_range(100..400));
                 active.push(Fault {
                     kind: path.fault_kind(),
                     target: 0,
@@ -1142,11 +1183,14 @@ impl Schedule {
         // A crash right after a grant, and a failover, need a moment with no other fault: they are
         // drawn often (a failover at most once a schedule: its base backup takes a second or two).
         // The store's clock is stepped forward more often than back: a forward step is what ends
-        // a wait on the wall clock early.
-        const KINDS: [&str; 31] = [
+        // a wait on the wall clock early. The faults that end a current leader's period while the
+        // store may still hold it (paused past its ttl, its connections reset) come often too:
+        // what the leader does next is where S2 and S7 are decided.
+        const KINDS: [&str; 37] = [
             "pg-failover",
             "pg-failover",
-            "pg-failover",
+            "pg-clock-forward",
+            "pg-clock-forward",
             "pg-clock-forward",
             "pg-clock-forward",
             "pg-clock-forward",
@@ -1161,6 +1205,9 @@ impl Schedule {
             "sigstop-leader",
             "sigstop-leader",
             "sigstop-leader",
+            "sigstop-leader-past-ttl",
+            "sigstop-leader-past-ttl",
+            "sigstop-leader-past-ttl",
             "sigkill-leader",
             "sigkill-leader",
             "leader-resign",
@@ -1173,6 +1220,8 @@ impl Schedule {
             "proxy-hold",
             "proxy-drop",
             "proxy-reset",
+            "proxy-reset-leader",
+            "proxy-reset-leader",
             "proxy-oneway",
             "leader-resign",
         ];
@@ -1186,13 +1235,53 @@ impl Schedule {
             }
         }
         let mut link = if kind == "proxy-delay" && rng.random_bool(0.7) { 2 } else { rng.random_range(0..3) };
+        // So do faults on a leader's link to Postgres: a renewal that fails while the store still
+        // holds the lease ends the period locally, and the next acquire must be a new period.
+        // A reset of a current leader's connections (`proxy-reset-leader`: a pooler restarted, a
+        // network blip) does that at once, and the leader acquires again within the ttl.
+        // The classic zombie: a current leader paused past its lease's ttl (a long GC pause, a
+        // stalled VM), which must find on waking that it no longer leads, before it acts.
+        if kind == "sigstop-leader-past-ttl" {
+            let leaders = self.current_leaders().await;
+            if leaders.is_empty() {
+                return Ok(None);
+            }
+            target = leaders[rng.random_range(0..leaders.len())];
+        }
+        if kind == "proxy-reset-leader" {
+            let leaders = self.current_leaders().await;
+            if leaders.is_empty() {
+                return Ok(None);
+            }
+            target = leaders[rng.random_range(0..leaders.len())];
+            link = 1;
+        } else if kind.starts_with("proxy") && link == 1 && rng.random_bool(0.7) {
+            let leaders = self.current_leaders().await;
+            if !leaders.is_empty() {
+                target = leaders[rng.random_range(0..leaders.len())];
+            }
+        }
         // A forward step of the store's clock comes with a slow link from a gateway with grants to
-        // Postgres: that gateway sees the step late, and keeps admitting under its grants.
+        // Postgres: that gateway sees the step late, and keeps admitting under its grants. It is
+        // one that admits now (else it holds no grant): with none, another fault is drawn.
         if kind == "pg-clock-forward" {
-            target %= 2;
+            let mut ready_now = Vec::new();
+            for gateway in self.usable_gateways() {
+                if ready(self.control_ports[gateway]).await {
+                    ready_now.push(gateway);
+                }
+            }
+            if ready_now.is_empty() || active.iter().any(|f| f.kind.starts_with("pg-")) {
+                return Ok(None);
+            }
+            target = ready_now[rng.random_range(0..ready_now.len())];
             link = 0;
         }
-        let lasting = Duration::from_millis(rng.random_range(300..2000));
+        let lasting = if kind == "sigstop-leader-past-ttl" {
+            self.ttl + Duration::from_millis(rng.random_range(0..1000))
+        } else {
+            Duration::from_millis(rng.random_range(300..2000))
+        };
         // One fault per process or link at a time, and a Postgres crash alone; while the store
         // is down after a durability probe's crash, faults of processes and links go on (only
         // the store's own wait), so that the probes do not take the schedule's time from them.
@@ -1236,7 +1325,7 @@ impl Schedule {
                 tokio::time::sleep(Duration::from_millis(170)).await;
                 self.gateways[target].signal(Signal::SIGSTOP);
             }
-            "sigstop-leader" => self.leaders[target].signal(Signal::SIGSTOP),
+            "sigstop-leader" | "sigstop-leader-past-ttl" => self.leaders[target].signal(Signal::SIGSTOP),
             "sigkill-leader" => self.leaders[target].kill_now().await,
             "sigkill-gateway" => self.gateways[target].kill_now().await,
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
@@ -1253,7 +1342,7 @@ impl Schedule {
             }
             "proxy-hold" => self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::Hold)),
             "proxy-drop" => self.links(link, target).iter().for_each(|proxy| proxy.drop_all()),
-            "proxy-reset" => self.links(link, target).iter().for_each(|proxy| proxy.reset_all()),
+            "proxy-reset" | "proxy-reset-leader" => self.links(link, target).iter().for_each(|proxy| proxy.reset_all()),
             "proxy-oneway" => {
                 let direction = if rng.random_bool(0.5) { Direction::ToTarget } else { Direction::FromTarget };
                 self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::OneWay(direction)));
@@ -1264,11 +1353,17 @@ impl Schedule {
             // store time so far and stays; a backward step goes below every one (by more than a
             // lease's ttl, and for at most 2 s), and comes back to where the clock was.
             "pg-clock-forward" => {
+                // The clock-step probe's grant on that gateway (`crate::faultprobe`).
+                let armed = self.prober.grant_before_step(&self.url, target).await;
                 let offset =
                     (self.store_max_us - now_us()).max(self.clock_offset_us) + rng.random_range(20_000_000..60_000_000);
-                self.gateway_pg[target].set(Mode::Delay(Duration::from_millis(rng.random_range(50..250))));
+                self.gateway_pg[target].set(Mode::Delay(Duration::from_millis(rng.random_range(150..400))));
                 self.step_clock(cluster, offset)?;
-                // Term changes at once, while grants given before the step are held.
+                // Term changes at once, while grants given before the step are held: the probe's,
+                // and the racer's on every lane waiting for its next trial.
+                if let Some(armed) = armed {
+                    self.prober.after_step(armed);
+                }
                 self.racer.signal(Signal::SIGUSR1);
             }
             "pg-clock-back" => {
@@ -1329,13 +1424,21 @@ impl Schedule {
     }
 
     /// A crash of Postgres right after a probe's fence-moving action on `path`
-    /// ([`crate::faultprobe`]), made with the client processes paused (the leaders, the lease
-    /// clients and the racer), so that no durable commit of theirs carries the action's record
-    /// to disk by chance; they go on once Postgres is down.
+    /// ([`crate::faultprobe`]), made with every other process that writes to the store paused
+    /// (the leaders, the lease clients, the racer, and the gateways but the one that raises), so
+    /// that no durable commit of theirs carries the action's record to disk by chance; they go on
+    /// once Postgres is down.
     async fn crash_after_probe(&mut self, cluster: &PgCluster, path: ProbePath, rng: &mut StdRng) -> Result<()> {
-        let usable = self.usable_gateways();
+        // A gateway raise goes through a gateway that admits (one whose clock runs at another
+        // rate, or that has not yet earned its trust, refuses everything).
+        let mut usable = Vec::new();
+        for gateway in self.usable_gateways() {
+            if ready(self.control_ports[gateway]).await {
+                usable.push(gateway);
+            }
+        }
         let url = self.url.clone();
-        let pids: Vec<Pid> = self
+        let clients: Vec<Pid> = self
             .leaders
             .iter()
             .chain(&self.lease_clients)
@@ -1343,17 +1446,27 @@ impl Schedule {
             .filter(|process| !process.paused)
             .filter_map(Managed::pid)
             .collect();
-        let pause = || {
-            for pid in &pids {
-                let _ = kill(*pid, Signal::SIGSTOP);
+        let gateways: Vec<(usize, Pid)> = self
+            .gateways
+            .iter()
+            .enumerate()
+            .filter(|(_, process)| !process.paused)
+            .filter_map(|(gateway, process)| Some((gateway, process.pid()?)))
+            .collect();
+        let mut paused = Vec::new();
+        let pause = |acting: Option<usize>| {
+            let others = gateways.iter().filter(|(gateway, _)| Some(*gateway) != acting).map(|(_, pid)| *pid);
+            for pid in clients.iter().copied().chain(others) {
+                let _ = kill(pid, Signal::SIGSTOP);
+                paused.push(pid);
             }
         };
         self.probe_pending = self.prober.act(path, &url, &usable, rng, pause).await;
         // As a power cut: every process of the server stopped, then killed, so nothing of it
         // runs after the action's answer (a server told to quit runs its signal handlers first).
         let crashed = tokio::task::block_in_place(|| cluster.power_cut());
-        for pid in &pids {
-            let _ = kill(*pid, Signal::SIGCONT);
+        for pid in paused {
+            let _ = kill(pid, Signal::SIGCONT);
         }
         crashed
     }
@@ -1460,7 +1573,7 @@ impl Schedule {
                 self.gateways[target].signal(Signal::SIGCONT);
                 self.gateway_pg[target].set(Mode::Pass);
             }
-            "sigstop-leader" => self.leaders[target].signal(Signal::SIGCONT),
+            "sigstop-leader" | "sigstop-leader-past-ttl" => self.leaders[target].signal(Signal::SIGCONT),
             "sigkill-leader" | "leader-resign" => self.leaders[target].spawn()?,
             "sigkill-gateway" => self.gateways[target].spawn()?,
             "sigkill-upstream" => self.upstreams[target % 2].spawn()?,

@@ -37,6 +37,11 @@
 //! must settle behind the one of t + 1 still on its way (S5), which the SQL raise records for it
 //! (`settle_ms`) as a gateway's raise does; one that did not would be forwarded first.
 //!
+//! A quarter of the raises through gateways come crossed: t + 2 through one gateway, and a moment
+//! later t + 1 through another, as two would-be leaders of adjacent periods do. The lower raise
+//! reads the fence before the higher one commits and locks it after; a raise that decided on the
+//! version it read, not the one it locked (the gate race), would overwrite t + 2 with t + 1.
+//!
 //! Every write is logged like a leader's (`checker/HISTORY.md`), with client `racer`, key `""`
 //! (it leads nothing) and `bound: false`. SIGTERM stops it.
 
@@ -251,6 +256,13 @@ impl Racer {
             // A quarter of the SQL raises come in a double raise across paths (below): it takes
             // a trial the settle of two terms, seconds the other trials need too.
             let double = by_sql.is_some() && !woken && rng.random_bool(0.25);
+            // A quarter of the other raises come crossed: t + 2 through one gateway, then t + 1
+            // through another a moment later (0 to 30 ms), as two would-be leaders of adjacent
+            // periods do. The lower one reads the fence before the higher commits (its grant wait
+            // and durable commit hold the row) and locks it after: the newest version, the
+            // higher term's, must be the one it decides on, so that it is refused.
+            let crossed = by_sql.is_none() && !woken && rng.random_bool(0.25);
+            let (cross_to, cross_after) = (rng.random_range(0..gateways), rng.random_range(0..30));
             let then = rng.random_range(0..gateways);
             let raised_by_sql = &raised;
             race.insert(
@@ -278,6 +290,14 @@ impl Racer {
                                 raised_by_sql.store(true, Ordering::Relaxed);
                             }
                         }
+                        None if crossed => {
+                            let higher = self.write(lane, term + 2, raise);
+                            let lower = async {
+                                tokio::time::sleep(Duration::from_millis(cross_after)).await;
+                                self.write(lane, term + 1, cross_to).await;
+                            };
+                            futures::join!(higher, lower);
+                        }
                         None => {
                             self.write(lane, term + 1, raise).await;
                         }
@@ -295,8 +315,14 @@ impl Racer {
                     self.write(lane, term + 1, then).await;
                 }
             };
-            futures::join!(futures::future::join_all(late), next);
-            term += if double { 2 } else { 1 };
+            // After crossed raises, t + 1 once more too, as the lower would-be leader would.
+            let lower_again = async {
+                if crossed {
+                    self.write(lane, term + 1, then).await;
+                }
+            };
+            futures::join!(futures::future::join_all(late), next, lower_again);
+            term += if double || crossed { 2 } else { 1 };
         }
     }
 }

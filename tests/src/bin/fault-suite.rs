@@ -1,8 +1,11 @@
 //! The fault suite from the command line: a longer soak than CI's, or a replay of one seed.
 //!
 //! ```text
-//! fault-suite [--schedules 25] [--seconds 6] [--seed N] [--out DIR] [--plant NAME] [--keep-going]
+//! fault-suite [--schedules 25] [--seconds 6] [--seed N] [--out DIR] [--plant NAME] [--probe KIND]
+//!             [--keep-going]
 //! ```
+//! `--probe` makes every schedule's durability probe take one path (`pg-crash-after-raise`,
+//! `-sql-raise`, `-advance`, `-bind`, `-rebind`) instead of the seed's turn.
 //! Prints the seed, runs the schedules (schedule i uses seed + i), checks each history with the
 //! independent checker (`fencing-checker`), prints the run's table, and exits 1 on any violation.
 //! Planted bugs (for showing that the checker catches them): every name of
@@ -12,6 +15,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use fencing_tests::faultprobe::ProbePath;
 use fencing_tests::faultsuite::{Plant, SuiteConfig, run, start_cluster};
 
 fn parse() -> Result<(SuiteConfig, bool), String> {
@@ -29,6 +33,9 @@ fn parse() -> Result<(SuiteConfig, bool), String> {
             "--seconds" => config.seconds = value.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--seed" => config.seed = value.parse().map_err(|e| format!("--seed: {e}"))?,
             "--out" => config.out = PathBuf::from(value),
+            "--probe" => {
+                config.probe = Some(ProbePath::parse(&value).ok_or_else(|| format!("--probe: unknown {value}"))?)
+            }
             "--plant" => config.plant = Some(Plant::parse(&value).ok_or_else(|| format!("--plant: unknown {value}"))?),
             other => return Err(format!("unknown flag {other}")),
         }
