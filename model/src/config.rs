@@ -1,0 +1,219 @@
+//! What the model checks: its sizes, its faults, its planted bugs, and how it counts time.
+
+/// Gateways in the model (each with its own boot clock, grants, settles and calls).
+pub const GATEWAYS: usize = 2;
+/// Electors in the model (each one process incarnation, so one owner).
+pub const ELECTORS: usize = 2;
+/// The most resources the state has room for.
+pub const MAX_RESOURCES: usize = 3;
+/// Decisions a gateway may have out at once (asked and not answered, or lost).
+pub const MAX_CALLS: usize = 1;
+/// Admitted writes a gateway may hold at once (settling, or on their way to the upstream).
+pub const MAX_WRITES: usize = 2;
+
+/// Time in ticks. Every length of the real system is a small whole number of ticks; the ratios
+/// are what matter (a grant shorter than a lease, a forward timeout shorter than a grant).
+///
+/// The store's sleep timer (`pg_sleep`, the kernel's monotonic timer) is the reference: it runs
+/// at the rate of real time. Only relative rates matter for the protocol, so the tolerance
+/// `rho` of the contract is all put on the gateways' boot clocks: each may drift by at most
+/// [`Timing::drift`] ticks from real time over a run (a run lasts [`Config::horizon`] ticks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Timing {
+    /// The lease's ttl (`fencing.acquire(.., ttl)`), on the store's wall clock.
+    pub ttl: i8,
+    /// The elector's safety margin, taken off its local deadline (S7).
+    pub elector_margin: i8,
+    /// The grant a gateway asks for (`database.grant_ms`).
+    pub grant: u8,
+    /// The forward timeout (`upstream.forward_timeout`): how long after its decision a write may
+    /// be sent.
+    pub forward: u8,
+    /// How far one boot clock may drift from real time over a run, in ticks: the contract's rho.
+    /// A gateway counts a grant `drift` ticks shorter (`(1 - rho) / (1 + rho)`) and a settle
+    /// wait `2 * drift` ticks longer (`(1 + rho) / (1 - rho)`: this clock and the lower term's
+    /// gateway's may drift apart by twice the tolerance).
+    pub drift: i8,
+    /// The size of the store's clock step (both ways).
+    pub step: i8,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing { ttl: 3, elector_margin: 1, grant: 2, forward: 1, drift: 1, step: 2 }
+    }
+}
+
+/// A bug planted in the model, one per planted bug of the fault suite
+/// (`tests/src/faultsuite.rs`, `plant_sql`), plus the planned design of lease-scoped grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Plant {
+    /// `weak-fence`: `fencing.gate`'s stale refusal turned into an admission with no wait.
+    WeakFence,
+    /// `no-new-term`: `fencing.acquire` starts a new period with the old term (`l.term`).
+    NoNewTerm,
+    /// `no-settle`: every wait `fencing.gate` answers is zero.
+    NoSettle,
+    /// `grant-ignored`: `fencing.await_grants` does nothing, so a raise does not wait out the
+    /// grants on the lower term.
+    GrantIgnored,
+    /// `grant-overstay`: the store records a smaller grant than it gives (a quarter in the fault
+    /// suite; half here, the smallest fraction whole ticks express), so a term change waits too
+    /// little.
+    GrantOverstay,
+    /// `gate-race`: `fencing.gate`'s raise no longer checks the maximum of the version it locked,
+    /// so a higher term committed since its first read is overwritten.
+    GateRace,
+    /// `async-commit`: `fencing.commit_durably` does nothing: an answered decision may be lost in
+    /// a crash of the store.
+    AsyncCommit,
+    /// `wall-clock-waits`: grants end at an instant of the store's wall clock, and a term change
+    /// waits until that clock reads past it (the code before schema version 8): a step of the
+    /// clock ends the wait early.
+    WallClockWaits,
+    /// The design planned next, not a bug planted in code: one grant per (lease, term), covering
+    /// every resource bound to that lease, recorded on the lease row and waited out by the
+    /// lease's next term (instead of one grant per resource).
+    LeaseScopedGrants,
+}
+
+impl Plant {
+    /// Every variant, in the order the tests check them.
+    pub const ALL: [Plant; 9] = [
+        Plant::WeakFence,
+        Plant::NoNewTerm,
+        Plant::NoSettle,
+        Plant::GrantIgnored,
+        Plant::GrantOverstay,
+        Plant::GateRace,
+        Plant::AsyncCommit,
+        Plant::WallClockWaits,
+        Plant::LeaseScopedGrants,
+    ];
+
+    /// The name the fault suite gives it (or the design's name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::WeakFence => "weak-fence",
+            Plant::NoNewTerm => "no-new-term",
+            Plant::NoSettle => "no-settle",
+            Plant::GrantIgnored => "grant-ignored",
+            Plant::GrantOverstay => "grant-overstay",
+            Plant::GateRace => "gate-race",
+            Plant::AsyncCommit => "async-commit",
+            Plant::WallClockWaits => "wall-clock-waits",
+            Plant::LeaseScopedGrants => "lease-scoped-grants",
+        }
+    }
+
+    /// Whether the variant needs grants to show.
+    pub fn needs_grants(self) -> bool {
+        matches!(self, Plant::GrantIgnored | Plant::GrantOverstay | Plant::WallClockWaits | Plant::LeaseScopedGrants)
+    }
+}
+
+/// One check: the sizes, the faults, and the variant of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Config {
+    /// Resources bound to the one lease key (a route with `lease = "k"`), named `r1`, `r2`.
+    pub bound_resources: u8,
+    /// Resources of an unbound route (verify mode, any term), named `f1`, ...
+    pub unbound_resources: u8,
+    /// The highest term explored: states with a higher lease term are outside the boundary.
+    pub terms: u8,
+    /// The last tick of real time explored.
+    pub horizon: i8,
+    /// Whether gateways ask for grants (`database.grant_ms` above zero).
+    pub grants: bool,
+    /// Whether the store's wall clock may be stepped (once, `Timing::step` ticks either way).
+    pub clock_step: bool,
+    /// How many boot clocks may drift (each once, by `Timing::drift` ticks either way).
+    pub drifting_clocks: u8,
+    /// S5's timing assumption: no gateway pauses between its last check of a write's deadline
+    /// and its send (in ticks: never across a tick). Without it, a pause there breaks S5.
+    pub pause_assumption: bool,
+    /// How many writes arrive at gateways in a run (each a decision, asked or under a grant): the
+    /// bound that makes the state space finite and small.
+    pub writes: u8,
+    /// How many calls electors make in a run (acquire, renew, release).
+    pub lease_calls: u8,
+    /// Whether presented terms go up to `terms` (forged and future tokens) or only up to the
+    /// highest term a store has granted so far plus one.
+    pub forged_terms: bool,
+    /// The planted bug or design variant, if any.
+    pub plant: Option<Plant>,
+    /// How time is counted.
+    pub timing: Timing,
+}
+
+impl Config {
+    /// The sizes of issue 29: 2 gateways, 2 electors, resources on one bound lease and one
+    /// unbound route, 3 terms; `grants` on or off.
+    pub fn standard(grants: bool) -> Config {
+        Config {
+            bound_resources: 1,
+            unbound_resources: 1,
+            terms: 3,
+            horizon: 3,
+            writes: 2,
+            lease_calls: 2,
+            grants,
+            clock_step: false,
+            drifting_clocks: 0,
+            pause_assumption: true,
+            forged_terms: false,
+            plant: None,
+            timing: Timing::default(),
+        }
+    }
+
+    /// Grant admissions on a bound resource: `r1` alone, grants on, four writes (the first
+    /// write on a resource gets no grant, the second one does, the next ones may be admitted
+    /// under it), two elector calls (an acquire that sleeps out the grants completes within the
+    /// horizon when an earlier acquire's answer was lost).
+    pub fn bound_grants() -> Config {
+        Config { bound_resources: 1, unbound_resources: 0, writes: 4, ..Config::standard(true) }
+    }
+
+    /// The clocks check: one unbound resource, grants on, four writes, no electors, the store's
+    /// clock stepped and one gateway's boot clock drifting.
+    pub fn clocks() -> Config {
+        Config {
+            bound_resources: 0,
+            unbound_resources: 1,
+            horizon: 3,
+            writes: 4,
+            lease_calls: 0,
+            grants: true,
+            clock_step: true,
+            drifting_clocks: 1,
+            forged_terms: true,
+            ..Config::standard(true)
+        }
+    }
+
+    /// This configuration with `plant`.
+    pub fn planted(self, plant: Plant) -> Config {
+        Config { plant: Some(plant), grants: self.grants || plant.needs_grants(), ..self }
+    }
+
+    /// How many resources there are.
+    pub fn resources(&self) -> usize {
+        usize::from(self.bound_resources + self.unbound_resources).min(MAX_RESOURCES)
+    }
+
+    /// Whether resource `r` is bound to the lease.
+    pub fn bound(&self, r: usize) -> bool {
+        r < usize::from(self.bound_resources)
+    }
+
+    /// The name of resource `r`.
+    pub fn resource_name(&self, r: usize) -> String {
+        if self.bound(r) { format!("r{}", r + 1) } else { format!("f{}", r + 1 - usize::from(self.bound_resources)) }
+    }
+
+    /// Whether `plant` is planted.
+    pub fn has(&self, plant: Plant) -> bool {
+        self.plant == Some(plant)
+    }
+}

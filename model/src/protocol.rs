@@ -1,0 +1,1129 @@
+//! The transitions of the model and its properties.
+//!
+//! Each [`Action`] is one step that the real code takes atomically: one SQL statement (or the
+//! statements of a function that run under one lock without a wait between them), one decision
+//! of a gateway, one check or send of a write, one tick of real time. [`crate::mirrors`] names the
+//! code each one mirrors.
+//!
+//! Messages between processes and the store are the stages of calls ([`Stage`],
+//! [`LeaseStage`]): any call may be delivered at any later step (delayed, and reordered with every
+//! other call), and any call on its way, either way, may be lost. A call the store never ran is
+//! lost before it arrived; one whose answer is lost ran and committed, and its caller never
+//! learns the outcome (it timed out). A duplicated or delayed write from a leader needs no
+//! message of its own: writes of any term arrive at any gateway at any step
+//! ([`Action::GatewayDecide`]), which covers a zombie leader, a client's retry and a forged token.
+//!
+//! A process is paused across any number of steps simply by taking none: ticks of real time go
+//! on without it. The one exception is S5's timing assumption ([`Config::pause_assumption`]).
+
+use stateright::{Model, Property};
+
+use crate::config::{Config, ELECTORS, GATEWAYS, MAX_CALLS, MAX_RESOURCES, Plant};
+use crate::state::{
+    Answer, Call, Elector, ElectorCall, Fence, Gateway, Ghost, Grant, Lease, LeaseCall, LeaseStage, Settle, Stage,
+    State, Tables, Write, remove_sorted,
+};
+
+/// The model: a [`Config`] and the transitions it allows.
+#[derive(Debug, Clone)]
+pub struct Protocol {
+    pub config: Config,
+}
+
+/// The contract's safety invariants (`docs/CONTRACT.md`), as bits of [`Ghost::violated`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Invariant {
+    /// S1: at most one owner holds an unexpired lease at any instant of the store's clock: a new
+    /// period of another owner starts only once the row's lease has expired by that clock.
+    S1,
+    /// S2: terms strictly increase across leadership periods: every new period the store grants
+    /// has a term above every earlier one, and no elector leads twice with one term (a period it
+    /// ended locally is over).
+    S2,
+    /// S3: per resource, admitted terms never decrease: no admission (through the store or under
+    /// a gateway's grant) of a term below one admitted before.
+    S3,
+    /// S4: a bound resource admits only its lease's current term, at the instant of admission.
+    S4,
+    /// S5: per resource, no write is sent to the upstream after a write of a higher term was
+    /// (every earlier-admitted lower-term write has been sent, aborted, or passed its deadline),
+    /// and no byte of a write is sent after its own deadline.
+    S5,
+}
+
+impl Invariant {
+    /// Every invariant.
+    pub const ALL: [Invariant; 5] = [Invariant::S1, Invariant::S2, Invariant::S3, Invariant::S4, Invariant::S5];
+
+    fn bit(self) -> u8 {
+        match self {
+            Invariant::S1 => 1,
+            Invariant::S2 => 2,
+            Invariant::S3 => 4,
+            Invariant::S4 => 8,
+            Invariant::S5 => 16,
+        }
+    }
+
+    /// The property's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::S1 => "S1 one unexpired holder",
+            Invariant::S2 => "S2 terms increase across periods",
+            Invariant::S3 => "S3 admitted terms never decrease",
+            Invariant::S4 => "S4 bound resource admits only the lease's term",
+            Invariant::S5 => "S5 upstream order and deadlines",
+        }
+    }
+
+    /// Whether `ghost` records a violation of this invariant.
+    pub fn violated(self, ghost: &Ghost) -> bool {
+        ghost.violated & self.bit() != 0
+    }
+}
+
+/// Events a check must reach (stateright's `sometimes` properties), as bits of [`Ghost::seen`]: a
+/// check that asserts one was reached cannot become vacuous about it unnoticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Witness {
+    /// A write admitted by a gateway under a grant it held (`Grants::admit`), not by the store.
+    GrantAdmission,
+    /// A write admitted under a grant after the store's clock was stepped and a boot clock
+    /// drifted, in the same run.
+    GrantAdmissionAfterClockFaults,
+    /// A raise woke after sleeping out the grants on the lower term (`fencing.await_grants`).
+    RaiseSleptOutGrants,
+    /// `fencing.acquire` started a new period after sleeping out the grants on the old term.
+    AcquireSleptOutGrants,
+}
+
+impl Witness {
+    /// Every witness.
+    pub const ALL: [Witness; 4] = [
+        Witness::GrantAdmission,
+        Witness::GrantAdmissionAfterClockFaults,
+        Witness::RaiseSleptOutGrants,
+        Witness::AcquireSleptOutGrants,
+    ];
+
+    fn bit(self) -> u8 {
+        match self {
+            Witness::GrantAdmission => 1,
+            Witness::GrantAdmissionAfterClockFaults => 2,
+            Witness::RaiseSleptOutGrants => 4,
+            Witness::AcquireSleptOutGrants => 8,
+        }
+    }
+
+    /// The property's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Witness::GrantAdmission => "reached: a write admitted under a grant",
+            Witness::GrantAdmissionAfterClockFaults => {
+                "reached: a write admitted under a grant after a clock step and a drift"
+            }
+            Witness::RaiseSleptOutGrants => "reached: a raise slept out grants",
+            Witness::AcquireSleptOutGrants => "reached: an acquire slept out grants and started its period",
+        }
+    }
+
+    /// Whether `ghost` records the event.
+    pub fn seen(self, ghost: &Ghost) -> bool {
+        ghost.seen & self.bit() != 0
+    }
+}
+
+/// One step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// One tick of real time; every boot clock and the store's wall clock advance with it. What
+    /// a tick ends ends at its start: grants and writes past their deadline (dropped, aborted),
+    /// leaders past theirs (the elector's watchdog), settles and drains a gateway has seen end
+    /// (`fencing.mark_settled`, `fencing.mark_drained`, called at the earliest instant they can
+    /// be: a later call only makes writes wait longer).
+    Tick,
+    /// One tick of real time during which `gateway`'s boot clock stands still (`slow`) or counts
+    /// two ticks: its drift, once per run.
+    TickDrift { gateway: u8, slow: bool },
+    /// The store's wall clock is stepped by `Timing::step`, forward or back (once per run).
+    StepClock { forward: bool },
+    /// `async-commit` only: the store crashes and restarts with what was flushed; the
+    /// transactions open in it are gone.
+    Crash,
+    /// `async-commit` only: the store flushes its commits.
+    Flush,
+    /// An idle elector asks `fencing.acquire` (always with `new_period`).
+    ElectorAcquire(u8),
+    /// A leading elector asks `fencing.renew`.
+    ElectorRenew(u8),
+    /// A leading elector stops leading, then asks `fencing.release`.
+    ElectorRelease(u8),
+    /// An elector's call is lost on its way (the elector times out; the store never runs it).
+    ElectorLost(u8),
+    /// `fencing.acquire` runs: a refusal, or a new period (at once, or asleep holding the lease
+    /// row while the grants on the old term end). An answer reaches the elector at once, or is
+    /// `lost` (see [`Action::GateRead`] for why at once).
+    StoreAcquire { elector: u8, lost: bool },
+    /// An asleep `fencing.acquire` wakes, starts the new period and commits.
+    StoreAcquireWakes { elector: u8, lost: bool },
+    /// `fencing.renew` runs.
+    StoreRenew { elector: u8, lost: bool },
+    /// `fencing.release` runs.
+    StoreRelease { elector: u8, lost: bool },
+    /// A write of `term` for `resource` arrives at `gateway`: admitted under a grant that covers
+    /// it and lasts (its boot clock before the grant's deadline), or its decision is asked.
+    GatewayDecide { gateway: u8, resource: u8, term: u8 },
+    /// `gateway`'s decision is lost on its way (the store never runs it).
+    GatewayLost { gateway: u8, call: u8 },
+    /// `fencing.gate`'s first statement (a plain read) for the decision in `call`. When it
+    /// answers, the answer reaches the gateway at once, or is `lost`: at once is the most
+    /// adversarial delivery (a later answer only starts its write later, and its grant, counted
+    /// from the asking, is then shorter).
+    GateRead { gateway: u8, call: u8, lost: bool },
+    /// `fencing.gate`'s grant statements: the advisory locks tried shared, the row locked
+    /// `SKIP LOCKED`, the version checked again, the grant recorded.
+    GateGrant { gateway: u8, call: u8, lost: bool },
+    /// `fencing.gate`'s raise: `SELECT .. FOR UPDATE` (waits while another raise holds the row),
+    /// the locked version checked, then `fencing.await_grants` (asleep) or the raise at once.
+    GateLock { gateway: u8, call: u8, lost: bool },
+    /// An asleep raise wakes, raises the maximum (with the next settle) and commits.
+    GateWakes { gateway: u8, call: u8, lost: bool },
+    /// Without S5's timing assumption only: `gateway` checks `write`'s settle and deadline.
+    GatewayCheck { gateway: u8, write: u8 },
+    /// `gateway` sends `write` to the upstream. Under S5's timing assumption this step also
+    /// checks its settle and deadline (no pause between the check and the send); without it, it
+    /// sends a write checked before, whatever the time.
+    GatewaySend { gateway: u8, write: u8 },
+}
+
+/// The kinds of [`Action`], for [`crate::mirrors`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    Tick,
+    StepClock,
+    Crash,
+    Flush,
+    ElectorAcquire,
+    ElectorRenew,
+    ElectorRelease,
+    ElectorLost,
+    StoreAcquire,
+    StoreAcquireWakes,
+    StoreRenew,
+    StoreRelease,
+    GatewayDecide,
+    GatewayLost,
+    GateRead,
+    GateGrant,
+    GateLock,
+    GateWakes,
+    GatewayCheck,
+    GatewaySend,
+}
+
+impl ActionKind {
+    /// Every kind.
+    pub const ALL: [ActionKind; 20] = [
+        ActionKind::Tick,
+        ActionKind::StepClock,
+        ActionKind::Crash,
+        ActionKind::Flush,
+        ActionKind::ElectorAcquire,
+        ActionKind::ElectorRenew,
+        ActionKind::ElectorRelease,
+        ActionKind::ElectorLost,
+        ActionKind::StoreAcquire,
+        ActionKind::StoreAcquireWakes,
+        ActionKind::StoreRenew,
+        ActionKind::StoreRelease,
+        ActionKind::GatewayDecide,
+        ActionKind::GatewayLost,
+        ActionKind::GateRead,
+        ActionKind::GateGrant,
+        ActionKind::GateLock,
+        ActionKind::GateWakes,
+        ActionKind::GatewayCheck,
+        ActionKind::GatewaySend,
+    ];
+}
+
+impl Action {
+    /// Its kind.
+    pub fn kind(self) -> ActionKind {
+        match self {
+            Action::Tick | Action::TickDrift { .. } => ActionKind::Tick,
+            Action::StepClock { .. } => ActionKind::StepClock,
+            Action::Crash => ActionKind::Crash,
+            Action::Flush => ActionKind::Flush,
+            Action::ElectorAcquire(_) => ActionKind::ElectorAcquire,
+            Action::ElectorRenew(_) => ActionKind::ElectorRenew,
+            Action::ElectorRelease(_) => ActionKind::ElectorRelease,
+            Action::ElectorLost(_) => ActionKind::ElectorLost,
+            Action::StoreAcquire { .. } => ActionKind::StoreAcquire,
+            Action::StoreAcquireWakes { .. } => ActionKind::StoreAcquireWakes,
+            Action::StoreRenew { .. } => ActionKind::StoreRenew,
+            Action::StoreRelease { .. } => ActionKind::StoreRelease,
+            Action::GatewayDecide { .. } => ActionKind::GatewayDecide,
+            Action::GatewayLost { .. } => ActionKind::GatewayLost,
+            Action::GateRead { .. } => ActionKind::GateRead,
+            Action::GateGrant { .. } => ActionKind::GateGrant,
+            Action::GateLock { .. } => ActionKind::GateLock,
+            Action::GateWakes { .. } => ActionKind::GateWakes,
+            Action::GatewayCheck { .. } => ActionKind::GatewayCheck,
+            Action::GatewaySend { .. } => ActionKind::GatewaySend,
+        }
+    }
+}
+
+/// `u8` index of a small collection (every index in the model is below 8).
+fn idx(i: usize) -> u8 {
+    u8::try_from(i).unwrap_or(u8::MAX)
+}
+
+/// `u8` as a tick count.
+fn ticks(n: u8) -> i8 {
+    i8::try_from(n).unwrap_or(i8::MAX)
+}
+
+/// A tick count as `u8` (negative: zero).
+fn length(n: i8) -> u8 {
+    u8::try_from(n.max(0)).unwrap_or(u8::MAX)
+}
+
+impl Protocol {
+    /// The model of `config`.
+    pub fn new(config: Config) -> Protocol {
+        Protocol { config }
+    }
+
+    fn has(&self, plant: Plant) -> bool {
+        self.config.has(plant)
+    }
+
+    fn lease_scoped(&self) -> bool {
+        self.has(Plant::LeaseScopedGrants)
+    }
+
+    /// The grant a gateway asks for (`grant_for`), zero with grants off.
+    fn grant_for(&self) -> u8 {
+        if self.config.grants { self.config.timing.grant } else { 0 }
+    }
+
+    /// The terms a write may present.
+    fn presentable_terms(&self, s: &State) -> u8 {
+        if self.config.forged_terms {
+            self.config.terms
+        } else {
+            let seen = s.ghost.granted.max(s.ghost.admitted.iter().copied().max().unwrap_or(0));
+            (seen + 1).min(self.config.terms)
+        }
+    }
+
+    // --- The ghosts -------------------------------------------------------------------------
+
+    fn violate(s: &mut State, invariant: Invariant) {
+        s.ghost.violated |= invariant.bit();
+    }
+
+    fn witness(s: &mut State, witness: Witness) {
+        s.ghost.seen |= witness.bit();
+    }
+
+    /// A write of `term` for `resource` is admitted now (S3, S4).
+    fn admitted(&self, s: &mut State, resource: usize, term: u8) {
+        if term < s.ghost.admitted[resource] {
+            Self::violate(s, Invariant::S3);
+        }
+        s.ghost.admitted[resource] = s.ghost.admitted[resource].max(term);
+        if self.config.bound(resource) && term != s.tables.lease.term {
+            Self::violate(s, Invariant::S4);
+        }
+    }
+
+    // --- The store ---------------------------------------------------------------------------
+
+    /// Whether some raise holds `resource`'s fence row (and its advisory lock).
+    fn fence_locked(s: &State, resource: usize) -> bool {
+        s.gateways
+            .iter()
+            .flat_map(|g| g.calls.iter().flatten())
+            .any(|call| usize::from(call.resource) == resource && matches!(call.stage, Stage::Raising { .. }))
+    }
+
+    /// Whether an acquire holds the lease row (`FOR UPDATE`) and the lease's advisory lock.
+    fn lease_locked(s: &State) -> bool {
+        s.electors.iter().any(|e| matches!(e.call, Some(ElectorCall { stage: LeaseStage::Sleeping { .. }, .. })))
+    }
+
+    /// `fencing.lease_grant_ms`: the longest grant on the lease's bound resources at its term,
+    /// unless a new term waited for them already.
+    fn lease_grant(&self, s: &State) -> u8 {
+        let lease = &s.tables.lease;
+        if lease.term == 0 || lease.grants_ended_term >= lease.term {
+            return 0;
+        }
+        let bound = (0..self.config.resources()).filter(|&r| self.config.bound(r));
+        let fences = bound.filter_map(|r| s.tables.fences[r]).filter(|f| f.max_term == lease.term);
+        if self.has(Plant::WallClockWaits) {
+            // Planted: what is left until the recorded ends, by the wall clock.
+            let wall = s.wall();
+            return fences.filter_map(|f| f.grant_ends).map(|end| length(end - wall)).max().unwrap_or(0);
+        }
+        let per_resource = fences.map(|f| f.grant).max().unwrap_or(0);
+        per_resource.max(lease.grant)
+    }
+
+    /// `fencing.acquire` starts the new period for elector `e` (and commits).
+    fn start_period(&self, s: &mut State, e: usize, slept: u8) -> Option<(u8, i8)> {
+        let wall = s.wall();
+        let old = s.tables.lease;
+        if old.term > 0 && old.expires > wall && old.owner.is_some_and(|owner| usize::from(owner) != e) {
+            Self::violate(s, Invariant::S1);
+        }
+        let term = if old.term == 0 {
+            1
+        } else if self.has(Plant::NoNewTerm) {
+            old.term
+        } else {
+            old.term + 1
+        };
+        if term <= s.ghost.granted {
+            Self::violate(s, Invariant::S2);
+        }
+        s.ghost.granted = s.ghost.granted.max(term);
+        if slept > 0 {
+            Self::witness(s, Witness::AcquireSleptOutGrants);
+        }
+        s.tables.lease = Lease {
+            owner: Some(idx(e)),
+            term,
+            expires: wall + self.config.timing.ttl,
+            grants_ended_term: if slept > 0 { old.term } else { old.grants_ended_term },
+            grant: 0,
+        };
+        self.committed(s);
+        Some((term, self.config.timing.ttl))
+    }
+
+    /// A transaction committed: durable at once, unless `async-commit` is planted.
+    fn committed(&self, s: &mut State) {
+        if !self.has(Plant::AsyncCommit) {
+            s.durable = None;
+        }
+    }
+
+    /// The answer to an admitted decision, as the planted wrappers of `fencing.gate` change it.
+    fn admit_answer(&self, s: &mut State, resource: usize, wait: u8, grant: u8) -> Answer {
+        let wait = if self.has(Plant::NoSettle) { 0 } else { wait };
+        if self.has(Plant::WallClockWaits) && grant > 0 {
+            let end = s.wall() + ticks(grant);
+            if let Some(fence) = s.tables.fences[resource].as_mut() {
+                fence.grant_ends = Some(fence.grant_ends.map_or(end, |held| held.max(end)));
+            }
+        }
+        Answer::Admitted { wait, grant }
+    }
+
+    /// A refusal as `stale`: admitted with no wait under the planted `weak-fence`.
+    fn stale(&self, s: &mut State, resource: usize, term: u8, max: u8) -> Answer {
+        if self.has(Plant::WeakFence) {
+            self.admitted(s, resource, term);
+            return self.admit_answer(s, resource, 0, 0);
+        }
+        Answer::Refused { max }
+    }
+
+    /// `fencing.gate`'s refusals for a bound resource, on the lease as read now.
+    fn lease_refusal(&self, s: &mut State, resource: usize, term: u8, max: u8) -> Option<Answer> {
+        if !self.config.bound(resource) {
+            return None;
+        }
+        let lease = s.tables.lease;
+        if lease.term == 0 || term > lease.term {
+            return Some(Answer::Refused { max });
+        }
+        if term < lease.term {
+            return Some(self.stale(s, resource, term, max));
+        }
+        if lease.expires <= s.wall() {
+            return Some(Answer::Refused { max });
+        }
+        None
+    }
+
+    /// `fencing.gate`'s first statement for a write of `term` on `resource`.
+    fn gate_read(&self, s: &mut State, resource: usize, term: u8, attempt: u8) -> Stage {
+        let Some(fence) = s.tables.fences[resource] else {
+            // The first write ever: the lease read, the row inserted (a concurrent insert makes
+            // the code decide again on the new row, which the order of steps gives here).
+            if let Some(refusal) = self.lease_refusal(s, resource, term, 0) {
+                return Stage::Answered(refusal);
+            }
+            s.tables.fences[resource] =
+                Some(Fence { max_term: term, settle: None, drain: None, grant: 0, grant_ends: None });
+            self.committed(s);
+            self.admitted(s, resource, term);
+            return Stage::Answered(self.admit_answer(s, resource, 0, 0));
+        };
+        if term < fence.max_term {
+            return Stage::Answered(self.stale(s, resource, term, fence.max_term));
+        }
+        if let Some(refusal) = self.lease_refusal(s, resource, term, fence.max_term) {
+            return Stage::Answered(refusal);
+        }
+        if term == fence.max_term {
+            let settle = fence.settle.unwrap_or(0);
+            if self.grant_for() == 0 {
+                // The common case: admitted on the version one read sees.
+                self.admitted(s, resource, term);
+                return Stage::Answered(self.admit_answer(s, resource, settle, 0));
+            }
+            return Stage::ReadGrant { attempt, settle };
+        }
+        Stage::ReadRaise { attempt }
+    }
+
+    /// `CONTINUE` in `fencing.gate`: decide again on the newest version, three times at most.
+    fn decide_again(attempt: u8) -> Stage {
+        if attempt >= 2 { Stage::Answered(Answer::Failed) } else { Stage::Asked { attempt: attempt + 1 } }
+    }
+
+    /// `fencing.gate`'s grant statements, after a first read at `term` that found `settle`.
+    fn gate_grant(&self, s: &mut State, resource: usize, term: u8, attempt: u8, settle: u8) -> Stage {
+        let bound = self.config.bound(resource);
+        // A term change in progress holds the locks: no grant, admitted on the version read.
+        if Self::fence_locked(s, resource) || (bound && Self::lease_locked(s)) {
+            self.admitted(s, resource, term);
+            return Stage::Answered(self.admit_answer(s, resource, settle, 0));
+        }
+        let wall = s.wall();
+        let lease = s.tables.lease;
+        let Some(fence) = s.tables.fences[resource] else { return Self::decide_again(attempt) };
+        let lease_holds = !bound || (lease.term == term && lease.expires > wall);
+        if fence.max_term != term || !lease_holds {
+            return Self::decide_again(attempt);
+        }
+        let asked = self.grant_for();
+        let given = if bound { asked.min(length(lease.expires - wall)) } else { asked };
+        // Planted `grant-overstay`: the store records less than it gives.
+        let recorded = if self.has(Plant::GrantOverstay) { given / 2 } else { given };
+        if self.lease_scoped() && bound {
+            s.tables.lease.grant = s.tables.lease.grant.max(recorded);
+        } else if let Some(fence) = s.tables.fences[resource].as_mut() {
+            fence.grant = fence.grant.max(recorded);
+        }
+        self.committed(s);
+        self.admitted(s, resource, term);
+        let settle = fence.settle.unwrap_or(0);
+        Stage::Answered(self.admit_answer(s, resource, settle, given))
+    }
+
+    /// `fencing.gate`'s raise: the row locked, its version checked, the grants awaited.
+    fn gate_lock(&self, s: &mut State, resource: usize, term: u8, attempt: u8) -> Stage {
+        let Some(fence) = s.tables.fences[resource] else { return Self::decide_again(attempt) };
+        // Planted `gate-race`: the locked version's maximum is not checked.
+        if fence.max_term >= term && !self.has(Plant::GateRace) {
+            return Self::decide_again(attempt);
+        }
+        // `fencing.await_grants`.
+        let bound = self.config.bound(resource);
+        let waited_by_lease = bound && s.tables.lease.grants_ended_term >= fence.max_term;
+        if fence.grant > 0 && !waited_by_lease && !self.has(Plant::GrantIgnored) {
+            if self.has(Plant::WallClockWaits) {
+                if let Some(end) = fence.grant_ends
+                    && end > s.wall()
+                {
+                    return Stage::Raising { until: end };
+                }
+            } else {
+                return Stage::Raising { until: s.now + ticks(fence.grant) };
+            }
+        }
+        self.raise(s, resource, term)
+    }
+
+    /// The raise's update and commit.
+    fn raise(&self, s: &mut State, resource: usize, term: u8) -> Stage {
+        let Some(fence) = s.tables.fences[resource] else { return Stage::Answered(Answer::Failed) };
+        let settle = self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0);
+        s.tables.fences[resource] =
+            Some(Fence { max_term: term, settle: Some(settle), drain: None, grant: 0, grant_ends: fence.grant_ends });
+        self.committed(s);
+        self.admitted(s, resource, term);
+        Stage::Answered(self.admit_answer(s, resource, settle, 0))
+    }
+
+    // --- The gateways --------------------------------------------------------------------------
+
+    /// The grant of gateway `g` that would cover a write of `term` on `resource`, if any lasts.
+    fn covering_grant(&self, s: &State, g: usize, resource: usize, term: u8) -> Option<Grant> {
+        if !self.config.grants {
+            return None;
+        }
+        let gateway = &s.gateways[g];
+        let grant = if self.lease_scoped() && self.config.bound(resource) {
+            gateway.lease_grant
+        } else {
+            gateway.grants[resource]
+        }?;
+        (grant.term == term && s.boot(g) < grant.deadline).then_some(grant)
+    }
+
+    /// Gateway `g` handles the answer `answer` to its call `call`.
+    fn gateway_answer(&self, s: &mut State, g: usize, call: Call, answer: Answer) {
+        let boot = s.boot(g);
+        let resource = usize::from(call.resource);
+        let timing = self.config.timing;
+        let bound = self.config.bound(resource);
+        let gateway = &mut s.gateways[g];
+        match answer {
+            Answer::Admitted { wait, grant } => {
+                // `FenceStore::remember`: grants below the maximum seen are dropped.
+                if gateway.grants[resource].is_some_and(|held| held.term < call.term) {
+                    gateway.grants[resource] = None;
+                }
+                // `Settles::wait`: the earliest end seen for this settle, stretched.
+                let start = if wait == 0 {
+                    boot
+                } else {
+                    let end = boot + ticks(wait) + 2 * timing.drift;
+                    let settle = match gateway.settles[resource] {
+                        Some(held) if held.term == call.term && held.length == wait => {
+                            Settle { end: held.end.min(end), ..held }
+                        }
+                        _ => Settle { term: call.term, length: wait, end, drained_at: None },
+                    };
+                    gateway.settles[resource] = Some(settle);
+                    settle.end
+                };
+                let latest = call.asked + ticks(wait);
+                let deadline = latest + ticks(timing.forward);
+                if boot < deadline {
+                    // With no slot free it is a renewal: no writer waits for it.
+                    gateway.add_write(Write {
+                        resource: call.resource,
+                        term: call.term,
+                        start,
+                        deadline,
+                        checked: false,
+                    });
+                }
+                // `install`: counted from the asking, shortened by the drift allowance.
+                let lasts = ticks(grant) - timing.drift;
+                if grant > 0 && lasts > 0 {
+                    let fresh = Grant { term: call.term, deadline: call.asked + lasts, start, latest };
+                    let slot = if self.lease_scoped() && bound {
+                        &mut gateway.lease_grant
+                    } else {
+                        &mut gateway.grants[resource]
+                    };
+                    // Never replace a lasting grant of a higher term.
+                    if !slot.is_some_and(|held| held.term > call.term && boot < held.deadline) {
+                        *slot = Some(fresh);
+                    }
+                }
+            }
+            Answer::Refused { .. } => {
+                // A refusal drops the grant held on the resource (lease-scoped: the lease's grant
+                // of the refused term).
+                gateway.grants[resource] = None;
+                if self.lease_scoped() && bound && gateway.lease_grant.is_some_and(|held| held.term == call.term) {
+                    gateway.lease_grant = None;
+                }
+            }
+            Answer::Failed => {}
+        }
+    }
+
+    fn apply(&self, s: &mut State, action: Action) -> bool {
+        match action {
+            Action::Tick | Action::TickDrift { .. } => self.tick(s, action),
+            Action::StepClock { forward } => {
+                if !self.config.clock_step || s.stepped {
+                    return false;
+                }
+                s.stepped = true;
+                s.wall_offset += if forward { self.config.timing.step } else { -self.config.timing.step };
+                true
+            }
+            Action::Crash => {
+                let Some(durable) = s.durable else { return false };
+                if durable == s.tables {
+                    return false;
+                }
+                s.tables = durable;
+                for gateway in &mut s.gateways {
+                    gateway.calls = [None; MAX_CALLS];
+                }
+                for elector in &mut s.electors {
+                    elector.call = None;
+                }
+                true
+            }
+            Action::Flush => {
+                if s.durable.is_none_or(|durable| durable == s.tables) {
+                    return false;
+                }
+                s.durable = Some(s.tables);
+                true
+            }
+            Action::ElectorAcquire(e) | Action::ElectorRenew(e) | Action::ElectorRelease(e) => {
+                if s.lease_calls >= self.config.lease_calls {
+                    return false;
+                }
+                s.lease_calls += 1;
+                let elector = &mut s.electors[usize::from(e)];
+                if elector.call.is_some() {
+                    return false;
+                }
+                let call = match action {
+                    Action::ElectorAcquire(_) if elector.leading.is_none() => LeaseCall::Acquire,
+                    Action::ElectorRenew(_) if elector.leading.is_some() => LeaseCall::Renew,
+                    Action::ElectorRelease(_) if elector.leading.is_some() => {
+                        elector.leading = None;
+                        LeaseCall::Release
+                    }
+                    _ => return false,
+                };
+                elector.call = Some(ElectorCall { call, sent: s.now, stage: LeaseStage::Asked });
+                true
+            }
+            Action::ElectorLost(e) => {
+                let elector = &mut s.electors[usize::from(e)];
+                if !elector.call.is_some_and(|c| c.stage == LeaseStage::Asked) {
+                    return false;
+                }
+                elector.call = None;
+                true
+            }
+            Action::StoreAcquire { elector: e, lost }
+            | Action::StoreRenew { elector: e, lost }
+            | Action::StoreRelease { elector: e, lost } => {
+                let e = usize::from(e);
+                let Some(ElectorCall { call, sent, stage: LeaseStage::Asked }) = s.electors[e].call else {
+                    return false;
+                };
+                let expected = match action {
+                    Action::StoreAcquire { .. } => LeaseCall::Acquire,
+                    Action::StoreRenew { .. } => LeaseCall::Renew,
+                    _ => LeaseCall::Release,
+                };
+                // Every one of them locks the lease row: none runs while an acquire sleeps on it.
+                if call != expected || Self::lease_locked(s) {
+                    return false;
+                }
+                let stage = self.lease_call(s, e, call);
+                self.elector_answer(s, e, ElectorCall { call, sent, stage }, lost)
+            }
+            Action::StoreAcquireWakes { elector: e, lost } => {
+                let e = usize::from(e);
+                let Some(ElectorCall { call, sent, stage: LeaseStage::Sleeping { until, slept } }) = s.electors[e].call
+                else {
+                    return false;
+                };
+                if s.now < until {
+                    return false;
+                }
+                let answer = self.start_period(s, e, slept);
+                self.elector_answer(s, e, ElectorCall { call, sent, stage: LeaseStage::Answered(answer) }, lost)
+            }
+            Action::GatewayDecide { gateway, resource, term } => {
+                let (g, r) = (usize::from(gateway), usize::from(resource));
+                if s.writes >= self.config.writes {
+                    return false;
+                }
+                s.writes += 1;
+                if let Some(grant) = self.covering_grant(s, g, r, term) {
+                    if !s.gateways[g].write_slot_free() {
+                        return false;
+                    }
+                    // Admitted here, under the grant (`Grants::admit`).
+                    self.admitted(s, r, term);
+                    Self::witness(s, Witness::GrantAdmission);
+                    if s.stepped && s.gateways.iter().any(|g| g.drifted) {
+                        Self::witness(s, Witness::GrantAdmissionAfterClockFaults);
+                    }
+                    let boot = s.boot(g);
+                    let write = Write {
+                        resource,
+                        term,
+                        start: grant.start,
+                        deadline: grant.latest.max(boot) + ticks(self.config.timing.forward),
+                        checked: false,
+                    };
+                    return s.gateways[g].add_write(write);
+                }
+                let asked = s.boot(g);
+                s.gateways[g].add_call(Call { resource, term, asked, stage: Stage::Asked { attempt: 0 } })
+            }
+            Action::GatewayLost { gateway, call: c } => {
+                let (g, c) = (usize::from(gateway), usize::from(c));
+                if s.gateways[g].calls[c].is_none_or(|call| call.stage != Stage::Asked { attempt: 0 }) {
+                    return false;
+                }
+                remove_sorted(&mut s.gateways[g].calls, c);
+                true
+            }
+            Action::GateRead { gateway, call: c, lost }
+            | Action::GateGrant { gateway, call: c, lost }
+            | Action::GateLock { gateway, call: c, lost }
+            | Action::GateWakes { gateway, call: c, lost } => {
+                let (g, c) = (usize::from(gateway), usize::from(c));
+                let Some(call) = s.gateways[g].calls[c] else { return false };
+                let (r, term) = (usize::from(call.resource), call.term);
+                let stage = match (action, call.stage) {
+                    (Action::GateRead { .. }, Stage::Asked { attempt }) => self.gate_read(s, r, term, attempt),
+                    (Action::GateGrant { .. }, Stage::ReadGrant { attempt, settle }) => {
+                        self.gate_grant(s, r, term, attempt, settle)
+                    }
+                    (Action::GateLock { .. }, Stage::ReadRaise { attempt }) => {
+                        if Self::fence_locked(s, r) {
+                            return false;
+                        }
+                        self.gate_lock(s, r, term, attempt)
+                    }
+                    (Action::GateWakes { .. }, Stage::Raising { until }) => {
+                        let clock = if self.has(Plant::WallClockWaits) { s.wall() } else { s.now };
+                        if clock < until {
+                            return false;
+                        }
+                        Self::witness(s, Witness::RaiseSleptOutGrants);
+                        self.raise(s, r, term)
+                    }
+                    _ => return false,
+                };
+                match stage {
+                    Stage::Answered(answer) => {
+                        remove_sorted(&mut s.gateways[g].calls, c);
+                        if !lost {
+                            self.gateway_answer(s, g, call, answer);
+                        }
+                    }
+                    // Only an answer can be lost.
+                    _ if lost => return false,
+                    _ => s.gateways[g].calls[c] = Some(Call { stage, ..call }),
+                }
+                true
+            }
+            Action::GatewayCheck { gateway, write: w } => {
+                let (g, w) = (usize::from(gateway), usize::from(w));
+                let boot = s.boot(g);
+                let Some(write) = s.gateways[g].writes[w] else { return false };
+                if self.config.pause_assumption || write.checked || boot < write.start || boot >= write.deadline {
+                    return false;
+                }
+                s.gateways[g].writes[w] = Some(Write { checked: true, ..write });
+                s.gateways[g].writes.sort();
+                true
+            }
+            Action::GatewaySend { gateway, write: w } => {
+                let (g, w) = (usize::from(gateway), usize::from(w));
+                let boot = s.boot(g);
+                let Some(write) = s.gateways[g].writes[w] else { return false };
+                let ready = if self.config.pause_assumption {
+                    boot >= write.start && boot < write.deadline
+                } else {
+                    write.checked
+                };
+                if !ready {
+                    return false;
+                }
+                let r = usize::from(write.resource);
+                if write.term < s.ghost.sent[r] || boot >= write.deadline {
+                    Self::violate(s, Invariant::S5);
+                }
+                s.ghost.sent[r] = s.ghost.sent[r].max(write.term);
+                remove_sorted(&mut s.gateways[g].writes, w);
+                true
+            }
+        }
+    }
+
+    /// A tick (see [`Action::Tick`]).
+    fn tick(&self, s: &mut State, action: Action) -> bool {
+        if s.now >= self.config.horizon {
+            return false;
+        }
+        s.now += 1;
+        if let Action::TickDrift { gateway, slow } = action {
+            let drift = self.config.timing.drift;
+            let used = s.gateways.iter().filter(|g| g.drifted).count();
+            let g = usize::from(gateway);
+            if s.gateways[g].drifted || used >= usize::from(self.config.drifting_clocks) {
+                return false;
+            }
+            s.gateways[g].drifted = true;
+            s.gateways[g].skew += if slow { -drift } else { drift };
+        }
+        for g in 0..GATEWAYS {
+            let boot = s.boot(g);
+            let gateway = &mut s.gateways[g];
+            for grant in gateway.grants.iter_mut().chain(std::iter::once(&mut gateway.lease_grant)) {
+                if grant.is_some_and(|held| boot >= held.deadline) {
+                    *grant = None;
+                }
+            }
+            for write in &mut gateway.writes {
+                if write.is_some_and(|w| !w.checked && boot >= w.deadline) {
+                    *write = None;
+                }
+            }
+            gateway.writes.sort();
+            for r in 0..MAX_RESOURCES {
+                let Some(settle) = s.gateways[g].settles[r] else { continue };
+                s.gateways[g].settles[r] = match settle.drained_at {
+                    None if boot >= settle.end => self.mark_settled(s, r, settle).map(|drain_for| Settle {
+                        drained_at: Some(boot + ticks(drain_for) + 2 * self.config.timing.drift),
+                        ..settle
+                    }),
+                    Some(at) if boot >= at => {
+                        self.mark_drained(s, r, settle);
+                        None
+                    }
+                    _ => Some(settle),
+                };
+            }
+        }
+        let now = s.now;
+        for elector in &mut s.electors {
+            if elector.leading.is_some_and(|(_, deadline)| now >= deadline) {
+                elector.leading = None;
+            }
+        }
+        true
+    }
+
+    /// Elector `e`'s call after a store step: still asleep in the store, or answered (and the
+    /// answer handled, unless `lost`).
+    fn elector_answer(&self, s: &mut State, e: usize, call: ElectorCall, lost: bool) -> bool {
+        let LeaseStage::Answered(answer) = call.stage else {
+            if lost {
+                return false;
+            }
+            s.electors[e].call = Some(call);
+            return true;
+        };
+        s.electors[e].call = None;
+        if lost {
+            return true;
+        }
+        let now = s.now;
+        let margin = self.config.timing.elector_margin;
+        match (call.call, answer) {
+            (LeaseCall::Acquire, Some((term, remaining))) => {
+                let deadline = call.sent + remaining - margin;
+                if now < deadline && s.electors[e].leading.is_none() {
+                    if s.ghost.led & (1 << term) != 0 {
+                        Self::violate(s, Invariant::S2);
+                    }
+                    s.ghost.led |= 1 << term;
+                    s.electors[e].leading = Some((term, deadline));
+                }
+            }
+            (LeaseCall::Renew, Some((_, remaining))) => {
+                if let Some((term, deadline)) = s.electors[e].leading
+                    && now < deadline
+                {
+                    s.electors[e].leading = Some((term, call.sent + remaining - margin));
+                }
+            }
+            (LeaseCall::Renew, None) => s.electors[e].leading = None,
+            _ => {}
+        }
+        true
+    }
+
+    /// `fencing.mark_drained`.
+    fn mark_drained(&self, s: &mut State, resource: usize, settle: Settle) {
+        let _ = self;
+        if let Some(fence) = s.tables.fences[resource].as_mut()
+            && fence.max_term == settle.term
+            && fence.settle.is_none()
+            && fence.drain == Some(settle.length)
+        {
+            fence.drain = None;
+        }
+    }
+
+    /// `fencing.mark_settled`: the drain length, counted from now, when the settle is over.
+    fn mark_settled(&self, s: &mut State, resource: usize, settle: Settle) -> Option<u8> {
+        let forward = self.config.timing.forward;
+        let fence = s.tables.fences[resource].as_mut()?;
+        if fence.max_term != settle.term {
+            return None;
+        }
+        if fence.settle == Some(settle.length) {
+            fence.settle = None;
+            fence.drain = Some(settle.length);
+            return Some(settle.length + forward);
+        }
+        (fence.settle.is_none() && fence.drain == Some(settle.length)).then_some(settle.length + forward)
+    }
+
+    /// `fencing.acquire`, `fencing.renew` or `fencing.release` for elector `e`, on the row as it
+    /// is now (each takes the row's lock, so it decides on the newest version).
+    fn lease_call(&self, s: &mut State, e: usize, call: LeaseCall) -> LeaseStage {
+        let wall = s.wall();
+        let lease = s.tables.lease;
+        let held = lease.term > 0 && lease.expires > wall;
+        let mine = lease.owner.is_some_and(|owner| usize::from(owner) == e);
+        match call {
+            LeaseCall::Acquire => {
+                if held && !mine {
+                    return LeaseStage::Answered(None);
+                }
+                let grant = self.lease_grant(s);
+                if grant > 0 {
+                    return LeaseStage::Sleeping { until: s.now + ticks(grant), slept: grant };
+                }
+                LeaseStage::Answered(self.start_period(s, e, 0))
+            }
+            LeaseCall::Renew => {
+                if !held || !mine {
+                    return LeaseStage::Answered(None);
+                }
+                s.tables.lease.expires = wall + self.config.timing.ttl;
+                self.committed(s);
+                LeaseStage::Answered(Some((lease.term, self.config.timing.ttl)))
+            }
+            LeaseCall::Release => {
+                if held && mine {
+                    s.tables.lease.expires = wall;
+                    self.committed(s);
+                }
+                LeaseStage::Answered(None)
+            }
+        }
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let tables = Tables { lease: Lease::default(), fences: [None; MAX_RESOURCES] };
+        vec![State {
+            now: 0,
+            wall_offset: 0,
+            stepped: false,
+            writes: 0,
+            lease_calls: 0,
+            tables,
+            durable: self.has(Plant::AsyncCommit).then_some(tables),
+            gateways: [Gateway::idle(); GATEWAYS],
+            electors: [Elector::default(); ELECTORS],
+            ghost: Ghost::default(),
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        let candidates = self.candidates(s);
+        for action in candidates {
+            let mut next = s.clone();
+            if self.apply(&mut next, action) {
+                actions.push(action);
+            }
+        }
+    }
+
+    fn next_state(&self, s: &State, action: Action) -> Option<State> {
+        let mut next = s.clone();
+        self.apply(&mut next, action).then_some(next)
+    }
+
+    fn format_action(&self, action: &Action) -> String {
+        format!("{action:?}")
+    }
+
+    fn format_step(&self, last: &State, action: Action) -> Option<String> {
+        let next = self.next_state(last, action)?;
+        Some(crate::history::describe(&self.config, last, action, &next))
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(Invariant::S1.name(), |_, s: &State| !Invariant::S1.violated(&s.ghost)),
+            Property::always(Invariant::S2.name(), |_, s: &State| !Invariant::S2.violated(&s.ghost)),
+            Property::always(Invariant::S3.name(), |_, s: &State| !Invariant::S3.violated(&s.ghost)),
+            Property::always(Invariant::S4.name(), |_, s: &State| !Invariant::S4.violated(&s.ghost)),
+            Property::always(Invariant::S5.name(), |_, s: &State| !Invariant::S5.violated(&s.ghost)),
+            Property::sometimes(Witness::GrantAdmission.name(), |_, s: &State| Witness::GrantAdmission.seen(&s.ghost)),
+            Property::sometimes(Witness::GrantAdmissionAfterClockFaults.name(), |_, s: &State| {
+                Witness::GrantAdmissionAfterClockFaults.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::RaiseSleptOutGrants.name(), |_, s: &State| {
+                Witness::RaiseSleptOutGrants.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::AcquireSleptOutGrants.name(), |_, s: &State| {
+                Witness::AcquireSleptOutGrants.seen(&s.ghost)
+            }),
+        ]
+    }
+
+    fn within_boundary(&self, s: &State) -> bool {
+        s.now <= self.config.horizon && s.tables.lease.term <= self.config.terms
+    }
+}
+
+impl Protocol {
+    /// Every action that might be enabled in `s` (the ones that are not do nothing and are left
+    /// out by [`Model::actions`]).
+    fn candidates(&self, s: &State) -> Vec<Action> {
+        let mut out = vec![Action::Tick];
+        for g in 0..GATEWAYS {
+            out.push(Action::TickDrift { gateway: idx(g), slow: true });
+            out.push(Action::TickDrift { gateway: idx(g), slow: false });
+        }
+        out.extend([Action::StepClock { forward: true }, Action::StepClock { forward: false }]);
+        out.extend([Action::Crash, Action::Flush]);
+        for e in 0..ELECTORS {
+            let e = idx(e);
+            out.extend([Action::ElectorAcquire(e), Action::ElectorRenew(e), Action::ElectorRelease(e)]);
+            if s.electors[usize::from(e)].call.is_some() {
+                out.push(Action::ElectorLost(e));
+                for lost in [false, true] {
+                    out.extend([
+                        Action::StoreAcquire { elector: e, lost },
+                        Action::StoreAcquireWakes { elector: e, lost },
+                        Action::StoreRenew { elector: e, lost },
+                        Action::StoreRelease { elector: e, lost },
+                    ]);
+                }
+            }
+        }
+        let terms = self.presentable_terms(s);
+        for (g, gateway) in s.gateways.iter().enumerate() {
+            let g = idx(g);
+            for r in 0..self.config.resources() {
+                for term in 1..=terms {
+                    out.push(Action::GatewayDecide { gateway: g, resource: idx(r), term });
+                }
+            }
+            for (c, call) in gateway.calls.iter().enumerate() {
+                if call.is_some() {
+                    let c = idx(c);
+                    out.push(Action::GatewayLost { gateway: g, call: c });
+                    for lost in [false, true] {
+                        out.extend([
+                            Action::GateRead { gateway: g, call: c, lost },
+                            Action::GateGrant { gateway: g, call: c, lost },
+                            Action::GateLock { gateway: g, call: c, lost },
+                            Action::GateWakes { gateway: g, call: c, lost },
+                        ]);
+                    }
+                }
+            }
+            for (w, write) in gateway.writes.iter().enumerate() {
+                if write.is_some() {
+                    let w = idx(w);
+                    out.extend([
+                        Action::GatewayCheck { gateway: g, write: w },
+                        Action::GatewaySend { gateway: g, write: w },
+                    ]);
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,289 @@
+//! The state of the model: the store's tables and open transactions, the gateways, the electors,
+//! and the ghost variables the properties read.
+//!
+//! Times are ticks ([`crate::Timing`]). `now` is real time; the store's wall clock reads
+//! `now + wall_offset`; gateway `g`'s boot clock reads `now + skew`. Electors' boot clocks are
+//! real time (S1-S5 do not rest on them: a zombie leader's writes are modelled as writes of any
+//! term arriving at any time).
+//!
+//! A message is the stage of the call it belongs to: a call is asked (in flight to the store), in
+//! the store (a transaction between statements or asleep holding locks), or answered (in flight
+//! back). Calls are delivered in any order and any may be lost; see [`crate::protocol`].
+
+use crate::config::{ELECTORS, GATEWAYS, MAX_CALLS, MAX_RESOURCES, MAX_WRITES};
+
+/// The row of `fencing.leases` for the one lease key (`term` 0: no row yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lease {
+    /// The elector holding it (`owner`), if any ever did.
+    pub owner: Option<u8>,
+    /// The current term; 0 before the first acquire.
+    pub term: u8,
+    /// `expires_at`, on the store's wall clock.
+    pub expires: i8,
+    /// `grants_ended_term`: the term whose grants a new term already waited out.
+    pub grants_ended_term: u8,
+    /// Lease-scoped grants (the planned design): the longest grant given at this term.
+    pub grant: u8,
+}
+
+/// A row of `fencing.fences`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fence {
+    /// `max_term`.
+    pub max_term: u8,
+    /// `settle_ms`: how long writes of this term wait from their decision (`None`: settled).
+    pub settle: Option<u8>,
+    /// `drain_ms`: the settle the writes decided before the mark still wait.
+    pub drain: Option<u8>,
+    /// `grant_ms`: the longest grant given at this term.
+    pub grant: u8,
+    /// The planted `wall-clock-waits` only: when the grants end, on the store's wall clock
+    /// (`fencing.planted_grant_ends`).
+    pub grant_ends: Option<i8>,
+}
+
+/// The store's tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tables {
+    pub lease: Lease,
+    pub fences: [Option<Fence>; MAX_RESOURCES],
+}
+
+/// Where a gateway's decision is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stage {
+    /// On its way to the store (`attempt` 0), or about to be read again in the store after a
+    /// version changed under it (`CONTINUE` in `fencing.gate`, `attempt` 1 or 2).
+    Asked { attempt: u8 },
+    /// `fencing.gate` read the fence row (one statement, no lock) and found a write of its
+    /// current term that asks for a grant: the statements that take the locks come next.
+    /// `settle`: the version read's settle.
+    ReadGrant { attempt: u8, settle: u8 },
+    /// `fencing.gate` read a lower maximum: `SELECT .. FOR UPDATE` comes next.
+    ReadRaise { attempt: u8 },
+    /// The raise holds the fence row (`FOR UPDATE`) and the fence's advisory lock, asleep in
+    /// `fencing.await_grants` until `until` (real time; the store's wall clock under
+    /// `wall-clock-waits`).
+    Raising { until: i8 },
+    /// Answered: the answer is on its way back.
+    Answered(Answer),
+}
+
+/// What `fencing.gate` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Answer {
+    /// Admitted: wait `wait` from the decision, and a grant of `grant`.
+    Admitted { wait: u8, grant: u8 },
+    /// Refused (stale, future term, not leader); `max`: the maximum it saw, if any.
+    Refused { max: u8 },
+    /// The fence kept changing (SQLSTATE 40001): undecided.
+    Failed,
+}
+
+/// A gateway's decision call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Call {
+    pub resource: u8,
+    pub term: u8,
+    /// When it was asked, on this gateway's boot clock.
+    pub asked: i8,
+    pub stage: Stage,
+}
+
+/// An admitted write, waiting out its settle or on its way to the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Write {
+    pub resource: u8,
+    pub term: u8,
+    /// Sent no earlier than this (boot clock): the settle's end.
+    pub start: i8,
+    /// Never sent from this on (boot clock): decision + the store's wait + forward timeout.
+    pub deadline: i8,
+    /// Its deadline was checked and its bytes are going out.
+    pub checked: bool,
+}
+
+/// A grant the gateway holds (`gateway/src/fence/grants.rs`, `Grant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Grant {
+    pub term: u8,
+    /// Its end on the boot clock: asked + grant - drift allowance.
+    pub deadline: i8,
+    /// The settle's end it was given with (boot clock): writes under it start no earlier.
+    pub start: i8,
+    /// asked + the store's wait: writes under it end no later than this (or now) + forward.
+    pub latest: i8,
+}
+
+/// What a gateway knows of one fence's settle (`gateway/src/fence/settles.rs`, `Settle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Settle {
+    pub term: u8,
+    /// The length the store said (`settle_ms`).
+    pub length: u8,
+    /// The earliest end seen (boot clock).
+    pub end: i8,
+    /// After `fencing.mark_settled`: `fencing.mark_drained` is due at this boot instant.
+    pub drained_at: Option<i8>,
+}
+
+/// A gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gateway {
+    /// Its boot clock reads `now + skew`.
+    pub skew: i8,
+    /// Its clock drifted already (once per run).
+    pub drifted: bool,
+    /// Its grants, by resource.
+    pub grants: [Option<Grant>; MAX_RESOURCES],
+    /// Lease-scoped grants (the planned design): its grant on the lease.
+    pub lease_grant: Option<Grant>,
+    /// Its settles, by resource.
+    pub settles: [Option<Settle>; MAX_RESOURCES],
+    /// Its decisions out (sorted: the state has one spelling).
+    pub calls: [Option<Call>; MAX_CALLS],
+    /// Its admitted writes (sorted).
+    pub writes: [Option<Write>; MAX_WRITES],
+}
+
+/// What an elector asked the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseCall {
+    Acquire,
+    Renew,
+    Release,
+}
+
+/// Where an elector's call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseStage {
+    /// On its way to the store.
+    Asked,
+    /// `fencing.acquire` holds the lease row (`FOR UPDATE`) and the lease's advisory lock, asleep
+    /// until `until` (real time) waiting out the grants on the old term.
+    Sleeping { until: i8, slept: u8 },
+    /// Answered: `Some((term, remaining))` when ok.
+    Answered(Option<(u8, i8)>),
+}
+
+/// An elector's call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ElectorCall {
+    pub call: LeaseCall,
+    /// When it was sent (its boot clock, here real time).
+    pub sent: i8,
+    pub stage: LeaseStage,
+}
+
+/// An elector (`election/src/runtime.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Elector {
+    /// `Some((term, deadline))` while it leads.
+    pub leading: Option<(u8, i8)>,
+    pub call: Option<ElectorCall>,
+}
+
+/// Ghost variables: what the properties read, kept by the transitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Ghost {
+    /// Per resource, the highest term admitted so far (S3).
+    pub admitted: [u8; MAX_RESOURCES],
+    /// Per resource, the highest term sent to the upstream so far (S5).
+    pub sent: [u8; MAX_RESOURCES],
+    /// The highest term the store granted to a new period (S2).
+    pub granted: u8,
+    /// The terms electors have led with, as bits (S2).
+    pub led: u8,
+    /// Invariants violated so far, as bits ([`crate::Invariant`]).
+    pub violated: u8,
+    /// Events that happened so far in this run, as bits ([`crate::Witness`]): what the checks
+    /// assert was reached, so that a check cannot silently stop exercising them.
+    pub seen: u8,
+}
+
+/// The whole state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// Real time.
+    pub now: i8,
+    /// The store's wall clock reads `now + wall_offset`.
+    pub wall_offset: i8,
+    /// The store's clock was stepped (once per run).
+    pub stepped: bool,
+    /// Writes that arrived at gateways so far ([`crate::Config::writes`]).
+    pub writes: u8,
+    /// Calls electors made so far ([`crate::Config::lease_calls`]).
+    pub lease_calls: u8,
+    /// The store's tables as committed.
+    pub tables: Tables,
+    /// `async-commit` only: the tables as they survive a crash (what was flushed).
+    pub durable: Option<Tables>,
+    pub gateways: [Gateway; GATEWAYS],
+    pub electors: [Elector; ELECTORS],
+    pub ghost: Ghost,
+}
+
+impl State {
+    /// The store's wall clock.
+    pub fn wall(&self) -> i8 {
+        self.now + self.wall_offset
+    }
+
+    /// Gateway `g`'s boot clock.
+    pub fn boot(&self, g: usize) -> i8 {
+        self.now + self.gateways[g].skew
+    }
+}
+
+impl Gateway {
+    /// A gateway with nothing going on.
+    pub fn idle() -> Gateway {
+        Gateway {
+            skew: 0,
+            drifted: false,
+            grants: [None; MAX_RESOURCES],
+            lease_grant: None,
+            settles: [None; MAX_RESOURCES],
+            calls: [None; MAX_CALLS],
+            writes: [None; MAX_WRITES],
+        }
+    }
+
+    /// Puts `call` in a free slot; false when there is none.
+    pub fn add_call(&mut self, call: Call) -> bool {
+        insert_sorted(&mut self.calls, call)
+    }
+
+    /// Puts `write` in a free slot; false when there is none.
+    pub fn add_write(&mut self, write: Write) -> bool {
+        insert_sorted(&mut self.writes, write)
+    }
+
+    /// Whether a write slot is free.
+    pub fn write_slot_free(&self) -> bool {
+        self.writes.iter().any(Option::is_none)
+    }
+
+    /// Whether a call slot is free.
+    pub fn call_slot_free(&self) -> bool {
+        self.calls.iter().any(Option::is_none)
+    }
+}
+
+/// Puts `item` into a free slot of `slots` and sorts them, so that one set of items has one
+/// spelling; false when no slot is free.
+pub fn insert_sorted<T: Ord + Copy, const N: usize>(slots: &mut [Option<T>; N], item: T) -> bool {
+    let Some(free) = slots.iter_mut().find(|slot| slot.is_none()) else { return false };
+    *free = Some(item);
+    slots.sort();
+    true
+}
+
+/// Empties slot `index` of `slots` and sorts them.
+pub fn remove_sorted<T: Ord + Copy, const N: usize>(slots: &mut [Option<T>; N], index: usize) {
+    if let Some(slot) = slots.get_mut(index) {
+        *slot = None;
+    }
+    slots.sort();
+}
