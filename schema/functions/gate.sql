@@ -226,6 +226,19 @@ BEGIN
             CONTINUE; -- changed since it was read: decide again on the newest version
         END IF;
         PERFORM fencing.await_grants(fence_);
+        -- A bound fence: the lease may have moved on while this raise waited for the row (an open
+        -- SQL writer holds it until its transaction ends) and for the grants. S4 refuses the old
+        -- term the moment a new one is granted: the lease is read again, now, and the raise is
+        -- decided again on it if its term is no longer current (found by the protocol model).
+        -- No lock on the lease: an open transaction that raised must not hold up the lease's
+        -- next term (the new term's writes wait for the fence row instead).
+        IF fence_.lease_key IS NOT NULL THEN
+            PERFORM 1 FROM fencing.leases l
+              WHERE l.key = fence_.lease_key AND l.term = p_term AND l.expires_at > clock_timestamp();
+            IF NOT FOUND THEN
+                CONTINUE; -- the lease moved on: decide again on its newest version
+            END IF;
+        END IF;
         PERFORM fencing.commit_durably();
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),

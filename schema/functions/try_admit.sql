@@ -91,6 +91,19 @@ BEGIN
         IF fence_.max_term < p_term THEN
             -- Gateways may admit the lower term until their grants end (grants.sql).
             PERFORM fencing.await_grants(fence_);
+            -- A bound fence: the lease may have moved on while this raise waited for the row and
+            -- the grants. Read again now (as in fencing.gate's raise; at REPEATABLE READ and
+            -- above, a lease changed since the snapshot fails the probe with 40001).
+            IF fence_.lease_key IS NOT NULL THEN
+                IF snapshot_ THEN
+                    PERFORM fencing.probe_newest('leases', fence_.lease_key);
+                END IF;
+                PERFORM 1 FROM fencing.leases l
+                  WHERE l.key = fence_.lease_key AND l.term = p_term AND l.expires_at > clock_timestamp();
+                IF NOT FOUND THEN
+                    CONTINUE; -- the lease moved on: decide again on its newest version
+                END IF;
+            END IF;
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
                SET max_term = p_term, updated_at = clock_timestamp(),

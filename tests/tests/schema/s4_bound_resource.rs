@@ -170,3 +170,78 @@ async fn refusal_messages_and_hints_say_what_is_true_of_each_outcome() {
     store::acquire(&client, LEASE, "leader-b", TTL).await.unwrap();
     check(a, "refused (stale term)", "granted a newer term").await;
 }
+
+/// Waits (up to 10 s) until a session of this database waits for a row lock.
+async fn until_one_waits_for_a_lock(client: &Client) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, i64>(0) > 0 {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < until, "the raise never waited for the fence row");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// S4 at the moment of a raise (found by the protocol model, `model/`, with three elector
+/// calls): a raise of a bound fence decides on the lease it read, then waits for the fence row
+/// (held here by an open writer) and for the grants. A new term of the lease granted meanwhile
+/// must refuse it, though the fence never moved: the raise checks the lease again, held, before
+/// it raises. Both raise paths: the gateway's (`fencing.gate`) and SQL's (`fencing.admit`).
+/// Without that check, term 2 was admitted after term 3 had been granted (the fence at 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_raise_that_waited_for_the_fence_row_is_refused_once_a_newer_term_is_granted() {
+    let db = TestDb::new().await;
+    let setup = db.connect().await;
+    for via_gateway in [true, false] {
+        let resource = format!("s4-raise-{via_gateway}");
+        let lease = format!("s4-raise-lease-{via_gateway}");
+        store::bind(&setup, &resource, &lease).await.unwrap();
+        // A leads at term 1 and writes; then B is granted term 2 and has written nothing.
+        assert_eq!(store::acquire(&setup, &lease, "leader-a", TTL).await.unwrap().term, Some(1));
+        assert_eq!(store::admit(&setup, &resource, 1).await.unwrap(), 1);
+        assert!(store::release(&setup, &lease, "leader-a").await.unwrap());
+        assert_eq!(store::acquire(&setup, &lease, "leader-b", TTL).await.unwrap().term, Some(2));
+
+        // An open transaction holds the fence row, as an SQL writer does until it commits.
+        let holder = db.connect().await;
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder.query("SELECT 1 FROM fencing.fences WHERE resource = $1 FOR KEY SHARE", &[&resource]).await.unwrap();
+
+        // B's first write raises the fence to 2: it reads the lease at 2, then waits for the row.
+        let raiser = db.connect().await;
+        let (r, l) = (resource.clone(), lease.clone());
+        let raise = tokio::spawn(async move {
+            if via_gateway {
+                store::gate(&raiser, &r, 2, Duration::from_secs(1), Some(&l)).await.map(|gate| gate.outcome)
+            } else {
+                store::admit(&raiser, &r, 2).await.map(|_| Outcome::Admitted)
+            }
+        });
+        until_one_waits_for_a_lock(&setup).await;
+
+        // Meanwhile B's period ends and C is granted term 3, before B's raise commits.
+        assert!(store::release(&setup, &lease, "leader-b").await.unwrap());
+        assert_eq!(store::acquire(&setup, &lease, "leader-c", TTL).await.unwrap().term, Some(3));
+        holder.batch_execute("COMMIT").await.unwrap();
+
+        let decided = tokio::time::timeout(Duration::from_secs(10), raise).await.unwrap().unwrap();
+        if via_gateway {
+            assert_eq!(decided.unwrap(), Outcome::Stale, "the gateway's raise of term 2 after term 3 was granted");
+        } else {
+            match decided {
+                Err(Error::Refused { message }) => assert!(message.contains("presented term 2"), "{message}"),
+                other => panic!("the SQL raise of term 2 after term 3 was granted: {other:?}"),
+            }
+        }
+        let fence = store::get_fence(&setup, &resource).await.unwrap().unwrap();
+        assert_eq!(fence.max_term, 1, "term 2 never reached the fence: its period ended before its raise");
+    }
+}
