@@ -229,14 +229,19 @@ BEGIN
         -- A bound fence: the lease may have moved on while this raise waited for the row (an open
         -- SQL writer holds it until its transaction ends) and for the grants. S4 refuses the old
         -- term the moment a new one is granted: the lease is read again, now, and the raise is
-        -- decided again on it if its term is no longer current (found by the protocol model).
-        -- No lock on the lease: an open transaction that raised must not hold up the lease's
-        -- next term (the new term's writes wait for the fence row instead).
+        -- refused if its term is no longer current (found by the protocol model). A lease's term
+        -- only grows, so the refusal is final (no attempt of the loop is spent on it). No lock on
+        -- the lease: an open transaction that raised must not hold up the lease's next term (the
+        -- new term's writes wait for the fence row instead).
         IF fence_.lease_key IS NOT NULL THEN
-            PERFORM 1 FROM fencing.leases l
-              WHERE l.key = fence_.lease_key AND l.term = p_term AND l.expires_at > clock_timestamp();
+            SELECT l.term, l.expires_at INTO lease_term_, lease_end_
+              FROM fencing.leases l WHERE l.key = fence_.lease_key;
             IF NOT FOUND THEN
-                CONTINUE; -- the lease moved on: decide again on its newest version
+                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, NULL, 0, 0)::fencing.gate_result;
+            ELSIF lease_term_ > p_term THEN
+                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+            ELSIF lease_end_ <= clock_timestamp() THEN
+                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
         END IF;
         PERFORM fencing.commit_durably();

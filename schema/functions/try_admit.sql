@@ -92,16 +92,20 @@ BEGIN
             -- Gateways may admit the lower term until their grants end (grants.sql).
             PERFORM fencing.await_grants(fence_);
             -- A bound fence: the lease may have moved on while this raise waited for the row and
-            -- the grants. Read again now (as in fencing.gate's raise; at REPEATABLE READ and
-            -- above, a lease changed since the snapshot fails the probe with 40001).
+            -- the grants. Read again now and refused if its term is no longer current (as in
+            -- fencing.gate's raise; at REPEATABLE READ and above, a lease changed since the
+            -- snapshot fails the probe with 40001).
             IF fence_.lease_key IS NOT NULL THEN
                 IF snapshot_ THEN
                     PERFORM fencing.probe_newest('leases', fence_.lease_key);
                 END IF;
-                PERFORM 1 FROM fencing.leases l
-                  WHERE l.key = fence_.lease_key AND l.term = p_term AND l.expires_at > clock_timestamp();
+                SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = fence_.lease_key;
                 IF NOT FOUND THEN
-                    CONTINUE; -- the lease moved on: decide again on its newest version
+                    RETURN (false, 'future_term', fence_.max_term, fence_.lease_key, NULL)::fencing.admission;
+                ELSIF lease_.term > p_term THEN
+                    RETURN (false, 'stale', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
+                ELSIF lease_.expires_at <= clock_timestamp() THEN
+                    RETURN (false, 'not_leader', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
                 END IF;
             END IF;
             PERFORM fencing.commit_durably();

@@ -171,15 +171,12 @@ async fn refusal_messages_and_hints_say_what_is_true_of_each_outcome() {
     check(a, "refused (stale term)", "granted a newer term").await;
 }
 
-/// Waits (up to 10 s) until a session of this database waits for a row lock.
-async fn until_one_waits_for_a_lock(client: &Client) {
+/// Waits (up to 10 s) until the session whose backend is `pid` waits for a lock.
+async fn until_it_waits_for_a_lock(client: &Client, pid: i32) {
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let row = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", &[&pid])
             .await
             .unwrap();
         if row.get::<_, i64>(0) > 0 {
@@ -217,6 +214,7 @@ async fn s4_a_raise_that_waited_for_the_fence_row_is_refused_once_a_newer_term_i
 
         // B's first write raises the fence to 2: it reads the lease at 2, then waits for the row.
         let raiser = db.connect().await;
+        let pid: i32 = raiser.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
         let (r, l) = (resource.clone(), lease.clone());
         let raise = tokio::spawn(async move {
             if via_gateway {
@@ -225,7 +223,7 @@ async fn s4_a_raise_that_waited_for_the_fence_row_is_refused_once_a_newer_term_i
                 store::admit(&raiser, &r, 2).await.map(|_| Outcome::Admitted)
             }
         });
-        until_one_waits_for_a_lock(&setup).await;
+        until_it_waits_for_a_lock(&setup, pid).await;
 
         // Meanwhile B's period ends and C is granted term 3, before B's raise commits.
         assert!(store::release(&setup, &lease, "leader-b").await.unwrap());
