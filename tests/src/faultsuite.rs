@@ -1186,7 +1186,8 @@ impl Schedule {
         // a wait on the wall clock early. The faults that end a current leader's period while the
         // store may still hold it (paused past its ttl, its connections reset) come often too:
         // what the leader does next is where S2 and S7 are decided.
-        const KINDS: [&str; 37] = [
+        const KINDS: [&str; 38] = [
+            "pg-failover",
             "pg-failover",
             "pg-failover",
             "pg-clock-forward",
