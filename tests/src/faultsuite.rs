@@ -1266,12 +1266,7 @@ impl Schedule {
         // Postgres: that gateway sees the step late, and keeps admitting under its grants. It is
         // one that admits now (else it holds no grant): with none, another fault is drawn.
         if kind == "pg-clock-forward" {
-            let mut ready_now = Vec::new();
-            for gateway in self.usable_gateways() {
-                if ready(self.control_ports[gateway]).await {
-                    ready_now.push(gateway);
-                }
-            }
+            let ready_now = self.ready_gateways().await;
             if ready_now.is_empty() || active.iter().any(|f| f.kind.starts_with("pg-")) {
                 return Ok(None);
             }
@@ -1420,6 +1415,17 @@ impl Schedule {
     }
 
     /// The gateways a probe may write through: running and not paused.
+    /// The usable gateways that admit now (`/readyz` 200): those a probe can act through.
+    async fn ready_gateways(&self) -> Vec<usize> {
+        let mut ready_now = Vec::new();
+        for gateway in self.usable_gateways() {
+            if ready(self.control_ports[gateway]).await {
+                ready_now.push(gateway);
+            }
+        }
+        ready_now
+    }
+
     fn usable_gateways(&self) -> Vec<usize> {
         (0..self.gateways.len()).filter(|&g| self.gateways[g].child.is_some() && !self.gateways[g].paused).collect()
     }
@@ -1432,12 +1438,7 @@ impl Schedule {
     async fn crash_after_probe(&mut self, cluster: &PgCluster, path: ProbePath, rng: &mut StdRng) -> Result<()> {
         // A gateway raise goes through a gateway that admits (one whose clock runs at another
         // rate, or that has not yet earned its trust, refuses everything).
-        let mut usable = Vec::new();
-        for gateway in self.usable_gateways() {
-            if ready(self.control_ports[gateway]).await {
-                usable.push(gateway);
-            }
-        }
+        let usable = self.ready_gateways().await;
         let url = self.url.clone();
         let clients: Vec<Pid> = self
             .leaders
