@@ -21,11 +21,14 @@ pub struct CheckOptions {
     pub grant_margin_us: i64,
     /// S5: how late, in microseconds, a lower-term byte may arrive after a higher-term head.
     pub byte_tolerance_us: i64,
+    /// S5: how late, in microseconds, a byte may arrive after its gateway's deadline for the
+    /// write (the gateway's timer and the reset reaching the link run late on a busy machine).
+    pub deadline_tolerance_us: i64,
 }
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        CheckOptions { grant_margin_us: 100_000, byte_tolerance_us: 0 }
+        CheckOptions { grant_margin_us: 100_000, byte_tolerance_us: 0, deadline_tolerance_us: 100_000 }
     }
 }
 
@@ -43,6 +46,7 @@ pub fn check_history(h: &History, opts: &CheckOptions) -> Vec<Violation> {
     out.extend(s4_no_write_after_newer_grant(h, opts));
     out.extend(s4_bound_writes_carry_a_granted_term_of_their_owner(h));
     out.extend(s5_no_lower_byte_after_higher_head(h, opts));
+    out.extend(s5_no_byte_after_the_gateways_deadline(h, opts));
     out.extend(s7_acts_before_the_deadline_within_the_period(h));
     out.extend(exactly_once(h));
     out.extend(recovery(h).1);
@@ -786,6 +790,57 @@ pub fn s5_no_lower_byte_after_higher_head(h: &History, opts: &CheckOptions) -> V
                     ),
                 ));
             }
+        }
+    }
+    out
+}
+
+/// S5: no byte of a forwarded write (head or body piece) arrives at an upstream after the
+/// deadline its gateway set for it (`deadlines.jsonl`), beyond the tolerance. Not held against a
+/// gateway paused across the deadline (the contract's timing assumption: no pause longer than
+/// the margin) or one whose clocks ran at another rate (its deadline in real time is not known;
+/// such a gateway admits nothing anyway).
+pub fn s5_no_byte_after_the_gateways_deadline(h: &History, opts: &CheckOptions) -> Vec<Violation> {
+    let mut by_id: HashMap<&str, Vec<&UpstreamRequest>> = HashMap::new();
+    for r in &h.upstream {
+        by_id.entry(&r.request_id).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for d in &h.deadlines {
+        let gateway = format!("gateway-{}", d.gateway);
+        if h.meta.clock_rates.contains_key(&gateway) {
+            continue;
+        }
+        let allowed = d.deadline_us.saturating_add(opts.deadline_tolerance_us);
+        for r in by_id.get(d.request_id.as_str()).into_iter().flatten() {
+            let last = r.last_byte_us();
+            if last <= allowed {
+                continue;
+            }
+            // Paused from before the gateway had to act (the deadline, give or take the
+            // tolerance) until after it.
+            let paused = h.faults.iter().any(|f| {
+                f.kind.starts_with("sigstop-gateway")
+                    && f.target == gateway
+                    && f.start_us <= allowed
+                    && f.end_us >= d.deadline_us
+            });
+            if paused {
+                continue;
+            }
+            out.push(violation(
+                h,
+                Invariant::S5,
+                format!(
+                    "{} (term {}, through {gateway}): a byte arrived at upstream {} at {last}, {} us after the \
+                     gateway's deadline for it ({})",
+                    d.request_id,
+                    d.term,
+                    r.upstream,
+                    last.saturating_sub(d.deadline_us),
+                    d.deadline_us
+                ),
+            ));
         }
     }
     out

@@ -67,6 +67,31 @@ pub struct Meta {
     pub ended_us: i64,
     /// The end of the last fault.
     pub quiet_from_us: i64,
+    /// Processes whose clocks ran at another rate than real time (`"gateway-1"`), with the
+    /// rate in thousandths; absent in histories recorded before it was read.
+    #[serde(default, with = "rates")]
+    pub clock_rates: BTreeMap<String, i64>,
+}
+
+/// `clock_rates` as the runner writes it (`{"gateway-1": 0.5}`), kept in thousandths so that
+/// [`Meta`] stays `Eq`.
+mod rates {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[allow(clippy::cast_possible_truncation)]
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, i64>, D::Error> {
+        let rates = Option::<BTreeMap<String, f64>>::deserialize(d)?.unwrap_or_default();
+        Ok(rates.into_iter().map(|(process, rate)| (process, (rate * 1000.0).round() as i64)).collect())
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    pub(super) fn serialize<S: Serializer>(rates: &BTreeMap<String, i64>, s: S) -> Result<S::Ok, S::Error> {
+        let rates: BTreeMap<&String, f64> =
+            rates.iter().map(|(process, rate)| (process, *rate as f64 / 1000.0)).collect();
+        rates.serialize(s)
+    }
 }
 
 /// One line of `leases.jsonl`: a leadership period.
@@ -247,6 +272,19 @@ pub struct ClientWrite {
     pub refused_by: Option<String>,
     /// The error text, if any.
     pub error: Option<String>,
+}
+
+/// One line of `deadlines.jsonl`: a gateway's deadline for a write it forwarded, from its log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardDeadline {
+    /// The gateway's number (`gateway-N` in `faults.jsonl`).
+    pub gateway: u32,
+    /// The client's request id.
+    pub request_id: String,
+    /// The term the write was admitted with.
+    pub term: i64,
+    /// The gateway's deadline for every byte of it, in real time.
+    pub deadline_us: i64,
 }
 
 /// One line of `faults.jsonl`.
@@ -474,6 +512,9 @@ pub struct History {
     /// `clock.jsonl`: the steps of the store's clock.
     #[serde(default)]
     pub clock_steps: Vec<ClockStep>,
+    /// `deadlines.jsonl`.
+    #[serde(default)]
+    pub deadlines: Vec<ForwardDeadline>,
 }
 
 fn io_error(path: &Path, source: io::Error) -> InputError {
@@ -595,7 +636,21 @@ impl History {
             }
             lease_calls.push(call);
         }
-        Ok(History { meta, leases, upstream, table, clients, faults, elections, acts, lease_calls, clock_steps: steps })
+        let deadlines =
+            read_lines::<ForwardDeadline>(&dir.join("deadlines.jsonl"))?.into_iter().map(|(_, r)| r).collect();
+        Ok(History {
+            meta,
+            leases,
+            upstream,
+            table,
+            clients,
+            faults,
+            elections,
+            acts,
+            lease_calls,
+            clock_steps: steps,
+            deadlines,
+        })
     }
 }
 

@@ -19,6 +19,9 @@ struct Args {
     /// S5: how late a lower-term byte may arrive after a higher-term head, in microseconds.
     #[arg(long, default_value_t = 0)]
     byte_tolerance_us: u32,
+    /// S5: how late a byte may arrive after its gateway's deadline for the write, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    deadline_tolerance_ms: u32,
     /// Print the report as JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -29,6 +32,7 @@ fn main() -> ExitCode {
     let opts = CheckOptions {
         grant_margin_us: i64::from(args.grant_margin_ms) * 1000,
         byte_tolerance_us: i64::from(args.byte_tolerance_us),
+        deadline_tolerance_us: i64::from(args.deadline_tolerance_ms) * 1000,
     };
     let report = match check_run_with(&args.run_dir, &opts) {
         Ok(report) => report,

@@ -78,6 +78,7 @@ fn a_missing_history_file_is_an_error_not_an_empty_one() {
         "acts.jsonl",
         "lease_calls.jsonl",
         "clock.jsonl",
+        "deadlines.jsonl",
     ] {
         let dir = temp_dir(&format!("missing-{file}"));
         write_schedule(&dir, &base());

@@ -324,6 +324,60 @@ fn s5_lower_request_finished_before_higher_head_is_clean() {
     assert_eq!(check(&h), vec![]);
 }
 
+#[test]
+fn s5_a_byte_after_the_gateways_deadline_is_reported() {
+    let mut h = base();
+    // c1's deadline at gateway-0 is 1.9 s; its last body piece arrives 150 ms after it (a write
+    // closed, not reset, at its deadline: the kernel sent the rest later).
+    let r = h.upstream.iter_mut().find(|r| r.request_id == "c1").unwrap();
+    r.chunks = vec![(S + 10_000, 10), (S + 1_050_000, 54)];
+    r.complete_at_us = Some(S + 1_050_000);
+    assert_one(
+        &check(&h),
+        Invariant::S5,
+        &["c1", "term 1", "gateway-0", "upstream applying", "150000 us after the gateway's deadline"],
+    );
+    // A head that arrives late counts as much as a body piece.
+    let mut h = base();
+    let r = h.upstream.iter_mut().find(|r| r.request_id == "c4").unwrap();
+    (r.head_at_us, r.chunks, r.complete_at_us) = (12 * S + 500_000, vec![], Some(12 * S + 500_000));
+    assert_one(&check(&h), Invariant::S5, &["c4", "term 2", "gateway-0"]);
+}
+
+#[test]
+fn s5_a_byte_within_the_deadline_tolerance_or_from_a_paused_or_rated_gateway_is_not_reported() {
+    let late = |h: &mut History, id: &str, at: i64| {
+        let r = h.upstream.iter_mut().find(|r| r.request_id == id).unwrap();
+        r.chunks = vec![(at, 64)];
+        r.complete_at_us = Some(at);
+    };
+    // 50 ms late: within the default tolerance of 100 ms (a busy machine's timer).
+    let mut h = base();
+    late(&mut h, "c1", S + 950_000);
+    assert_eq!(check(&h), vec![]);
+    let strict = CheckOptions { deadline_tolerance_us: 0, ..CheckOptions::default() };
+    assert_eq!(check_history(&h, &strict).len(), 1);
+
+    // gateway-1 was paused from 2 s to 10 s: a write of it whose deadline fell in the pause
+    // ends late (the contract's timing assumption), one whose deadline fell before it does not.
+    let mut h = base();
+    h.deadlines.push(deadline(1, "c2b", 1, 2 * S + 500_000));
+    h.upstream.push(req("checking", 3, "c2b", Some(1), 2 * S, Some(200)));
+    late(&mut h, "c2b", 10 * S + 20_000);
+    h.clients.push(gateway_write("c2b", "checking", 1, 2 * S - 5_000));
+    assert_eq!(check(&h), vec![]);
+    let d = h.deadlines.iter_mut().find(|d| d.request_id == "c2b").unwrap();
+    d.deadline_us = 2 * S - 300_000;
+    assert_one(&check(&h), Invariant::S5, &["c2b", "gateway-1"]);
+
+    // A gateway whose clocks ran at another rate: its deadline in real time is unknown.
+    let mut h = base();
+    late(&mut h, "c1", 3 * S);
+    assert_eq!(check(&h).len(), 1);
+    h.meta.clock_rates.insert("gateway-0".into(), 500);
+    assert_eq!(check(&h), vec![]);
+}
+
 // Exactly once
 
 #[test]
@@ -343,7 +397,8 @@ fn once_ok_sql_write_missing_from_table_is_reported() {
 #[test]
 fn once_ok_write_applied_twice_is_reported() {
     let mut h = base();
-    h.upstream.push(req("applying", 3, "c4", Some(2), 12 * S, Some(200)));
+    // A second copy within the gateway's deadline (a later one is an S5 violation as well).
+    h.upstream.push(req("applying", 3, "c4", Some(2), 11 * S + 500_000, Some(200)));
     assert_one(&check(&h), Invariant::Once, &["c4", "applied 2 times"]);
 }
 

@@ -10,6 +10,10 @@ use fencing_gateway::ops::cli::{Cli, EXIT_USAGE};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Planted bugs of the fault suite (`FAILPOINTS`): only in a build with the `failpoints`
+    // feature, which nothing but the test crate turns on.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     if let Some(message) = ops::cli::password_in_argv(std::env::args_os()).or_else(ops::cli::both_database_urls) {
         eprintln!("fencing-gateway: {message}");
         return ExitCode::from(EXIT_USAGE);

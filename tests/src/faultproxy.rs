@@ -5,8 +5,9 @@
 //! Every connection to [`FaultProxy::addr`] is forwarded to the target. The mode applies to
 //! every byte not yet forwarded: [`Mode::Delay`] holds each piece for a while (in order),
 //! [`Mode::Hold`] holds everything until the mode changes (then releases it in order),
-//! [`Mode::OneWay`] holds one direction only. Bytes held when their sender closes or resets
-//! the connection are lost, never delivered later. [`FaultProxy::drop_all`] closes every open
+//! [`Mode::OneWay`] holds one direction only. Bytes held or delayed when their sender resets the
+//! connection are lost, never delivered later; when it closes, they are delivered or lost as
+//! the proxy was started ([`OnClose`]). [`FaultProxy::drop_all`] closes every open
 //! connection; [`FaultProxy::reset_all`] resets them (RST, nothing more delivered).
 
 use std::net::SocketAddr;
@@ -16,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
 /// How the proxy treats bytes not yet forwarded.
@@ -41,6 +42,17 @@ pub enum Direction {
     FromTarget,
 }
 
+/// What a proxy does with the bytes it holds when their sender closes its side (FIN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnClose {
+    /// Delivers them once the mode lets them go, as a kernel sends what was written before a
+    /// close (the links to upstreams: a write a gateway closed instead of resetting at its
+    /// deadline still arrives).
+    Deliver,
+    /// Loses them.
+    Drop,
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Cut {
     Close,
@@ -58,14 +70,20 @@ pub struct FaultProxy {
 }
 
 impl FaultProxy {
-    /// Starts a proxy on a free loopback port that forwards to `target`.
+    /// Starts a proxy on a free loopback port that forwards to `target`, losing the bytes it
+    /// holds when their sender closes ([`OnClose::Drop`]).
     pub async fn start(target: SocketAddr) -> std::io::Result<FaultProxy> {
+        FaultProxy::start_with(target, OnClose::Drop).await
+    }
+
+    /// Starts a proxy on a free loopback port that forwards to `target`.
+    pub async fn start_with(target: SocketAddr, on_close: OnClose) -> std::io::Result<FaultProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Pass);
         let (cuts, _) = broadcast::channel(16);
         let (target, _) = watch::channel(target);
-        let accept = tokio::spawn(accept_loop(listener, target.subscribe(), mode.subscribe(), cuts.clone()));
+        let accept = tokio::spawn(accept_loop(listener, target.subscribe(), mode.subscribe(), cuts.clone(), on_close));
         Ok(FaultProxy { addr, mode, target, cuts, accept })
     }
 
@@ -108,6 +126,7 @@ async fn accept_loop(
     target: watch::Receiver<SocketAddr>,
     mode: watch::Receiver<Mode>,
     cuts: broadcast::Sender<Cut>,
+    on_close: OnClose,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -128,7 +147,7 @@ async fn accept_loop(
             };
             let _ = client.set_nodelay(true);
             let _ = server.set_nodelay(true);
-            proxy_connection(client, server, mode, cut).await;
+            proxy_connection(client, server, mode, cut, on_close).await;
         });
     }
 }
@@ -138,12 +157,13 @@ async fn proxy_connection(
     server: TcpStream,
     mode: watch::Receiver<Mode>,
     mut cut: broadcast::Receiver<Cut>,
+    on_close: OnClose,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let received = {
-        let up = pump(&mut client_read, &mut server_write, mode.clone(), Direction::ToTarget);
-        let down = pump(&mut server_read, &mut client_write, mode, Direction::FromTarget);
+        let up = pump(&mut client_read, &mut server_write, mode.clone(), Direction::ToTarget, on_close);
+        let down = pump(&mut server_read, &mut client_write, mode, Direction::FromTarget, on_close);
         tokio::select! {
             received = cut.recv() => received.ok(),
             _ = async { tokio::join!(up, down) } => None,
@@ -155,56 +175,128 @@ async fn proxy_connection(
     }
 }
 
-/// Copies one direction, honouring the mode before every piece it forwards.
+/// How the sender of a direction ended: not yet, with FIN, or with RST.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Open,
+    Closed,
+    Reset,
+}
+
+/// Copies one direction, honouring the mode before every piece it forwards. The proxy reads
+/// eagerly: what it holds plays the part of what the sender's kernel has not sent yet. So a
+/// reset by the sender (a gateway aborting a write at its deadline) loses every byte held or
+/// delayed, as SO_LINGER 0 does, while a close (FIN) delivers them when the mode lets them go
+/// ([`OnClose::Deliver`]) or loses them ([`OnClose::Drop`], the Postgres links).
 async fn pump(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
     mut mode: watch::Receiver<Mode>,
     direction: Direction,
+    on_close: OnClose,
 ) {
-    let mut buffer = vec![0_u8; 16 * 1024];
-    loop {
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => {
-                let _ = to.shutdown().await;
-                return;
-            }
-            Ok(read) => read,
-        };
-        let mut pending = buffer[..read].to_vec();
+    let (pieces, mut queue) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (end_tx, mut end) = watch::channel(End::Open);
+    let reader = async {
+        let mut buffer = vec![0_u8; 16 * 1024];
         loop {
+            match from.read(&mut buffer).await {
+                Ok(0) => {
+                    end_tx.send_replace(End::Closed);
+                    break;
+                }
+                Err(_) => {
+                    end_tx.send_replace(End::Reset);
+                    break;
+                }
+                Ok(read) => {
+                    if pieces.send(buffer[..read].to_vec()).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(pieces);
+        // The writer decides when this direction is over.
+        std::future::pending::<()>().await;
+    };
+    let writer = async {
+        if forward(&mut queue, to, &mut mode, &mut end, direction, on_close).await == End::Reset {
+            // What the sender reset is reset on the other side too (and ends there now).
+            let _ = to.as_ref().set_zero_linger();
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::select! {
+        () = reader => {}
+        () = writer => {}
+    }
+}
+
+/// Forwards the pieces of one direction as the mode lets them go, until the sender's end or a
+/// failed write; how the sender ended, as far as this direction goes.
+async fn forward(
+    queue: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+    to: &mut OwnedWriteHalf,
+    mode: &mut watch::Receiver<Mode>,
+    end: &mut watch::Receiver<End>,
+    direction: Direction,
+    on_close: OnClose,
+) -> End {
+    while let Some(mut pending) = queue.recv().await {
+        while let Ok(more) = queue.try_recv() {
+            pending.extend_from_slice(&more);
+        }
+        loop {
+            let ended = *end.borrow_and_update();
+            if ended == End::Reset {
+                return End::Reset;
+            }
             let current = *mode.borrow_and_update();
             match current {
                 Mode::Pass => break,
+                Mode::OneWay(open) if open == direction => break,
                 Mode::Delay(delay) => {
-                    tokio::time::sleep(delay).await;
+                    let until = tokio::time::Instant::now() + delay;
+                    loop {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(until) => break,
+                            changed = end.changed() => {
+                                if changed.is_err() {
+                                    return End::Open;
+                                }
+                                if *end.borrow_and_update() == End::Reset {
+                                    return End::Reset;
+                                }
+                            }
+                        }
+                    }
                     break;
                 }
-                Mode::OneWay(open) if open == direction => break,
                 Mode::Hold | Mode::OneWay(_) => {
-                    // Held: the sender may reset the connection meanwhile (a gateway aborting a
-                    // write at its deadline). Bytes held then are lost, as a reset loses what the
-                    // sender's kernel had not sent: a hold delays, it never delivers bytes the
-                    // sender took back.
-                    let mut more = vec![0_u8; 16 * 1024];
+                    if ended == End::Closed && on_close == OnClose::Drop {
+                        return End::Closed;
+                    }
                     tokio::select! {
                         changed = mode.changed() => {
                             if changed.is_err() {
-                                return;
+                                return End::Open;
                             }
                         }
-                        read = from.read(&mut more) => match read {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => pending.extend_from_slice(&more[..n]),
-                        },
+                        changed = end.changed() => {
+                            if changed.is_err() {
+                                return End::Open;
+                            }
+                        }
                     }
                 }
             }
         }
         if to.write_all(&pending).await.is_err() {
-            return;
+            return End::Open;
         }
     }
+    *end.borrow()
 }
 
 /// A shared handle on a proxy, for the injector.

@@ -38,7 +38,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::faultprobe::{FollowUp, ProbePath, Prober};
-use crate::faultproxy::{Direction, FaultProxy, Mode};
+use crate::faultproxy::{Direction, FaultProxy, Mode, OnClose};
 use crate::pg::{Durability, PgCluster, Replication, try_connect};
 use crate::workspace_bin;
 
@@ -105,11 +105,14 @@ pub enum Plant {
     /// A raise through SQL (`fencing.try_admit`) records no settle for the new term: its writes
     /// through a gateway are forwarded at once, while the lower term's may still be arriving.
     SqlRaiseSkipsSettle,
+    /// The gateway's upstream sockets close with FIN, not RST (a failpoint in the gateway): a
+    /// write aborted at its deadline is still sent by the kernel, and arrives after it.
+    UpstreamGracefulClose,
 }
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 21] = [
+    pub const ALL: [Plant; 22] = [
         Plant::WeakFence,
         Plant::NoSettle,
         Plant::AsyncCommit,
@@ -131,6 +134,7 @@ impl Plant {
         Plant::BindAsyncCommit,
         Plant::RebindAsyncCommit,
         Plant::SqlRaiseSkipsSettle,
+        Plant::UpstreamGracefulClose,
     ];
 
     /// The name on the command line.
@@ -157,15 +161,25 @@ impl Plant {
             Plant::BindAsyncCommit => "bind-async-commit",
             Plant::RebindAsyncCommit => "rebind-async-commit",
             Plant::SqlRaiseSkipsSettle => "sql-raise-skips-settle",
+            Plant::UpstreamGracefulClose => "upstream-graceful-close",
         }
     }
 
     /// The failpoint of the election library that plants this bug in the leader processes
-    /// (`FAILPOINTS`), if it is one; the others are SQL ([`plant_sql`]).
-    pub fn failpoint(self) -> Option<&'static str> {
+    /// (`FAILPOINTS`), if it is one.
+    pub fn leader_failpoint(self) -> Option<&'static str> {
         match self {
             Plant::ElectorMarginAdded => Some("elector-margin-added=return"),
             Plant::ElectorDeadlineIgnored => Some("elector-deadline-ignored=return"),
+            _ => None,
+        }
+    }
+
+    /// The failpoint of the gateway that plants this bug in the gateway processes
+    /// (`FAILPOINTS`), if it is one. Plants of neither kind are SQL ([`plant_sql`]).
+    pub fn gateway_failpoint(self) -> Option<&'static str> {
+        match self {
+            Plant::UpstreamGracefulClose => Some("upstream-graceful-close=return"),
             _ => None,
         }
     }
@@ -204,6 +218,8 @@ impl Plant {
             Plant::AdmitAsyncCommit | Plant::AdvanceAsyncCommit => &[S3, Once],
             // A binding lost in a crash: the resource admits a term its lease never granted.
             Plant::BindAsyncCommit | Plant::RebindAsyncCommit => &[S4],
+            // A byte of a write sent after the gateway's own deadline for it.
+            Plant::UpstreamGracefulClose => &[S5],
         }
     }
 
@@ -274,6 +290,8 @@ struct Managed {
     command: Vec<String>,
     child: Option<Child>,
     paused: bool,
+    /// Where its stderr goes (appended across restarts); nowhere if None.
+    stderr: Option<PathBuf>,
 }
 
 impl Managed {
@@ -294,12 +312,22 @@ impl Managed {
 
     fn spawn(&mut self) -> Result<()> {
         let (program, args) = self.command.split_first().ok_or_else(|| anyhow!("empty command"))?;
+        let stderr = match &self.stderr {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("open {}", path.display()))?,
+            ),
+            None => Stdio::null(),
+        };
         let child = Command::new(program)
             .args(args)
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("spawn {}", self.name))?;
@@ -365,6 +393,8 @@ struct Schedule {
     control_ports: Vec<u16>,
     /// The leaders' lease ttl.
     ttl: Duration,
+    /// The gateways' forward timeout.
+    forward_timeout: Duration,
     leaders: Vec<Managed>,
     racer: Managed,
     /// Leaders through the gateways' HTTP lease API (key `k3`).
@@ -594,7 +624,7 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             }
             planted
         }
-        Plant::ElectorMarginAdded | Plant::ElectorDeadlineIgnored => String::new(),
+        Plant::ElectorMarginAdded | Plant::ElectorDeadlineIgnored | Plant::UpstreamGracefulClose => String::new(),
         Plant::RenewAnyOwner => remove_block(
             &function("renew")?,
             "    IF row_.owner <> p_owner THEN
@@ -706,6 +736,10 @@ fn remove_block(sql: &str, block: &str, what: &str) -> Result<String> {
 /// any of them must wait for the others' grants.
 pub const GRANT_MS: [u64; 3] = [400, 400, 0];
 
+/// The gateway's log target for each forwarded write's deadline (enabled at trace level in
+/// the suite's gateways, whose JSON log lines become `deadlines.jsonl`).
+const DEADLINE_TARGET: &str = "fencing_gateway::forward_deadline";
+
 fn gateway_config(config: &SuiteConfig, upstreams: &[SocketAddr], grant_ms: u64) -> String {
     let mut text = format!(
         "[upstream]\nforward_timeout_ms = {}\nconnect_timeout_ms = 500\n\
@@ -805,7 +839,8 @@ async fn run_schedule(
         if checking {
             command.push("--checking".to_owned());
         }
-        let mut managed = Managed { name: format!("upstream-{name}"), command, child: None, paused: false };
+        let mut managed =
+            Managed { name: format!("upstream-{name}"), command, child: None, paused: false, stderr: None };
         managed.spawn()?;
         if !wait_listening(port, Duration::from_secs(10)).await {
             bail!("upstream {name} did not listen");
@@ -818,7 +853,7 @@ async fn run_schedule(
     for (gateway, grant_ms) in GRANT_MS.into_iter().enumerate() {
         let mut addrs = Vec::new();
         for port in &upstream_ports {
-            let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse()?).await?;
+            let proxy = FaultProxy::start_with(format!("127.0.0.1:{port}").parse()?, OnClose::Deliver).await?;
             addrs.push(proxy.addr());
             upstream_proxies.push(proxy);
         }
@@ -844,7 +879,14 @@ async fn run_schedule(
                 command.extend(clock_rate_env(rate)?);
                 clock_rates.insert(format!("gateway-{gateway}"), json!(rate));
             }
+            // A planted bug of the gateway: its failpoint, in every gateway.
+            if let Some(failpoint) = config.plant.and_then(Plant::gateway_failpoint) {
+                command.push(format!("FAILPOINTS={failpoint}"));
+            }
             command.extend([
+                // Each forwarded write's deadline, for the history (`deadlines.jsonl`).
+                "FENCING_LOG_FORMAT=json".to_owned(),
+                format!("RUST_LOG=error,{DEADLINE_TARGET}=trace"),
                 format!("FENCING_DATABASE_URL={database_url}"),
                 format!("FENCING_PROXY_LISTEN=127.0.0.1:{proxy_port}"),
                 format!("FENCING_CONTROL_LISTEN=127.0.0.1:{control_port}"),
@@ -855,7 +897,13 @@ async fn run_schedule(
                 "--config".to_owned(),
                 config_path.display().to_string(),
             ]);
-            let mut managed = Managed { name: format!("gateway-{gateway}"), command, child: None, paused: false };
+            let mut managed = Managed {
+                name: format!("gateway-{gateway}"),
+                command,
+                child: None,
+                paused: false,
+                stderr: Some(dir.join(format!("gateway-{gateway}.log"))),
+            };
             managed.spawn()?;
             if wait_listening(proxy_port, Duration::from_secs(20)).await {
                 started = Some((managed, proxy_port, control_port));
@@ -884,7 +932,7 @@ async fn run_schedule(
             clock_rates.insert(format!("leader-{letter}"), json!(rate));
         }
         // A planted bug of the election library: its failpoint, in every leader.
-        if let Some(failpoint) = config.plant.and_then(Plant::failpoint) {
+        if let Some(failpoint) = config.plant.and_then(Plant::leader_failpoint) {
             command.push(format!("FAILPOINTS={failpoint}"));
         }
         command.extend([
@@ -906,7 +954,8 @@ async fn run_schedule(
             "--ttl-ms".to_owned(),
             config.ttl.as_millis().to_string(),
         ]);
-        let mut managed = Managed { name: format!("leader-{letter}"), command, child: None, paused: false };
+        let mut managed =
+            Managed { name: format!("leader-{letter}"), command, child: None, paused: false, stderr: None };
         managed.spawn()?;
         leader_pg.push(proxy);
         leaders.push(managed);
@@ -927,7 +976,8 @@ async fn run_schedule(
         "--forward-timeout-ms".to_owned(),
         config.forward_timeout.as_millis().to_string(),
     ];
-    let mut racer = Managed { name: "racer".to_owned(), command: racer_command, child: None, paused: false };
+    let mut racer =
+        Managed { name: "racer".to_owned(), command: racer_command, child: None, paused: false, stderr: None };
     racer.spawn()?;
 
     // Two leaders of `k3` through the HTTP lease API, late on purpose now and then.
@@ -949,7 +999,8 @@ async fn run_schedule(
             "--ttl-ms".to_owned(),
             config.ttl.as_millis().to_string(),
         ];
-        let mut managed = Managed { name: format!("lease-{letter}"), command, child: None, paused: false };
+        let mut managed =
+            Managed { name: format!("lease-{letter}"), command, child: None, paused: false, stderr: None };
         managed.spawn()?;
         lease_clients.push(managed);
     }
@@ -962,6 +1013,7 @@ async fn run_schedule(
         gateways,
         control_ports: control_ports.clone(),
         ttl: config.ttl,
+        forward_timeout: config.forward_timeout,
         leaders,
         racer,
         lease_clients,
@@ -1185,8 +1237,10 @@ impl Schedule {
         // The store's clock is stepped forward more often than back: a forward step is what ends
         // a wait on the wall clock early. The faults that end a current leader's period while the
         // store may still hold it (paused past its ttl, its connections reset) come often too:
-        // what the leader does next is where S2 and S7 are decided.
-        const KINDS: [&str; 38] = [
+        // what the leader does next is where S2 and S7 are decided. A gateway's links to the
+        // upstreams stalled past its forward deadlines (`proxy-hold-upstream`) is where a write
+        // must be aborted, not left to the kernel (S5).
+        const KINDS: [&str; 41] = [
             "pg-failover",
             "pg-failover",
             "pg-failover",
@@ -1219,6 +1273,9 @@ impl Schedule {
             "proxy-delay",
             "proxy-delay",
             "proxy-hold",
+            "proxy-hold-upstream",
+            "proxy-hold-upstream",
+            "proxy-hold-upstream",
             "proxy-drop",
             "proxy-reset",
             "proxy-reset-leader",
@@ -1273,8 +1330,19 @@ impl Schedule {
             target = ready_now[rng.random_range(0..ready_now.len())];
             link = 0;
         }
+        // A gateway that admits now, its upstream links held past its forward timeout.
+        if kind == "proxy-hold-upstream" {
+            let ready_now = self.ready_gateways().await;
+            if ready_now.is_empty() {
+                return Ok(None);
+            }
+            target = ready_now[rng.random_range(0..ready_now.len())];
+            link = 2;
+        }
         let lasting = if kind == "sigstop-leader-past-ttl" {
             self.ttl + Duration::from_millis(rng.random_range(0..1000))
+        } else if kind == "proxy-hold-upstream" {
+            self.forward_timeout + Duration::from_millis(rng.random_range(200..1000))
         } else {
             Duration::from_millis(rng.random_range(300..2000))
         };
@@ -1293,6 +1361,12 @@ impl Schedule {
             return Ok(None);
         }
         if active.iter().any(|f| f.target == target && f.link == link) {
+            return Ok(None);
+        }
+        // A gateway paused across its forward deadlines cannot abort its writes (the contract's
+        // timing assumption): its upstream links are not held meanwhile, and the other way round.
+        let gateway_stalls = |kind: &str| kind.starts_with("sigstop-gateway") || kind == "proxy-hold-upstream";
+        if gateway_stalls(kind) && active.iter().any(|f| f.target == target && gateway_stalls(f.kind)) {
             return Ok(None);
         }
         // One clock, one step at a time.
@@ -1336,7 +1410,9 @@ impl Schedule {
                 let delay = Mode::Delay(Duration::from_millis(rng.random_range(50..300)));
                 self.links(link, target).iter().for_each(|proxy| proxy.set(delay));
             }
-            "proxy-hold" => self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::Hold)),
+            "proxy-hold" | "proxy-hold-upstream" => {
+                self.links(link, target).iter().for_each(|proxy| proxy.set(Mode::Hold));
+            }
             "proxy-drop" => self.links(link, target).iter().for_each(|proxy| proxy.drop_all()),
             "proxy-reset" | "proxy-reset-leader" => self.links(link, target).iter().for_each(|proxy| proxy.reset_all()),
             "proxy-oneway" => {
@@ -1632,6 +1708,34 @@ impl Schedule {
         Managed::terminate_all(&mut self.upstreams, Duration::from_secs(1)).await;
     }
 
+    /// `deadlines.jsonl`: every forwarded write's deadline, from the gateways' logs (whole lines
+    /// only: a gateway killed mid-line leaves a torn one).
+    fn write_deadlines(&self) -> Result<()> {
+        let mut text = String::new();
+        for gateway in 0..self.gateways.len() {
+            let path = self.dir.join(format!("gateway-{gateway}.log"));
+            let Ok(log) = std::fs::read_to_string(&path) else { continue };
+            for line in log.lines() {
+                let Ok(event) = serde_json::from_str::<Value>(line) else { continue };
+                if event["target"] != DEADLINE_TARGET {
+                    continue;
+                }
+                let fields = &event["fields"];
+                let (Some(request_id), Some(term), Some(deadline_us)) =
+                    (fields["request_id"].as_str(), fields["term"].as_i64(), fields["deadline_unix_us"].as_i64())
+                else {
+                    continue;
+                };
+                let record =
+                    json!({"gateway": gateway, "request_id": request_id, "term": term, "deadline_us": deadline_us});
+                let _ = writeln!(text, "{record}");
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        std::fs::write(self.dir.join("deadlines.jsonl"), text)?;
+        Ok(())
+    }
+
     async fn record(
         &self,
         cluster: &PgCluster,
@@ -1725,6 +1829,7 @@ impl Schedule {
                 std::fs::write(&path, whole)?;
             }
         }
+        self.write_deadlines()?;
         let mut elections = String::new();
         for letter in ["a", "b", "c"] {
             let path = self.dir.join(format!("elections-{letter}.jsonl"));

@@ -8,8 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fencing_checker::history::{
-    ClientWrite, Election, Fault, History, LeaderAct, LeaseCall, LeasePeriod, Meta, Mode, Outcome, TableRow,
-    UpstreamRequest, WritePath,
+    ClientWrite, Election, Fault, ForwardDeadline, History, LeaderAct, LeaseCall, LeasePeriod, Meta, Mode, Outcome,
+    TableRow, UpstreamRequest, WritePath,
 };
 
 /// One second in microseconds.
@@ -109,6 +109,7 @@ pub fn base() -> History {
         started_us: 0,
         ended_us: 60 * S,
         quiet_from_us: 10 * S,
+        clock_rates: BTreeMap::new(),
     };
     History {
         meta,
@@ -152,7 +153,18 @@ pub fn base() -> History {
             call("lease-x#1", "renew", Some(1), 21 * S + 100_000, Some(409), None, None),
         ],
         clock_steps: Vec::new(),
+        deadlines: vec![
+            deadline(0, "c1", 1, S + 900_000),
+            deadline(1, "c2", 1, S + 990_000),
+            deadline(0, "c4", 2, 11 * S + 900_000),
+            deadline(1, "c5", 2, 11 * S + 990_000),
+        ],
     }
+}
+
+/// A line of `deadlines.jsonl`: `gateway`'s deadline for write `id` of `term`.
+pub fn deadline(gateway: u32, id: &str, term: i64, at: i64) -> ForwardDeadline {
+    ForwardDeadline { gateway, request_id: id.into(), term, deadline_us: at }
 }
 
 /// A leader's act of `key` with `term`, checked at `checked` and answered 1 ms later, under the
@@ -217,6 +229,7 @@ pub fn write_schedule(dir: &Path, h: &History) {
     fs::write(dir.join("acts.jsonl"), lines(&h.acts)).unwrap();
     fs::write(dir.join("lease_calls.jsonl"), lines(&h.lease_calls)).unwrap();
     fs::write(dir.join("clock.jsonl"), lines(&h.clock_steps)).unwrap();
+    fs::write(dir.join("deadlines.jsonl"), lines(&h.deadlines)).unwrap();
     let mut by_upstream: BTreeMap<&str, Vec<&UpstreamRequest>> = BTreeMap::new();
     for r in &h.upstream {
         by_upstream.entry(&r.upstream).or_default().push(r);

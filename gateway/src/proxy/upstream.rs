@@ -43,6 +43,12 @@ type Io = hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 pub const IDLE_PER_CLIENT: usize = 4;
 
 fn reset_on_close(io: TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream> {
+    // Planted bug (fault suite, `upstream-graceful-close`): the socket closes with FIN, and
+    // the kernel goes on sending a write aborted at its deadline.
+    #[cfg(feature = "failpoints")]
+    if fail::eval("upstream-graceful-close", |_| ()).is_some() {
+        return io;
+    }
     let _ = io.inner().set_zero_linger();
     io
 }
