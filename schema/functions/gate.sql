@@ -52,6 +52,7 @@ DECLARE
     forward_ms_ bigint;
     grant_ms_   bigint;
     given_ms_   bigint;
+    refusal_    text;
 BEGIN
     forward_ms_ := ceil(extract(epoch FROM forward_timeout) * 1000)::bigint;
     -- The common case in one indexed read.
@@ -121,6 +122,14 @@ BEGIN
             VALUES (p_resource, p_term, bind_lease, clock_timestamp(), forward_ms_)
             ON CONFLICT ON CONSTRAINT fences_pkey DO NOTHING;
             IF FOUND THEN
+                -- The insert may have waited for a concurrent one that then rolled back: the
+                -- lease is checked again (the row stays at this term, which the lease granted).
+                IF bind_lease IS NOT NULL THEN
+                    SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(bind_lease, p_term) r;
+                    IF refusal_ IS NOT NULL THEN
+                        RETURN (false, refusal_, p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
+                    END IF;
+                END IF;
                 RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
             CONTINUE; -- a concurrent writer created it
@@ -214,6 +223,15 @@ BEGIN
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
+            -- The update may have waited for another gateway's: the lease is checked again (what
+            -- it recorded for this term stays; a longer grant recorded only makes the next term
+            -- wait longer).
+            IF fence_.lease_key IS NOT NULL THEN
+                SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
+                IF refusal_ IS NOT NULL THEN
+                    RETURN (false, refusal_, p_term, p_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+                END IF;
+            END IF;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                     coalesce(fence_.settle_ms, 0), given_ms_)::fencing.gate_result;
         END IF;
@@ -234,14 +252,9 @@ BEGIN
         -- the lease: an open transaction that raised must not hold up the lease's next term (the
         -- new term's writes wait for the fence row instead).
         IF fence_.lease_key IS NOT NULL THEN
-            SELECT l.term, l.expires_at INTO lease_term_, lease_end_
-              FROM fencing.leases l WHERE l.key = fence_.lease_key;
-            IF NOT FOUND THEN
-                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, NULL, 0, 0)::fencing.gate_result;
-            ELSIF lease_term_ > p_term THEN
-                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
-            ELSIF lease_end_ <= clock_timestamp() THEN
-                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+            SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
+            IF refusal_ IS NOT NULL THEN
+                RETURN (false, refusal_, p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
         END IF;
         PERFORM fencing.commit_durably();

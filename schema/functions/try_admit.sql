@@ -23,6 +23,8 @@ DECLARE
     fence_     fencing.fences;
     lease_     fencing.leases;
     max_       bigint;
+    refusal_   text;
+    lease_term_ bigint;
     snapshot_  boolean := current_setting('transaction_isolation') <> 'read committed';
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
@@ -75,10 +77,19 @@ BEGIN
             IF snapshot_ THEN
                 PERFORM fencing.probe_newest('fences', p_resource);
             END IF;
-            IF max_ = p_term THEN
-                RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
+            IF max_ <> p_term THEN
+                RETURN (false, 'stale', max_, fence_.lease_key, lease_.term)::fencing.admission;
             END IF;
-            RETURN (false, 'stale', max_, fence_.lease_key, lease_.term)::fencing.admission;
+            -- The lock may have waited for a raise that then rolled back: the lease is checked
+            -- again (at REPEATABLE READ and above, a lease changed since the snapshot fails).
+            IF fence_.lease_key IS NOT NULL THEN
+                SELECT r.reason, r.lease_term INTO refusal_, lease_term_
+                  FROM fencing.lease_refusal(fence_.lease_key, p_term, snapshot_) r;
+                IF refusal_ IS NOT NULL THEN
+                    RETURN (false, refusal_, max_, fence_.lease_key, lease_term_)::fencing.admission;
+                END IF;
+            END IF;
+            RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
         END IF;
 
         -- A higher term: lock the newest version of the row (waiting for every open writer of
@@ -96,16 +107,10 @@ BEGIN
             -- fencing.gate's raise; at REPEATABLE READ and above, a lease changed since the
             -- snapshot fails the probe with 40001).
             IF fence_.lease_key IS NOT NULL THEN
-                IF snapshot_ THEN
-                    PERFORM fencing.probe_newest('leases', fence_.lease_key);
-                END IF;
-                SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = fence_.lease_key;
-                IF NOT FOUND THEN
-                    RETURN (false, 'future_term', fence_.max_term, fence_.lease_key, NULL)::fencing.admission;
-                ELSIF lease_.term > p_term THEN
-                    RETURN (false, 'stale', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
-                ELSIF lease_.expires_at <= clock_timestamp() THEN
-                    RETURN (false, 'not_leader', fence_.max_term, fence_.lease_key, lease_.term)::fencing.admission;
+                SELECT r.reason, r.lease_term INTO refusal_, lease_term_
+                  FROM fencing.lease_refusal(fence_.lease_key, p_term, snapshot_) r;
+                IF refusal_ IS NOT NULL THEN
+                    RETURN (false, refusal_, fence_.max_term, fence_.lease_key, lease_term_)::fencing.admission;
                 END IF;
             END IF;
             PERFORM fencing.commit_durably();

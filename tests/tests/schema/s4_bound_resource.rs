@@ -243,3 +243,73 @@ async fn s4_a_raise_that_waited_for_the_fence_row_is_refused_once_a_newer_term_i
         assert_eq!(fence.max_term, 1, "term 2 never reached the fence: its period ended before its raise");
     }
 }
+
+/// The lease moves on, from term 1 to 2, while `waiting` (session pid) waits for a lock that
+/// `holder` holds; then `holder` ends its transaction with `end` (COMMIT or ROLLBACK).
+async fn lease_moves_on_while_it_waits(setup: &Client, holder: &Client, waiting: i32, lease: &str, end: &str) {
+    until_it_waits_for_a_lock(setup, waiting).await;
+    assert!(store::release(setup, lease, "leader-a").await.unwrap());
+    assert_eq!(store::acquire(setup, lease, "leader-b", TTL).await.unwrap().term, Some(2));
+    holder.batch_execute(end).await.unwrap();
+}
+
+/// S4 after every wait, not only a raise's: each decision of a bound fence that waited for a lock
+/// checks the lease again before it admits. Three waits, each with the lease moved from term 1
+/// to 2 meanwhile; before the check, each admitted term 1 after term 2 was granted.
+/// - The gateway's first write of a resource waited for a concurrent first write that then
+///   rolled back.
+/// - The gateway's recording of a longer forward timeout waited for another gateway's.
+/// - An SQL writer of the current term (`fencing.admit`) waited for a raise that then rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_a_decision_that_waited_for_a_lock_is_refused_once_a_newer_term_is_granted() {
+    let db = TestDb::new().await;
+    let setup = db.connect().await;
+    let second = Duration::from_secs(1);
+
+    // The first write of a resource.
+    let (resource, lease) = ("s4-wait-first", "s4-wait-first-lease");
+    assert_eq!(store::acquire(&setup, lease, "leader-a", TTL).await.unwrap().term, Some(1));
+    let holder = db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    let first = store::gate(&holder, resource, 1, second, Some(lease)).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Admitted);
+    let writer = db.connect().await;
+    let pid: i32 = writer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let write = tokio::spawn(async move { store::gate(&writer, resource, 1, second, Some(lease)).await });
+    lease_moves_on_while_it_waits(&setup, &holder, pid, lease, "ROLLBACK").await;
+    let decided = tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap().unwrap();
+    assert_eq!(decided.outcome, Outcome::Stale, "a first write of term 1 after term 2 was granted: {decided:?}");
+
+    // The gateway's recording of a longer forward timeout.
+    let (resource, lease) = ("s4-wait-record", "s4-wait-record-lease");
+    store::bind(&setup, resource, lease).await.unwrap();
+    assert_eq!(store::acquire(&setup, lease, "leader-a", TTL).await.unwrap().term, Some(1));
+    assert_eq!(store::gate(&setup, resource, 1, second, Some(lease)).await.unwrap().outcome, Outcome::Admitted);
+    let holder = db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    let other = store::gate(&holder, resource, 1, 2 * second, Some(lease)).await.unwrap();
+    assert_eq!(other.outcome, Outcome::Admitted);
+    let writer = db.connect().await;
+    let pid: i32 = writer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let write = tokio::spawn(async move { store::gate(&writer, resource, 1, 3 * second, Some(lease)).await });
+    lease_moves_on_while_it_waits(&setup, &holder, pid, lease, "COMMIT").await;
+    let decided = tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap().unwrap();
+    assert_eq!(decided.outcome, Outcome::Stale, "a write of term 1 after term 2 was granted: {decided:?}");
+
+    // An SQL writer of the current term behind a raise in progress.
+    let (resource, lease) = ("s4-wait-sql", "s4-wait-sql-lease");
+    store::bind(&setup, resource, lease).await.unwrap();
+    assert_eq!(store::acquire(&setup, lease, "leader-a", TTL).await.unwrap().term, Some(1));
+    assert_eq!(store::admit(&setup, resource, 1).await.unwrap(), 1);
+    let holder = db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder.query("SELECT 1 FROM fencing.fences WHERE resource = $1 FOR UPDATE", &[&resource]).await.unwrap();
+    let writer = db.connect().await;
+    let pid: i32 = writer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let write = tokio::spawn(async move { store::admit(&writer, resource, 1).await });
+    lease_moves_on_while_it_waits(&setup, &holder, pid, lease, "ROLLBACK").await;
+    match tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap() {
+        Err(Error::Refused { message }) => assert!(message.contains("presented term 1"), "{message}"),
+        other => panic!("an SQL write of term 1 after term 2 was granted: {other:?}"),
+    }
+}
