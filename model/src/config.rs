@@ -71,6 +71,10 @@ pub enum Plant {
     /// waits until that clock reads past it (the code before schema version 8): a step of the
     /// clock ends the wait early.
     WallClockWaits,
+    /// `raise-skips-lease-check`: a raise of a bound fence decides on the lease as it read it
+    /// before it waited for the fence row and the grants (the code before the model found it; no
+    /// plant of the fault suite: `tests/tests/schema/s4_bound_resource.rs` holds the interleaving).
+    RaiseSkipsLeaseCheck,
     /// The design planned next, not a bug planted in code: one grant per (lease, term), covering
     /// every resource bound to that lease, recorded on the lease row and waited out by the
     /// lease's next term (instead of one grant per resource).
@@ -79,7 +83,7 @@ pub enum Plant {
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 9] = [
+    pub const ALL: [Plant; 10] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -88,6 +92,7 @@ impl Plant {
         Plant::GateRace,
         Plant::AsyncCommit,
         Plant::WallClockWaits,
+        Plant::RaiseSkipsLeaseCheck,
         Plant::LeaseScopedGrants,
     ];
 
@@ -102,6 +107,7 @@ impl Plant {
             Plant::GateRace => "gate-race",
             Plant::AsyncCommit => "async-commit",
             Plant::WallClockWaits => "wall-clock-waits",
+            Plant::RaiseSkipsLeaseCheck => "raise-skips-lease-check",
             Plant::LeaseScopedGrants => "lease-scoped-grants",
         }
     }
@@ -173,6 +179,12 @@ impl Config {
     /// horizon when an earlier acquire's answer was lost).
     pub fn bound_grants() -> Config {
         Config { bound_resources: 1, unbound_resources: 0, writes: 4, ..Config::standard(true) }
+    }
+
+    /// The lease moving on during a raise: `r1` alone, grants off, three writes (forged terms
+    /// too), three elector calls, so that a newer term can be granted while a raise waits.
+    pub fn lease_moves_on() -> Config {
+        Config { unbound_resources: 0, writes: 3, lease_calls: 3, forged_terms: true, ..Config::standard(false) }
     }
 
     /// The clocks check: one unbound resource, grants on, four writes, no electors, the store's

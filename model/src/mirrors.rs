@@ -69,8 +69,10 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
         ActionKind::GatewayLost => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
         ActionKind::GateRead => &[Sql("gate"), Sql("gate_many"), Sql("commit_durably")],
         ActionKind::GateGrant => &[Sql("gate"), Sql("fence_lock_id"), Sql("lease_lock_id"), Sql("remaining_ms")],
-        ActionKind::GateLock => &[Sql("gate"), Sql("await_grants"), Sql("next_settle"), Sql("commit_durably")],
-        ActionKind::GateWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("next_settle")],
+        ActionKind::GateLock => {
+            &[Sql("gate"), Sql("await_grants"), Sql("lease_refusal"), Sql("next_settle"), Sql("commit_durably")]
+        }
+        ActionKind::GateWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("lease_refusal"), Sql("next_settle")],
         ActionKind::GatewayCheck => &[Rust { path: FORWARD, name: "send" }],
         ActionKind::GatewaySend => &[Rust { path: FORWARD, name: "send" }, Rust { path: FORWARD, name: "forward" }],
     }

@@ -95,15 +95,19 @@ pub enum Witness {
     RaiseSleptOutGrants,
     /// `fencing.acquire` started a new period after sleeping out the grants on the old term.
     AcquireSleptOutGrants,
+    /// A raise of a bound fence refused on the lease read again after its row lock: a newer term
+    /// was granted while it waited (`fencing.lease_refusal`).
+    RaiseRefusedByNewerLease,
 }
 
 impl Witness {
     /// Every witness.
-    pub const ALL: [Witness; 4] = [
+    pub const ALL: [Witness; 5] = [
         Witness::GrantAdmission,
         Witness::GrantAdmissionAfterClockFaults,
         Witness::RaiseSleptOutGrants,
         Witness::AcquireSleptOutGrants,
+        Witness::RaiseRefusedByNewerLease,
     ];
 
     fn bit(self) -> u8 {
@@ -112,6 +116,7 @@ impl Witness {
             Witness::GrantAdmissionAfterClockFaults => 2,
             Witness::RaiseSleptOutGrants => 4,
             Witness::AcquireSleptOutGrants => 8,
+            Witness::RaiseRefusedByNewerLease => 16,
         }
     }
 
@@ -124,6 +129,7 @@ impl Witness {
             }
             Witness::RaiseSleptOutGrants => "reached: a raise slept out grants",
             Witness::AcquireSleptOutGrants => "reached: an acquire slept out grants and started its period",
+            Witness::RaiseRefusedByNewerLease => "reached: a raise refused by a term granted while it waited",
         }
     }
 
@@ -545,6 +551,17 @@ impl Protocol {
     /// The raise's update and commit.
     fn raise(&self, s: &mut State, resource: usize, term: u8) -> Stage {
         let Some(fence) = s.tables.fences[resource] else { return Stage::Answered(Answer::Failed) };
+        // `fencing.lease_refusal`: a bound fence's lease read again after the row lock and the
+        // grant wait, so that a term granted meanwhile refuses this one (S4).
+        if self.config.bound(resource)
+            && !self.has(Plant::RaiseSkipsLeaseCheck)
+            && let Some(refusal) = self.lease_refusal(s, resource, term, fence.max_term)
+        {
+            if s.tables.lease.term > term {
+                Self::witness(s, Witness::RaiseRefusedByNewerLease);
+            }
+            return Stage::Answered(refusal);
+        }
         let settle = self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0);
         s.tables.fences[resource] =
             Some(Fence { max_term: term, settle: Some(settle), drain: None, grant: 0, grant_ends: fence.grant_ends });
@@ -1057,6 +1074,9 @@ impl Model for Protocol {
             }),
             Property::sometimes(Witness::AcquireSleptOutGrants.name(), |_, s: &State| {
                 Witness::AcquireSleptOutGrants.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::RaiseRefusedByNewerLease.name(), |_, s: &State| {
+                Witness::RaiseRefusedByNewerLease.seen(&s.ghost)
             }),
         ]
     }

@@ -27,6 +27,18 @@ fn s1_to_s5_hold_with_grants_off() {
     holds("grants off", Config::standard(false), &[]);
 }
 
+/// The sizes issue 29 asks for: two resources on the one bound lease (`r1`, `r2`) and one of an
+/// unbound route (`f1`), grants off and on.
+#[test]
+fn s1_to_s5_hold_with_two_resources_on_the_lease() {
+    holds("two bound resources, grants off", Config { bound_resources: 2, ..Config::standard(false) }, &[]);
+    holds(
+        "two bound resources, grants on",
+        Config { bound_resources: 2, ..Config::standard(true) },
+        &[Witness::AcquireSleptOutGrants],
+    );
+}
+
 /// Both resources, grants on: grants are given, recorded and slept out by a new term of the
 /// lease, but with two writes none is admitted under a grant (the first write on a resource
 /// gets none, the second one gets it); the next check covers that.
@@ -40,6 +52,14 @@ fn s1_to_s5_hold_with_grants_on() {
 #[test]
 fn s1_to_s5_hold_with_grant_admissions_on_a_bound_resource() {
     holds("grants on, r1", Config::bound_grants(), &[Witness::GrantAdmission, Witness::AcquireSleptOutGrants]);
+}
+
+/// The bound resource alone, three elector calls, three writes, forged terms: the lease moves on
+/// twice, so a raise that waited for the fence row may find a newer term granted meanwhile (the
+/// S4 bug the model found, `raise-skips-lease-check`, shows in this configuration).
+#[test]
+fn s1_to_s5_hold_when_the_lease_moves_on_during_a_raise() {
+    holds("three elector calls, r1", Config::lease_moves_on(), &[Witness::RaiseRefusedByNewerLease]);
 }
 
 #[test]
@@ -73,6 +93,7 @@ fn planted(plant: Plant) -> Config {
     match plant {
         Plant::GrantIgnored | Plant::GrantOverstay => Config { clock_step: false, ..Config::clocks() }.planted(plant),
         Plant::WallClockWaits => Config { drifting_clocks: 0, ..Config::clocks() }.planted(plant),
+        Plant::RaiseSkipsLeaseCheck => Config::lease_moves_on().planted(plant),
         _ => small.planted(plant),
     }
 }
@@ -82,6 +103,7 @@ fn planted(plant: Plant) -> Config {
 fn expected(plant: Plant) -> Invariant {
     match plant {
         Plant::NoNewTerm | Plant::AsyncCommit => Invariant::S2,
+        Plant::RaiseSkipsLeaseCheck => Invariant::S4,
         Plant::NoSettle | Plant::LeaseScopedGrants => Invariant::S5,
         Plant::WeakFence | Plant::GrantIgnored | Plant::GrantOverstay | Plant::GateRace | Plant::WallClockWaits => {
             Invariant::S3
