@@ -71,6 +71,13 @@ pub enum Plant {
     /// waits until that clock reads past it (the code before schema version 8): a step of the
     /// clock ends the wait early.
     WallClockWaits,
+    /// `sql-raise-skips-settle`: a raise through SQL (`fencing.try_admit`) records no settle for
+    /// the new term, so the new term's gateway writes are sent at once.
+    SqlRaiseSkipsSettle,
+    /// `busy-grant-skips-lease-check`: a decision of the lease's own term that finds a term
+    /// change holding the grant locks is admitted on the lease as it read it (the code before the
+    /// model found it with an SQL raise; no plant of the fault suite).
+    BusyGrantSkipsLeaseCheck,
     /// `raise-skips-lease-check`: a raise of a bound fence decides on the lease as it read it
     /// before it waited for the fence row and the grants (the code before the model found it; no
     /// plant of the fault suite: `tests/tests/schema/s4_bound_resource.rs` holds the interleaving).
@@ -83,7 +90,7 @@ pub enum Plant {
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 10] = [
+    pub const ALL: [Plant; 12] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -92,6 +99,8 @@ impl Plant {
         Plant::GateRace,
         Plant::AsyncCommit,
         Plant::WallClockWaits,
+        Plant::SqlRaiseSkipsSettle,
+        Plant::BusyGrantSkipsLeaseCheck,
         Plant::RaiseSkipsLeaseCheck,
         Plant::LeaseScopedGrants,
     ];
@@ -107,6 +116,8 @@ impl Plant {
             Plant::GateRace => "gate-race",
             Plant::AsyncCommit => "async-commit",
             Plant::WallClockWaits => "wall-clock-waits",
+            Plant::SqlRaiseSkipsSettle => "sql-raise-skips-settle",
+            Plant::BusyGrantSkipsLeaseCheck => "busy-grant-skips-lease-check",
             Plant::RaiseSkipsLeaseCheck => "raise-skips-lease-check",
             Plant::LeaseScopedGrants => "lease-scoped-grants",
         }
@@ -114,7 +125,14 @@ impl Plant {
 
     /// Whether the variant needs grants to show.
     pub fn needs_grants(self) -> bool {
-        matches!(self, Plant::GrantIgnored | Plant::GrantOverstay | Plant::WallClockWaits | Plant::LeaseScopedGrants)
+        matches!(
+            self,
+            Plant::GrantIgnored
+                | Plant::GrantOverstay
+                | Plant::WallClockWaits
+                | Plant::LeaseScopedGrants
+                | Plant::BusyGrantSkipsLeaseCheck
+        )
     }
 }
 
@@ -143,6 +161,9 @@ pub struct Config {
     pub writes: u8,
     /// How many calls electors make in a run (acquire, renew, release).
     pub lease_calls: u8,
+    /// Whether an SQL writer (`fencing.admit` in a transaction that then writes a row) writes
+    /// too, on resources whose fence row exists.
+    pub sql_writer: bool,
     /// Whether presented terms go up to `terms` (forged and future tokens) or only up to the
     /// highest term a store has granted so far plus one.
     pub forged_terms: bool,
@@ -167,6 +188,7 @@ impl Config {
             clock_step: false,
             drifting_clocks: 0,
             pause_assumption: true,
+            sql_writer: false,
             forged_terms: false,
             plant: None,
             timing: Timing::default(),
@@ -185,6 +207,12 @@ impl Config {
     /// too), three elector calls, so that a newer term can be granted while a raise waits.
     pub fn lease_moves_on() -> Config {
         Config { unbound_resources: 0, writes: 3, lease_calls: 3, forged_terms: true, ..Config::standard(false) }
+    }
+
+    /// An SQL writer beside the gateways: `r1` bound, grants on, 3 writes (gateways' and the SQL
+    /// writer's), 2 elector calls.
+    pub fn sql_writers() -> Config {
+        Config { unbound_resources: 0, writes: 3, sql_writer: true, ..Config::standard(true) }
     }
 
     /// The clocks check: one unbound resource, grants on, four writes, no electors, the store's

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::config::Config;
 use crate::protocol::{Action, Invariant};
-use crate::state::{Answer, Call, LeaseStage, Stage, State};
+use crate::state::{Answer, Call, LeaseStage, SqlStage, Stage, State};
 
 /// The numbered history of `steps` (each a state and the action taken from it), and at the end
 /// the invariants the last state violates.
@@ -212,6 +212,34 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 write.deadline
             )
         }
+        Action::SqlAdmit { resource: r, term } => {
+            let outcome = match after.sql {
+                Some(tx) if matches!(tx.stage, SqlStage::Read { raise: true }) => "a higher term: the row lock next",
+                Some(_) => "its own term: the row lock next",
+                None => "refused",
+            };
+            format!("the SQL writer begins, fencing.admit of term {term} on {} reads: {outcome}", resource(r))
+        }
+        Action::SqlLock | Action::SqlWakes => {
+            let (Some(tx), verb) =
+                (before.sql, if action == Action::SqlLock { "locks the row" } else { "wakes from the grant wait" })
+            else {
+                return format!("{action:?}");
+            };
+            let outcome = match after.sql.map(|tx| tx.stage) {
+                Some(SqlStage::Holding { raised: false }) => "admitted, holding the row FOR KEY SHARE".to_owned(),
+                Some(SqlStage::Holding { raised: true }) => "raised, holding the row FOR UPDATE".to_owned(),
+                Some(SqlStage::Raising { until }) => format!("asleep in fencing.await_grants until time {until}"),
+                _ => "refused".to_owned(),
+            };
+            format!(
+                "the SQL writer's fencing.try_admit (term {} on {}) {verb}: {outcome} [{}]",
+                tx.term,
+                resource(tx.resource),
+                tables(config, after)
+            )
+        }
+        Action::SqlCommit => format!("the SQL writer writes its row and commits [{}]", tables(config, after)),
     };
     for invariant in Invariant::ALL {
         if invariant.violated(&after.ghost) && !invariant.violated(&before.ghost) {

@@ -68,13 +68,19 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
         ],
         ActionKind::GatewayLost => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
         ActionKind::GateRead => &[Sql("gate"), Sql("gate_many"), Sql("commit_durably")],
-        ActionKind::GateGrant => &[Sql("gate"), Sql("fence_lock_id"), Sql("lease_lock_id"), Sql("remaining_ms")],
+        ActionKind::GateGrant => {
+            &[Sql("gate"), Sql("fence_lock_id"), Sql("lease_lock_id"), Sql("remaining_ms"), Sql("lease_refusal")]
+        }
         ActionKind::GateLock => {
             &[Sql("gate"), Sql("await_grants"), Sql("lease_refusal"), Sql("next_settle"), Sql("commit_durably")]
         }
         ActionKind::GateWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("lease_refusal"), Sql("next_settle")],
         ActionKind::GatewayCheck => &[Rust { path: FORWARD, name: "send" }],
         ActionKind::GatewaySend => &[Rust { path: FORWARD, name: "send" }, Rust { path: FORWARD, name: "forward" }],
+        ActionKind::SqlAdmit => &[Sql("admit"), Sql("try_admit"), Sql("lease_refusal")],
+        ActionKind::SqlLock => &[Sql("try_admit"), Sql("await_grants"), Sql("lease_refusal")],
+        ActionKind::SqlWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("lease_refusal")],
+        ActionKind::SqlCommit => &[Sql("next_settle"), Sql("commit_durably")],
     }
 }
 

@@ -20,8 +20,8 @@ use stateright::{Model, Property};
 
 use crate::config::{Config, ELECTORS, GATEWAYS, MAX_CALLS, MAX_RESOURCES, Plant};
 use crate::state::{
-    Answer, Call, Elector, ElectorCall, Fence, Gateway, Ghost, Grant, Lease, LeaseCall, LeaseStage, Settle, Stage,
-    State, Tables, Write, remove_sorted,
+    Answer, Call, Elector, ElectorCall, Fence, Gateway, Ghost, Grant, Lease, LeaseCall, LeaseStage, Settle, SqlStage,
+    SqlTx, Stage, State, Tables, Write, remove_sorted,
 };
 
 /// The model: a [`Config`] and the transitions it allows.
@@ -98,16 +98,19 @@ pub enum Witness {
     /// A raise of a bound fence refused on the lease read again after its row lock: a newer term
     /// was granted while it waited (`fencing.lease_refusal`).
     RaiseRefusedByNewerLease,
+    /// An SQL writer's transaction committed its row.
+    SqlWriteCommitted,
 }
 
 impl Witness {
     /// Every witness.
-    pub const ALL: [Witness; 5] = [
+    pub const ALL: [Witness; 6] = [
         Witness::GrantAdmission,
         Witness::GrantAdmissionAfterClockFaults,
         Witness::RaiseSleptOutGrants,
         Witness::AcquireSleptOutGrants,
         Witness::RaiseRefusedByNewerLease,
+        Witness::SqlWriteCommitted,
     ];
 
     fn bit(self) -> u8 {
@@ -117,6 +120,7 @@ impl Witness {
             Witness::RaiseSleptOutGrants => 4,
             Witness::AcquireSleptOutGrants => 8,
             Witness::RaiseRefusedByNewerLease => 16,
+            Witness::SqlWriteCommitted => 32,
         }
     }
 
@@ -130,6 +134,7 @@ impl Witness {
             Witness::RaiseSleptOutGrants => "reached: a raise slept out grants",
             Witness::AcquireSleptOutGrants => "reached: an acquire slept out grants and started its period",
             Witness::RaiseRefusedByNewerLease => "reached: a raise refused by a term granted while it waited",
+            Witness::SqlWriteCommitted => "reached: an SQL writer committed its row",
         }
     }
 
@@ -200,6 +205,17 @@ pub enum Action {
     /// checks its settle and deadline (no pause between the check and the send); without it, it
     /// sends a write checked before, whatever the time.
     GatewaySend { gateway: u8, write: u8 },
+    /// The SQL writer begins a transaction that presents `term` for `resource` (whose fence row
+    /// exists): `fencing.try_admit`'s plain read, refused there or on to the row lock.
+    SqlAdmit { resource: u8, term: u8 },
+    /// `fencing.try_admit` takes the row lock (waits while another holds it `FOR UPDATE`), checks
+    /// the version and the lease again, and admits holding it, or raises (asleep in
+    /// `fencing.await_grants` first, when there are grants).
+    SqlLock,
+    /// An asleep SQL raise wakes, reads the lease again and raises (not yet committed).
+    SqlWakes,
+    /// The SQL writer's transaction writes its row and commits: its raise becomes visible.
+    SqlCommit,
 }
 
 /// The kinds of [`Action`], for [`crate::mirrors`].
@@ -225,11 +241,15 @@ pub enum ActionKind {
     GateWakes,
     GatewayCheck,
     GatewaySend,
+    SqlAdmit,
+    SqlLock,
+    SqlWakes,
+    SqlCommit,
 }
 
 impl ActionKind {
     /// Every kind.
-    pub const ALL: [ActionKind; 20] = [
+    pub const ALL: [ActionKind; 24] = [
         ActionKind::Tick,
         ActionKind::StepClock,
         ActionKind::Crash,
@@ -250,6 +270,10 @@ impl ActionKind {
         ActionKind::GateWakes,
         ActionKind::GatewayCheck,
         ActionKind::GatewaySend,
+        ActionKind::SqlAdmit,
+        ActionKind::SqlLock,
+        ActionKind::SqlWakes,
+        ActionKind::SqlCommit,
     ];
 }
 
@@ -277,6 +301,10 @@ impl Action {
             Action::GateWakes { .. } => ActionKind::GateWakes,
             Action::GatewayCheck { .. } => ActionKind::GatewayCheck,
             Action::GatewaySend { .. } => ActionKind::GatewaySend,
+            Action::SqlAdmit { .. } => ActionKind::SqlAdmit,
+            Action::SqlLock => ActionKind::SqlLock,
+            Action::SqlWakes => ActionKind::SqlWakes,
+            Action::SqlCommit => ActionKind::SqlCommit,
         }
     }
 }
@@ -337,10 +365,22 @@ impl Protocol {
 
     /// A write of `term` for `resource` is admitted now (S3, S4).
     fn admitted(&self, s: &mut State, resource: usize, term: u8) {
+        Self::ordered(s, resource, term);
+        self.current(s, resource, term);
+    }
+
+    /// S3: an admission of `term` for `resource` takes effect now (for an SQL writer: at its
+    /// commit, which is when its row and its raise become visible).
+    fn ordered(s: &mut State, resource: usize, term: u8) {
         if term < s.ghost.admitted[resource] {
             Self::violate(s, Invariant::S3);
         }
         s.ghost.admitted[resource] = s.ghost.admitted[resource].max(term);
+    }
+
+    /// S4: `term` is decided for `resource` now (for an SQL writer: when it locked the row; it
+    /// holds the row, so the lease's next term cannot write before it commits).
+    fn current(&self, s: &mut State, resource: usize, term: u8) {
         if self.config.bound(resource) && term != s.tables.lease.term {
             Self::violate(s, Invariant::S4);
         }
@@ -348,12 +388,23 @@ impl Protocol {
 
     // --- The store ---------------------------------------------------------------------------
 
-    /// Whether some raise holds `resource`'s fence row (and its advisory lock).
+    /// Whether some raise holds `resource`'s fence row (and its advisory lock): a gateway's, or
+    /// the SQL writer's until it commits.
     fn fence_locked(s: &State, resource: usize) -> bool {
         s.gateways
             .iter()
             .flat_map(|g| g.calls.iter().flatten())
             .any(|call| usize::from(call.resource) == resource && matches!(call.stage, Stage::Raising { .. }))
+            || s.sql.is_some_and(|tx| {
+                usize::from(tx.resource) == resource
+                    && matches!(tx.stage, SqlStage::Raising { .. } | SqlStage::Holding { raised: true })
+            })
+    }
+
+    /// Whether the SQL writer holds `resource`'s row at all (`FOR KEY SHARE` or `FOR UPDATE`):
+    /// a raise's `FOR UPDATE` waits for it.
+    fn sql_holds(s: &State, resource: usize) -> bool {
+        s.sql.is_some_and(|tx| usize::from(tx.resource) == resource && !matches!(tx.stage, SqlStage::Read { .. }))
     }
 
     /// Whether an acquire holds the lease row (`FOR UPDATE`) and the lease's advisory lock.
@@ -497,8 +548,15 @@ impl Protocol {
     /// `fencing.gate`'s grant statements, after a first read at `term` that found `settle`.
     fn gate_grant(&self, s: &mut State, resource: usize, term: u8, attempt: u8, settle: u8) -> Stage {
         let bound = self.config.bound(resource);
-        // A term change in progress holds the locks: no grant, admitted on the version read.
+        // A term change in progress holds the locks: no grant, admitted on the version read,
+        // once the lease read again still holds this term (`fencing.lease_refusal`).
         if Self::fence_locked(s, resource) || (bound && Self::lease_locked(s)) {
+            let max = s.tables.fences[resource].map_or(0, |f| f.max_term);
+            if !self.has(Plant::BusyGrantSkipsLeaseCheck)
+                && let Some(refusal) = self.lease_refusal(s, resource, term, max)
+            {
+                return Stage::Answered(refusal);
+            }
             self.admitted(s, resource, term);
             return Stage::Answered(self.admit_answer(s, resource, settle, 0));
         }
@@ -675,6 +733,7 @@ impl Protocol {
                 for elector in &mut s.electors {
                     elector.call = None;
                 }
+                s.sql = None;
                 true
             }
             Action::Flush => {
@@ -794,7 +853,7 @@ impl Protocol {
                         self.gate_grant(s, r, term, attempt, settle)
                     }
                     (Action::GateLock { .. }, Stage::ReadRaise { attempt }) => {
-                        if Self::fence_locked(s, r) {
+                        if Self::fence_locked(s, r) || Self::sql_holds(s, r) {
                             return false;
                         }
                         self.gate_lock(s, r, term, attempt)
@@ -853,7 +912,102 @@ impl Protocol {
                 remove_sorted(&mut s.gateways[g].writes, w);
                 true
             }
+            Action::SqlAdmit { resource, term } => self.sql_admit(s, resource, term),
+            Action::SqlLock => self.sql_lock(s),
+            Action::SqlWakes => {
+                let Some(tx) = s.sql else { return false };
+                let SqlStage::Raising { until } = tx.stage else { return false };
+                if s.now < until {
+                    return false;
+                }
+                Self::witness(s, Witness::RaiseSleptOutGrants);
+                self.sql_raise(s, tx);
+                true
+            }
+            Action::SqlCommit => {
+                let Some(tx) = s.sql else { return false };
+                let SqlStage::Holding { raised } = tx.stage else { return false };
+                let r = usize::from(tx.resource);
+                if raised && let Some(fence) = s.tables.fences[r] {
+                    // `fencing.next_settle` of the version it locked (planted: none).
+                    let settle = (!self.has(Plant::SqlRaiseSkipsSettle))
+                        .then(|| self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0));
+                    s.tables.fences[r] =
+                        Some(Fence { max_term: tx.term, settle, drain: None, grant: 0, grant_ends: fence.grant_ends });
+                }
+                s.sql = None;
+                self.committed(s);
+                Self::ordered(s, r, tx.term);
+                Self::witness(s, Witness::SqlWriteCommitted);
+                true
+            }
         }
+    }
+
+    /// `fencing.try_admit`'s plain read for the SQL writer (see [`Action::SqlAdmit`]).
+    fn sql_admit(&self, s: &mut State, resource: u8, term: u8) -> bool {
+        let r = usize::from(resource);
+        if !self.config.sql_writer || s.sql.is_some() || s.writes >= self.config.writes {
+            return false;
+        }
+        // Only on a resource whose fence row exists (a bound one's from its binding).
+        let Some(fence) = s.tables.fences[r] else { return false };
+        s.writes += 1;
+        if term < fence.max_term || self.lease_refusal(s, r, term, fence.max_term).is_some() {
+            return true; // refused: the transaction writes nothing
+        }
+        s.sql = Some(SqlTx { resource, term, stage: SqlStage::Read { raise: term > fence.max_term } });
+        true
+    }
+
+    /// `fencing.try_admit`'s row lock for the SQL writer (see [`Action::SqlLock`]).
+    fn sql_lock(&self, s: &mut State) -> bool {
+        let Some(tx) = s.sql else { return false };
+        let SqlStage::Read { raise } = tx.stage else { return false };
+        let (r, term) = (usize::from(tx.resource), tx.term);
+        // `FOR KEY SHARE` and `FOR UPDATE` both wait for a raise holding the row.
+        if Self::fence_locked(s, r) {
+            return false;
+        }
+        let Some(fence) = s.tables.fences[r] else { return false };
+        if fence.max_term > term || (!raise && fence.max_term != term) {
+            s.sql = None; // stale on the version locked
+            return true;
+        }
+        if fence.max_term == term {
+            // The lease read again after the lock (`fencing.lease_refusal`).
+            if self.config.bound(r) && self.lease_refusal(s, r, term, fence.max_term).is_some() {
+                s.sql = None;
+                return true;
+            }
+            self.current(s, r, term);
+            s.sql = Some(SqlTx { stage: SqlStage::Holding { raised: false }, ..tx });
+            return true;
+        }
+        // A raise: `fencing.await_grants`, then the raise.
+        let bound = self.config.bound(r);
+        let waited_by_lease = bound && s.tables.lease.grants_ended_term >= fence.max_term;
+        if fence.grant > 0 && !waited_by_lease {
+            s.sql = Some(SqlTx { stage: SqlStage::Raising { until: s.now + ticks(fence.grant) }, ..tx });
+            return true;
+        }
+        self.sql_raise(s, tx);
+        true
+    }
+
+    /// The SQL writer's raise after the lock and the grant wait: the lease read again, then the
+    /// raise, held until the commit.
+    fn sql_raise(&self, s: &mut State, tx: SqlTx) {
+        let (r, term) = (usize::from(tx.resource), tx.term);
+        if self.config.bound(r) {
+            let max = s.tables.fences[r].map_or(0, |f| f.max_term);
+            if self.lease_refusal(s, r, term, max).is_some() {
+                s.sql = None;
+                return;
+            }
+        }
+        self.current(s, r, term);
+        s.sql = Some(SqlTx { stage: SqlStage::Holding { raised: true }, ..tx });
     }
 
     /// A tick (see [`Action::Tick`]).
@@ -1030,6 +1184,7 @@ impl Model for Protocol {
             durable: self.has(Plant::AsyncCommit).then_some(tables),
             gateways: [Gateway::idle(); GATEWAYS],
             electors: [Elector::default(); ELECTORS],
+            sql: None,
             ghost: Ghost::default(),
         }]
     }
@@ -1077,6 +1232,9 @@ impl Model for Protocol {
             }),
             Property::sometimes(Witness::RaiseRefusedByNewerLease.name(), |_, s: &State| {
                 Witness::RaiseRefusedByNewerLease.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::SqlWriteCommitted.name(), |_, s: &State| {
+                Witness::SqlWriteCommitted.seen(&s.ghost)
             }),
         ]
     }
@@ -1141,6 +1299,17 @@ impl Protocol {
                         Action::GatewayCheck { gateway: g, write: w },
                         Action::GatewaySend { gateway: g, write: w },
                     ]);
+                }
+            }
+        }
+        if self.config.sql_writer {
+            if s.sql.is_some() {
+                out.extend([Action::SqlLock, Action::SqlWakes, Action::SqlCommit]);
+            } else {
+                for r in 0..self.config.resources() {
+                    for term in 1..=terms {
+                        out.push(Action::SqlAdmit { resource: idx(r), term });
+                    }
                 }
             }
         }

@@ -221,7 +221,31 @@ pub struct State {
     pub durable: Option<Tables>,
     pub gateways: [Gateway; GATEWAYS],
     pub electors: [Elector; ELECTORS],
+    /// The SQL writer's open transaction, if any.
+    pub sql: Option<SqlTx>,
     pub ghost: Ghost,
+}
+
+/// The SQL writer's transaction (`fencing.admit`, as the SQL guard calls it, then its row, then
+/// `COMMIT`), on a resource whose fence row exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SqlTx {
+    pub resource: u8,
+    pub term: u8,
+    pub stage: SqlStage,
+}
+
+/// Where the SQL writer's transaction is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SqlStage {
+    /// `fencing.try_admit`'s plain read is done: next, the row lock (`FOR KEY SHARE` for the
+    /// fence's own term, `FOR UPDATE` to raise it).
+    Read { raise: bool },
+    /// Asleep in `fencing.await_grants`, holding the row `FOR UPDATE`.
+    Raising { until: i8 },
+    /// Admitted, holding the row until `COMMIT` (`FOR UPDATE` and the raise not yet visible
+    /// when `raised`).
+    Holding { raised: bool },
 }
 
 impl State {

@@ -62,6 +62,14 @@ fn s1_to_s5_hold_when_the_lease_moves_on_during_a_raise() {
     holds("three elector calls, r1", Config::lease_moves_on(), &[Witness::RaiseRefusedByNewerLease]);
 }
 
+/// An SQL writer beside the gateways (`fencing.admit` in a transaction that then writes a row):
+/// its `FOR KEY SHARE` hold keeps a gateway's raise out until it commits, its raise waits out
+/// the grants and reads the lease again, and its raise becomes visible at its commit.
+#[test]
+fn s1_to_s5_hold_with_an_sql_writer() {
+    holds("SQL writer", Config::sql_writers(), &[Witness::SqlWriteCommitted, Witness::AcquireSleptOutGrants]);
+}
+
 #[test]
 fn s3_holds_across_clock_steps_and_drift_with_monotonic_waits() {
     holds(
@@ -94,6 +102,16 @@ fn planted(plant: Plant) -> Config {
         Plant::GrantIgnored | Plant::GrantOverstay => Config { clock_step: false, ..Config::clocks() }.planted(plant),
         Plant::WallClockWaits => Config { drifting_clocks: 0, ..Config::clocks() }.planted(plant),
         Plant::RaiseSkipsLeaseCheck => Config::lease_moves_on().planted(plant),
+        Plant::BusyGrantSkipsLeaseCheck => Config::sql_writers().planted(plant),
+        Plant::SqlRaiseSkipsSettle => Config {
+            bound_resources: 0,
+            lease_calls: 0,
+            writes: 3,
+            sql_writer: true,
+            forged_terms: true,
+            ..Config::standard(false)
+        }
+        .planted(plant),
         _ => small.planted(plant),
     }
 }
@@ -103,8 +121,8 @@ fn planted(plant: Plant) -> Config {
 fn expected(plant: Plant) -> Invariant {
     match plant {
         Plant::NoNewTerm | Plant::AsyncCommit => Invariant::S2,
-        Plant::RaiseSkipsLeaseCheck => Invariant::S4,
-        Plant::NoSettle | Plant::LeaseScopedGrants => Invariant::S5,
+        Plant::RaiseSkipsLeaseCheck | Plant::BusyGrantSkipsLeaseCheck => Invariant::S4,
+        Plant::NoSettle | Plant::LeaseScopedGrants | Plant::SqlRaiseSkipsSettle => Invariant::S5,
         Plant::WeakFence | Plant::GrantIgnored | Plant::GrantOverstay | Plant::GateRace | Plant::WallClockWaits => {
             Invariant::S3
         }

@@ -169,6 +169,14 @@ BEGIN
                 IF NOT pg_try_advisory_xact_lock_shared(1718183525, fencing.fence_lock_id(p_resource))
                    OR (fence_.lease_key IS NOT NULL
                        AND NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key))) THEN
+                    -- The term change in progress may be the lease's own, granted since the read:
+                    -- the lease is read again (found by the protocol model with an SQL raise).
+                    IF fence_.lease_key IS NOT NULL THEN
+                        SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
+                        IF refusal_ IS NOT NULL THEN
+                            RETURN (false, refusal_, p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+                        END IF;
+                    END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
                 END IF;
@@ -190,6 +198,12 @@ BEGIN
                     AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
                     FOR NO KEY UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
+                    IF fence_.lease_key IS NOT NULL THEN
+                        SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
+                        IF refusal_ IS NOT NULL THEN
+                            RETURN (false, refusal_, p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+                        END IF;
+                    END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
                 END IF;
