@@ -686,7 +686,13 @@ impl Protocol {
                 // `install`: counted from the asking, shortened by the drift allowance.
                 let lasts = ticks(grant) - timing.drift;
                 if grant > 0 && lasts > 0 {
-                    let fresh = Grant { term: call.term, deadline: call.asked + lasts, start, latest };
+                    // `Grants::admit` counts a later write's latest start from the asking plus the
+                    // wait as this gateway counts it (stretched), and shortens the deadline by
+                    // the stretch of what is left of the wait; the model keeps the later bound
+                    // (more sends explored, never fewer).
+                    let stretch = if wait > 0 { 2 * timing.drift } else { 0 };
+                    let fresh =
+                        Grant { term: call.term, deadline: call.asked + lasts, start, latest: latest + stretch };
                     let slot = if self.lease_scoped() && bound {
                         &mut gateway.lease_grant
                     } else {

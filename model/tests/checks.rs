@@ -70,6 +70,17 @@ fn s1_to_s5_hold_with_an_sql_writer() {
     holds("SQL writer", Config::sql_writers(), &[Witness::SqlWriteCommitted, Witness::AcquireSleptOutGrants]);
 }
 
+/// Both gateways' boot clocks drifting (one slow, one fast: the contract's rho both ways at
+/// once), the store's clock stepped, three writes.
+#[test]
+fn s3_holds_with_both_boot_clocks_drifting() {
+    holds(
+        "clocks, both drifting",
+        Config { drifting_clocks: 2, writes: 3, ..Config::clocks() },
+        &[Witness::GrantAdmission, Witness::GrantAdmissionAfterClockFaults, Witness::RaiseSleptOutGrants],
+    );
+}
+
 #[test]
 fn s3_holds_across_clock_steps_and_drift_with_monotonic_waits() {
     holds(
