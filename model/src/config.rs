@@ -161,6 +161,10 @@ pub struct Config {
     pub writes: u8,
     /// How many calls electors make in a run (acquire, renew, release).
     pub lease_calls: u8,
+    /// Whether callers give up on calls (their timeouts) that the store still runs later: a
+    /// gateway's decision or an elector's call, one of each per process at a time, beside its
+    /// next call (delayed past the caller's retry, and so run after it: a duplicate).
+    pub give_up: bool,
     /// Whether an SQL writer (`fencing.admit` in a transaction that then writes a row) writes
     /// too, on resources whose fence row exists.
     pub sql_writer: bool,
@@ -189,6 +193,7 @@ impl Config {
             drifting_clocks: 0,
             pause_assumption: true,
             sql_writer: false,
+            give_up: false,
             forged_terms: false,
             plant: None,
             timing: Timing::default(),
@@ -207,6 +212,12 @@ impl Config {
     /// too), three elector calls, so that a newer term can be granted while a raise waits.
     pub fn lease_moves_on() -> Config {
         Config { unbound_resources: 0, writes: 3, lease_calls: 3, forged_terms: true, ..Config::standard(false) }
+    }
+
+    /// Calls their callers gave up on, run by the store later: `r1` alone, grants on, 2 writes,
+    /// 2 elector calls.
+    pub fn give_up() -> Config {
+        Config { give_up: true, unbound_resources: 0, ..Config::standard(true) }
     }
 
     /// An SQL writer beside the gateways: `r1` bound, grants on, 3 writes (gateways' and the SQL

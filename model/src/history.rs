@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::Config;
+use crate::config::{Config, MAX_CALLS};
 use crate::protocol::{Action, Invariant};
 use crate::state::{Answer, Call, LeaseStage, SqlStage, Stage, State};
 
@@ -78,7 +78,8 @@ fn answer(answer: Answer) -> String {
 }
 
 fn call_of(s: &State, g: u8, c: u8) -> Option<Call> {
-    s.gateways.get(usize::from(g))?.calls.get(usize::from(c)).copied().flatten()
+    let gateway = s.gateways.get(usize::from(g))?;
+    if usize::from(c) == MAX_CALLS { gateway.orphan } else { gateway.calls.get(usize::from(c)).copied().flatten() }
 }
 
 /// What `action` from `before` did, ending in `after`.
@@ -168,10 +169,12 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 _ => "wakes from await_grants",
             };
             let gi = usize::from(g);
+            let orphan = usize::from(c) == MAX_CALLS;
             let next = after.gateways[gi]
                 .calls
                 .iter()
                 .flatten()
+                .chain(after.gateways[gi].orphan.iter().filter(|_| orphan))
                 .find(|n| n.resource == call.resource && n.term == call.term && n.asked == call.asked);
             let outcome = match next.map(|n| n.stage) {
                 Some(Stage::ReadGrant { .. }) => "current term, a grant is asked: grant statements next".to_owned(),
@@ -180,6 +183,7 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 Some(Stage::Asked { .. }) => "the version changed: decides again".to_owned(),
                 Some(Stage::Answered(a)) => answer(a),
                 None if lost => "answered; the answer is lost".to_owned(),
+                None if orphan => "answered; nobody waits for the answer (its gateway gave up)".to_owned(),
                 None => received(config, before, after, gi, call),
             };
             format!(
@@ -211,6 +215,15 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 write.start,
                 write.deadline
             )
+        }
+        Action::GatewayGaveUp { gateway: g, call: c } => {
+            let what = call_of(before, g, c)
+                .map_or_else(String::new, |call| format!(" (term {} on {})", call.term, resource(call.resource)));
+            format!("{} gives up on its decision{what}; the store may still run it", gateway(g))
+        }
+        Action::ElectorGaveUp(e) => format!("{} gives up on its call; the store may still run it", elector(e)),
+        Action::StoreOrphan { elector: e } => {
+            format!("the store runs the call {} gave up on: {}", elector(e), tables(config, after))
         }
         Action::SqlAdmit { resource: r, term } => {
             let outcome = match after.sql {

@@ -100,17 +100,21 @@ pub enum Witness {
     RaiseRefusedByNewerLease,
     /// An SQL writer's transaction committed its row.
     SqlWriteCommitted,
+    /// A call its caller had given up on ran in the store after the caller's next call was sent
+    /// (an elector's) or answered (a gateway's).
+    CallRunAfterGiveUp,
 }
 
 impl Witness {
     /// Every witness.
-    pub const ALL: [Witness; 6] = [
+    pub const ALL: [Witness; 7] = [
         Witness::GrantAdmission,
         Witness::GrantAdmissionAfterClockFaults,
         Witness::RaiseSleptOutGrants,
         Witness::AcquireSleptOutGrants,
         Witness::RaiseRefusedByNewerLease,
         Witness::SqlWriteCommitted,
+        Witness::CallRunAfterGiveUp,
     ];
 
     fn bit(self) -> u8 {
@@ -121,6 +125,7 @@ impl Witness {
             Witness::AcquireSleptOutGrants => 8,
             Witness::RaiseRefusedByNewerLease => 16,
             Witness::SqlWriteCommitted => 32,
+            Witness::CallRunAfterGiveUp => 64,
         }
     }
 
@@ -135,6 +140,7 @@ impl Witness {
             Witness::AcquireSleptOutGrants => "reached: an acquire slept out grants and started its period",
             Witness::RaiseRefusedByNewerLease => "reached: a raise refused by a term granted while it waited",
             Witness::SqlWriteCommitted => "reached: an SQL writer committed its row",
+            Witness::CallRunAfterGiveUp => "reached: a call run after its caller gave up and called again",
         }
     }
 
@@ -199,6 +205,14 @@ pub enum Action {
     GateLock { gateway: u8, call: u8, lost: bool },
     /// An asleep raise wakes, raises the maximum (with the next settle) and commits.
     GateWakes { gateway: u8, call: u8, lost: bool },
+    /// `gateway` gives up on its decision `call` (its timeout: the write is refused locally); the
+    /// store may still run it, and its answer goes nowhere.
+    GatewayGaveUp { gateway: u8, call: u8 },
+    /// An elector gives up on its call (its timeout; a renewal that times out ends its leadership
+    /// locally); the store may still run it, after the elector's next calls.
+    ElectorGaveUp(u8),
+    /// The store runs, or wakes, the call elector `elector` gave up on; its answer goes nowhere.
+    StoreOrphan { elector: u8 },
     /// Without S5's timing assumption only: `gateway` checks `write`'s settle and deadline.
     GatewayCheck { gateway: u8, write: u8 },
     /// `gateway` sends `write` to the upstream. Under S5's timing assumption this step also
@@ -245,11 +259,14 @@ pub enum ActionKind {
     SqlLock,
     SqlWakes,
     SqlCommit,
+    GatewayGaveUp,
+    ElectorGaveUp,
+    StoreOrphan,
 }
 
 impl ActionKind {
     /// Every kind.
-    pub const ALL: [ActionKind; 24] = [
+    pub const ALL: [ActionKind; 27] = [
         ActionKind::Tick,
         ActionKind::StepClock,
         ActionKind::Crash,
@@ -274,6 +291,9 @@ impl ActionKind {
         ActionKind::SqlLock,
         ActionKind::SqlWakes,
         ActionKind::SqlCommit,
+        ActionKind::GatewayGaveUp,
+        ActionKind::ElectorGaveUp,
+        ActionKind::StoreOrphan,
     ];
 }
 
@@ -305,6 +325,9 @@ impl Action {
             Action::SqlLock => ActionKind::SqlLock,
             Action::SqlWakes => ActionKind::SqlWakes,
             Action::SqlCommit => ActionKind::SqlCommit,
+            Action::GatewayGaveUp { .. } => ActionKind::GatewayGaveUp,
+            Action::ElectorGaveUp(_) => ActionKind::ElectorGaveUp,
+            Action::StoreOrphan { .. } => ActionKind::StoreOrphan,
         }
     }
 }
@@ -393,7 +416,7 @@ impl Protocol {
     fn fence_locked(s: &State, resource: usize) -> bool {
         s.gateways
             .iter()
-            .flat_map(|g| g.calls.iter().flatten())
+            .flat_map(|g| g.calls.iter().flatten().chain(g.orphan.iter()))
             .any(|call| usize::from(call.resource) == resource && matches!(call.stage, Stage::Raising { .. }))
             || s.sql.is_some_and(|tx| {
                 usize::from(tx.resource) == resource
@@ -409,7 +432,9 @@ impl Protocol {
 
     /// Whether an acquire holds the lease row (`FOR UPDATE`) and the lease's advisory lock.
     fn lease_locked(s: &State) -> bool {
-        s.electors.iter().any(|e| matches!(e.call, Some(ElectorCall { stage: LeaseStage::Sleeping { .. }, .. })))
+        s.electors.iter().any(|e| {
+            [e.call, e.orphan].into_iter().flatten().any(|call| matches!(call.stage, LeaseStage::Sleeping { .. }))
+        })
     }
 
     /// `fencing.lease_grant_ms`: the longest grant on the lease's bound resources at its term,
@@ -735,9 +760,11 @@ impl Protocol {
                 s.tables = durable;
                 for gateway in &mut s.gateways {
                     gateway.calls = [None; MAX_CALLS];
+                    gateway.orphan = None;
                 }
                 for elector in &mut s.electors {
                     elector.call = None;
+                    elector.orphan = None;
                 }
                 s.sql = None;
                 true
@@ -851,7 +878,10 @@ impl Protocol {
             | Action::GateLock { gateway, call: c, lost }
             | Action::GateWakes { gateway, call: c, lost } => {
                 let (g, c) = (usize::from(gateway), usize::from(c));
-                let Some(call) = s.gateways[g].calls[c] else { return false };
+                // Index MAX_CALLS: the decision the gateway gave up on.
+                let orphan = c == MAX_CALLS;
+                let held = if orphan { s.gateways[g].orphan } else { s.gateways[g].calls.get(c).copied().flatten() };
+                let Some(call) = held else { return false };
                 let (r, term) = (usize::from(call.resource), call.term);
                 let stage = match (action, call.stage) {
                     (Action::GateRead { .. }, Stage::Asked { attempt }) => self.gate_read(s, r, term, attempt),
@@ -876,13 +906,25 @@ impl Protocol {
                 };
                 match stage {
                     Stage::Answered(answer) => {
-                        remove_sorted(&mut s.gateways[g].calls, c);
-                        if !lost {
-                            self.gateway_answer(s, g, call, answer);
+                        if orphan {
+                            // Nobody waits for it.
+                            if lost {
+                                return false;
+                            }
+                            s.gateways[g].orphan = None;
+                            if s.gateways[g].calls.iter().any(Option::is_some) || s.writes >= 2 {
+                                Self::witness(s, Witness::CallRunAfterGiveUp);
+                            }
+                        } else {
+                            remove_sorted(&mut s.gateways[g].calls, c);
+                            if !lost {
+                                self.gateway_answer(s, g, call, answer);
+                            }
                         }
                     }
                     // Only an answer can be lost.
                     _ if lost => return false,
+                    _ if orphan => s.gateways[g].orphan = Some(Call { stage, ..call }),
                     _ => s.gateways[g].calls[c] = Some(Call { stage, ..call }),
                 }
                 true
@@ -916,6 +958,57 @@ impl Protocol {
                 }
                 s.ghost.sent[r] = s.ghost.sent[r].max(write.term);
                 remove_sorted(&mut s.gateways[g].writes, w);
+                true
+            }
+            Action::GatewayGaveUp { gateway, call: c } => {
+                let (g, c) = (usize::from(gateway), usize::from(c));
+                if !self.config.give_up || s.gateways[g].orphan.is_some() {
+                    return false;
+                }
+                let Some(call) = s.gateways[g].calls.get(c).copied().flatten() else { return false };
+                remove_sorted(&mut s.gateways[g].calls, c);
+                s.gateways[g].orphan = Some(call);
+                true
+            }
+            Action::ElectorGaveUp(e) => {
+                let elector = &mut s.electors[usize::from(e)];
+                if !self.config.give_up || elector.orphan.is_some() {
+                    return false;
+                }
+                let Some(call) = elector.call else { return false };
+                if call.call == LeaseCall::Renew {
+                    // A renewal that failed ends the period locally.
+                    elector.leading = None;
+                }
+                elector.call = None;
+                elector.orphan = Some(call);
+                true
+            }
+            Action::StoreOrphan { elector: e } => {
+                let e = usize::from(e);
+                let Some(orphan) = s.electors[e].orphan else { return false };
+                let stage = match orphan.stage {
+                    LeaseStage::Asked => {
+                        if Self::lease_locked(s) {
+                            return false;
+                        }
+                        self.lease_call(s, e, orphan.call)
+                    }
+                    LeaseStage::Sleeping { until, slept } => {
+                        if s.now < until {
+                            return false;
+                        }
+                        LeaseStage::Answered(self.start_period(s, e, slept))
+                    }
+                    LeaseStage::Answered(_) => return false,
+                };
+                if s.electors[e].call.is_some() || s.electors[e].leading.is_some() {
+                    Self::witness(s, Witness::CallRunAfterGiveUp);
+                }
+                s.electors[e].orphan = match stage {
+                    LeaseStage::Answered(_) => None,
+                    sleeping => Some(ElectorCall { stage: sleeping, ..orphan }),
+                };
                 true
             }
             Action::SqlAdmit { resource, term } => self.sql_admit(s, resource, term),
@@ -1242,6 +1335,9 @@ impl Model for Protocol {
             Property::sometimes(Witness::SqlWriteCommitted.name(), |_, s: &State| {
                 Witness::SqlWriteCommitted.seen(&s.ghost)
             }),
+            Property::sometimes(Witness::CallRunAfterGiveUp.name(), |_, s: &State| {
+                Witness::CallRunAfterGiveUp.seen(&s.ghost)
+            }),
         ]
     }
 
@@ -1264,6 +1360,9 @@ impl Protocol {
         for e in 0..ELECTORS {
             let e = idx(e);
             out.extend([Action::ElectorAcquire(e), Action::ElectorRenew(e), Action::ElectorRelease(e)]);
+            if self.config.give_up {
+                out.extend([Action::ElectorGaveUp(e), Action::StoreOrphan { elector: e }]);
+            }
             if s.electors[usize::from(e)].call.is_some() {
                 out.push(Action::ElectorLost(e));
                 for lost in [false, true] {
@@ -1284,10 +1383,22 @@ impl Protocol {
                     out.push(Action::GatewayDecide { gateway: g, resource: idx(r), term });
                 }
             }
+            if gateway.orphan.is_some() {
+                let c = idx(MAX_CALLS);
+                out.extend([
+                    Action::GateRead { gateway: g, call: c, lost: false },
+                    Action::GateGrant { gateway: g, call: c, lost: false },
+                    Action::GateLock { gateway: g, call: c, lost: false },
+                    Action::GateWakes { gateway: g, call: c, lost: false },
+                ]);
+            }
             for (c, call) in gateway.calls.iter().enumerate() {
                 if call.is_some() {
                     let c = idx(c);
                     out.push(Action::GatewayLost { gateway: g, call: c });
+                    if self.config.give_up {
+                        out.push(Action::GatewayGaveUp { gateway: g, call: c });
+                    }
                     for lost in [false, true] {
                         out.extend([
                             Action::GateRead { gateway: g, call: c, lost },

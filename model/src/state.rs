@@ -143,6 +143,9 @@ pub struct Gateway {
     pub settles: [Option<Settle>; MAX_RESOURCES],
     /// Its decisions out (sorted: the state has one spelling).
     pub calls: [Option<Call>; MAX_CALLS],
+    /// A decision it gave up on (its timeout) that is still in the store: it may run later, and
+    /// its answer goes nowhere ([`crate::Config::give_up`]).
+    pub orphan: Option<Call>,
     /// Its admitted writes (sorted).
     pub writes: [Option<Write>; MAX_WRITES],
 }
@@ -182,6 +185,9 @@ pub struct Elector {
     /// `Some((term, deadline))` while it leads.
     pub leading: Option<(u8, i8)>,
     pub call: Option<ElectorCall>,
+    /// A call it gave up on (its timeout) that is still in the store: it may run later, after
+    /// the elector's next calls, and its answer goes nowhere ([`crate::Config::give_up`]).
+    pub orphan: Option<ElectorCall>,
 }
 
 /// Ghost variables: what the properties read, kept by the transitions.
@@ -270,6 +276,7 @@ impl Gateway {
             lease_grant: None,
             settles: [None; MAX_RESOURCES],
             calls: [None; MAX_CALLS],
+            orphan: None,
             writes: [None; MAX_WRITES],
         }
     }

@@ -62,6 +62,14 @@ fn s1_to_s5_hold_when_the_lease_moves_on_during_a_raise() {
     holds("three elector calls, r1", Config::lease_moves_on(), &[Witness::RaiseRefusedByNewerLease]);
 }
 
+/// Callers that give up on a call (their timeouts) while the store still runs it later, after
+/// the caller's next call: a gateway's decision, an elector's acquire or renewal (a delayed
+/// duplicate, as after a retry).
+#[test]
+fn s1_to_s5_hold_when_the_store_runs_calls_their_callers_gave_up_on() {
+    holds("given up", Config::give_up(), &[Witness::CallRunAfterGiveUp]);
+}
+
 /// An SQL writer beside the gateways (`fencing.admit` in a transaction that then writes a row):
 /// its `FOR KEY SHARE` hold keeps a gateway's raise out until it commits, its raise waits out
 /// the grants and reads the lease again, and its raise becomes visible at its commit.
