@@ -86,11 +86,15 @@ pub enum Plant {
     /// every resource bound to that lease, recorded on the lease row and waited out by the
     /// lease's next term (instead of one grant per resource).
     LeaseScopedGrants,
+    /// The same design, repaired: the lease's grant covers a resource only once the gateway had
+    /// one admitted decision of that resource at the grant's term (its binding, its raise and
+    /// settle), and a write under it starts and ends as that decision said.
+    LeaseGrantsAfterDecision,
 }
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 12] = [
+    pub const ALL: [Plant; 13] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -103,6 +107,7 @@ impl Plant {
         Plant::BusyGrantSkipsLeaseCheck,
         Plant::RaiseSkipsLeaseCheck,
         Plant::LeaseScopedGrants,
+        Plant::LeaseGrantsAfterDecision,
     ];
 
     /// The name the fault suite gives it (or the design's name).
@@ -120,6 +125,7 @@ impl Plant {
             Plant::BusyGrantSkipsLeaseCheck => "busy-grant-skips-lease-check",
             Plant::RaiseSkipsLeaseCheck => "raise-skips-lease-check",
             Plant::LeaseScopedGrants => "lease-scoped-grants",
+            Plant::LeaseGrantsAfterDecision => "lease-grants-after-decision",
         }
     }
 
@@ -131,6 +137,7 @@ impl Plant {
                 | Plant::GrantOverstay
                 | Plant::WallClockWaits
                 | Plant::LeaseScopedGrants
+                | Plant::LeaseGrantsAfterDecision
                 | Plant::BusyGrantSkipsLeaseCheck
         )
     }

@@ -358,7 +358,7 @@ impl Protocol {
     }
 
     fn lease_scoped(&self) -> bool {
-        self.has(Plant::LeaseScopedGrants)
+        self.has(Plant::LeaseScopedGrants) || self.has(Plant::LeaseGrantsAfterDecision)
     }
 
     /// The grant a gateway asks for (`grant_for`), zero with grants off.
@@ -662,10 +662,17 @@ impl Protocol {
         }
         let gateway = &s.gateways[g];
         let grant = if self.lease_scoped() && self.config.bound(resource) {
-            gateway.lease_grant
+            let lease = gateway.lease_grant?;
+            if self.has(Plant::LeaseGrantsAfterDecision) {
+                // Only a resource decided at the grant's term, as that decision said.
+                let decided = gateway.decided[resource].filter(|d| d.term == lease.term)?;
+                Grant { start: decided.start, latest: decided.latest, ..lease }
+            } else {
+                lease
+            }
         } else {
-            gateway.grants[resource]
-        }?;
+            gateway.grants[resource]?
+        };
         (grant.term == term && s.boot(g) < grant.deadline).then_some(grant)
     }
 
@@ -708,14 +715,21 @@ impl Protocol {
                         checked: false,
                     });
                 }
+                // `Grants::admit` counts a later write's latest start from the asking plus the
+                // wait as this gateway counts it (stretched), and shortens the deadline by the
+                // stretch of what is left of the wait; the model keeps the later bound (more
+                // sends explored, never fewer).
+                let stretch = if wait > 0 { 2 * timing.drift } else { 0 };
+                if self.has(Plant::LeaseGrantsAfterDecision)
+                    && bound
+                    && gateway.decided[resource].is_none_or(|d| d.term <= call.term)
+                {
+                    gateway.decided[resource] =
+                        Some(Grant { term: call.term, deadline: 0, start, latest: latest + stretch });
+                }
                 // `install`: counted from the asking, shortened by the drift allowance.
                 let lasts = ticks(grant) - timing.drift;
                 if grant > 0 && lasts > 0 {
-                    // `Grants::admit` counts a later write's latest start from the asking plus the
-                    // wait as this gateway counts it (stretched), and shortens the deadline by
-                    // the stretch of what is left of the wait; the model keeps the later bound
-                    // (more sends explored, never fewer).
-                    let stretch = if wait > 0 { 2 * timing.drift } else { 0 };
                     let fresh =
                         Grant { term: call.term, deadline: call.asked + lasts, start, latest: latest + stretch };
                     let slot = if self.lease_scoped() && bound {
@@ -735,6 +749,9 @@ impl Protocol {
                 gateway.grants[resource] = None;
                 if self.lease_scoped() && bound && gateway.lease_grant.is_some_and(|held| held.term == call.term) {
                     gateway.lease_grant = None;
+                }
+                if gateway.decided[resource].is_some_and(|d| d.term <= call.term) {
+                    gateway.decided[resource] = None;
                 }
             }
             Answer::Failed => {}

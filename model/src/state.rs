@@ -146,6 +146,9 @@ pub struct Gateway {
     /// A decision it gave up on (its timeout) that is still in the store: it may run later, and
     /// its answer goes nowhere ([`crate::Config::give_up`]).
     pub orphan: Option<Call>,
+    /// The design `lease-grants-after-decision` only: per bound resource, the term of its last
+    /// admitted decision and the start and latest start it gave (`deadline` unused).
+    pub decided: [Option<Grant>; MAX_RESOURCES],
     /// Its admitted writes (sorted).
     pub writes: [Option<Write>; MAX_WRITES],
 }
@@ -277,6 +280,7 @@ impl Gateway {
             settles: [None; MAX_RESOURCES],
             calls: [None; MAX_CALLS],
             orphan: None,
+            decided: [None; MAX_RESOURCES],
             writes: [None; MAX_WRITES],
         }
     }

@@ -38,6 +38,27 @@
 -- fence's lease's) held shared, which every term change takes exclusively before it sleeps, so a
 -- renewal costs a read, not a write. A bound resource's grant never outlasts its lease as this
 -- clock sees it, and a new term of the lease waits out the longest grant on its resources.
+-- fencing.gate's refusal of presented by the lease lease_key as it is now (fencing.lease_refusal),
+-- reporting the fence's maximum max_term; a row of NULLs when the lease admits presented or
+-- lease_key is NULL (an unbound fence). What fencing.gate returns when a decision that waited,
+-- or found a term change in progress, reads the lease again (S4).
+CREATE OR REPLACE FUNCTION fencing.gate_refusal(lease_key text, presented bigint, max_term bigint)
+RETURNS fencing.gate_result
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    refusal_ record;
+BEGIN
+    IF lease_key IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT r.reason, r.lease_term INTO refusal_ FROM fencing.lease_refusal(lease_key, presented) r;
+    IF refusal_.reason IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (false, refusal_.reason, presented, max_term, lease_key, refusal_.lease_term, 0, 0)::fencing.gate_result;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION fencing.gate(resource text, term bigint, forward_timeout interval,
                                         bind_lease text DEFAULT NULL, grant_for interval DEFAULT interval '0')
 RETURNS fencing.gate_result
@@ -52,7 +73,7 @@ DECLARE
     forward_ms_ bigint;
     grant_ms_   bigint;
     given_ms_   bigint;
-    refusal_    text;
+    refused_    fencing.gate_result;
 BEGIN
     forward_ms_ := ceil(extract(epoch FROM forward_timeout) * 1000)::bigint;
     -- The common case in one indexed read.
@@ -124,11 +145,9 @@ BEGIN
             IF FOUND THEN
                 -- The insert may have waited for a concurrent one that then rolled back: the
                 -- lease is checked again (the row stays at this term, which the lease granted).
-                IF bind_lease IS NOT NULL THEN
-                    SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(bind_lease, p_term) r;
-                    IF refusal_ IS NOT NULL THEN
-                        RETURN (false, refusal_, p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
-                    END IF;
+                refused_ := fencing.gate_refusal(bind_lease, p_term, p_term);
+                IF refused_.outcome IS NOT NULL THEN
+                    RETURN refused_;
                 END IF;
                 RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
             END IF;
@@ -171,11 +190,9 @@ BEGIN
                        AND NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key))) THEN
                     -- The term change in progress may be the lease's own, granted since the read:
                     -- the lease is read again (found by the protocol model with an SQL raise).
-                    IF fence_.lease_key IS NOT NULL THEN
-                        SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
-                        IF refusal_ IS NOT NULL THEN
-                            RETURN (false, refusal_, p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
-                        END IF;
+                    refused_ := fencing.gate_refusal(fence_.lease_key, p_term, fence_.max_term);
+                    IF refused_.outcome IS NOT NULL THEN
+                        RETURN refused_;
                     END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
@@ -198,11 +215,9 @@ BEGIN
                     AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
                     FOR NO KEY UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
-                    IF fence_.lease_key IS NOT NULL THEN
-                        SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
-                        IF refusal_ IS NOT NULL THEN
-                            RETURN (false, refusal_, p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
-                        END IF;
+                    refused_ := fencing.gate_refusal(fence_.lease_key, p_term, fence_.max_term);
+                    IF refused_.outcome IS NOT NULL THEN
+                        RETURN refused_;
                     END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
                             coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
@@ -240,11 +255,9 @@ BEGIN
             -- The update may have waited for another gateway's: the lease is checked again (what
             -- it recorded for this term stays; a longer grant recorded only makes the next term
             -- wait longer).
-            IF fence_.lease_key IS NOT NULL THEN
-                SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
-                IF refusal_ IS NOT NULL THEN
-                    RETURN (false, refusal_, p_term, p_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
-                END IF;
+            refused_ := fencing.gate_refusal(fence_.lease_key, p_term, p_term);
+            IF refused_.outcome IS NOT NULL THEN
+                RETURN refused_;
             END IF;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
                     coalesce(fence_.settle_ms, 0), given_ms_)::fencing.gate_result;
@@ -265,11 +278,9 @@ BEGIN
         -- only grows, so the refusal is final (no attempt of the loop is spent on it). No lock on
         -- the lease: an open transaction that raised must not hold up the lease's next term (the
         -- new term's writes wait for the fence row instead).
-        IF fence_.lease_key IS NOT NULL THEN
-            SELECT r.reason, r.lease_term INTO refusal_, lease_term_ FROM fencing.lease_refusal(fence_.lease_key, p_term) r;
-            IF refusal_ IS NOT NULL THEN
-                RETURN (false, refusal_, p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
-            END IF;
+        refused_ := fencing.gate_refusal(fence_.lease_key, p_term, fence_.max_term);
+        IF refused_.outcome IS NOT NULL THEN
+            RETURN refused_;
         END IF;
         PERFORM fencing.commit_durably();
         UPDATE fencing.fences f
