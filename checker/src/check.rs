@@ -28,7 +28,7 @@ pub struct CheckOptions {
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        CheckOptions { grant_margin_us: 100_000, byte_tolerance_us: 0, deadline_tolerance_us: 100_000 }
+        CheckOptions { grant_margin_us: 100_000, byte_tolerance_us: 0, deadline_tolerance_us: 250_000 }
     }
 }
 
@@ -798,8 +798,9 @@ pub fn s5_no_lower_byte_after_higher_head(h: &History, opts: &CheckOptions) -> V
 /// S5: no byte of a forwarded write (head or body piece) arrives at an upstream after the
 /// deadline its gateway set for it (`deadlines.jsonl`), beyond the tolerance. Not held against a
 /// gateway paused across the deadline (the contract's timing assumption: no pause longer than
-/// the margin) or one whose clocks ran at another rate (its deadline in real time is not known;
-/// such a gateway admits nothing anyway).
+/// the margin) for bytes that came no later than the tolerance after it resumed, or against one
+/// whose clocks ran at another rate (its deadline in real time is not known; such a gateway
+/// admits nothing anyway).
 pub fn s5_no_byte_after_the_gateways_deadline(h: &History, opts: &CheckOptions) -> Vec<Violation> {
     let mut by_id: HashMap<&str, Vec<&UpstreamRequest>> = HashMap::new();
     for r in &h.upstream {
@@ -818,12 +819,13 @@ pub fn s5_no_byte_after_the_gateways_deadline(h: &History, opts: &CheckOptions) 
                 continue;
             }
             // Paused from before the gateway had to act (the deadline, give or take the
-            // tolerance) until after it.
+            // tolerance) until after it, and the byte no later than the tolerance after it resumed.
             let paused = h.faults.iter().any(|f| {
                 f.kind.starts_with("sigstop-gateway")
                     && f.target == gateway
                     && f.start_us <= allowed
                     && f.end_us >= d.deadline_us
+                    && last <= f.end_us.saturating_add(opts.deadline_tolerance_us)
             });
             if paused {
                 continue;

@@ -20,7 +20,7 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     byte_tolerance_us: u32,
     /// S5: how late a byte may arrive after its gateway's deadline for the write, in milliseconds.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 250)]
     deadline_tolerance_ms: u32,
     /// Print the report as JSON instead of the table.
     #[arg(long)]

@@ -25,7 +25,9 @@
 -- settles behind it, drain_ms, until a gateway marks those writes past: fencing.mark_drained).
 --
 -- bind_lease: the route's lease. A resource that does not exist yet is created bound to it
--- (only for a write the lease admits: a refused write leaves no row). A resource bound to
+-- (only for a write the lease admits: a refused write leaves no row, except a first write whose
+-- insert waited for a concurrent one that rolled back and whose lease moved on meanwhile: its
+-- row stays, at the term the lease had granted, and only makes the next term wait its settle). A resource bound to
 -- another lease, or not bound at all (a protected table's or an SQL writer's), is refused as
 -- wrong_lease: a write never rebinds (S4, S8). Names beginning with '/' are the gateway's
 -- unbound routes' own (route prefix, '/', resource) and can never be bound.

@@ -23,6 +23,7 @@ DECLARE
     fence_     fencing.fences;
     lease_     fencing.leases;
     max_       bigint;
+    key_       text;
     refusal_   text;
     lease_term_ bigint;
     snapshot_  boolean := current_setting('transaction_isolation') <> 'read committed';
@@ -73,12 +74,16 @@ BEGIN
             END IF;
         ELSIF p_term = fence_.max_term THEN
             -- Hold the row until commit; a raise in progress is waited for, then seen.
-            SELECT f.max_term INTO max_ FROM fencing.fences f WHERE f.resource = p_resource FOR KEY SHARE;
+            SELECT f.max_term, f.lease_key INTO max_, key_ FROM fencing.fences f
+             WHERE f.resource = p_resource FOR KEY SHARE;
             IF snapshot_ THEN
                 PERFORM fencing.probe_newest('fences', p_resource);
             END IF;
             IF max_ <> p_term THEN
-                RETURN (false, 'stale', max_, fence_.lease_key, lease_.term)::fencing.admission;
+                RETURN (false, 'stale', max_, key_, lease_.term)::fencing.admission;
+            END IF;
+            IF key_ IS DISTINCT FROM fence_.lease_key THEN
+                CONTINUE; -- bound or rebound while it waited: decide again on the new binding
             END IF;
             -- The lock may have waited for a raise that then rolled back: the lease is checked
             -- again (at REPEATABLE READ and above, a lease changed since the snapshot fails).
@@ -102,24 +107,28 @@ BEGIN
         IF fence_.max_term < p_term THEN
             -- Gateways may admit the lower term until their grants end (grants.sql).
             PERFORM fencing.await_grants(fence_);
-            -- A bound fence: the lease may have moved on while this raise waited for the row and
-            -- the grants. Read again now and refused if its term is no longer current (as in
-            -- fencing.gate's raise; at REPEATABLE READ and above, a lease changed since the
-            -- snapshot fails the probe with 40001).
-            IF fence_.lease_key IS NOT NULL THEN
-                SELECT r.reason, r.lease_term INTO refusal_, lease_term_
-                  FROM fencing.lease_refusal(fence_.lease_key, p_term, snapshot_) r;
-                IF refusal_ IS NOT NULL THEN
-                    RETURN (false, refusal_, fence_.max_term, fence_.lease_key, lease_term_)::fencing.admission;
-                END IF;
+        END IF;
+        -- A bound fence, on the binding of the version locked (a bind or rebind may have come
+        -- while this waited): the lease may have moved on while it waited for the row (another
+        -- raise to this very term, then committed, included) and the grants. Read again now and
+        -- refused if its term is no longer current (as in fencing.gate; at REPEATABLE READ and
+        -- above, a lease changed since the snapshot fails the probe with 40001).
+        lease_term_ := lease_.term;
+        IF fence_.lease_key IS NOT NULL THEN
+            SELECT r.reason, r.lease_term INTO refusal_, lease_term_
+              FROM fencing.lease_refusal(fence_.lease_key, p_term, snapshot_) r;
+            IF refusal_ IS NOT NULL THEN
+                RETURN (false, refusal_, fence_.max_term, fence_.lease_key, lease_term_)::fencing.admission;
             END IF;
+        END IF;
+        IF fence_.max_term < p_term THEN
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
                SET max_term = p_term, updated_at = clock_timestamp(),
                    settle_ms = fencing.next_settle(fence_), forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
              WHERE f.resource = p_resource;
         END IF;
-        RETURN (true, 'admitted', p_term, fence_.lease_key, lease_.term)::fencing.admission;
+        RETURN (true, 'admitted', p_term, fence_.lease_key, lease_term_)::fencing.admission;
     END LOOP;
     RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';
 END

@@ -5,10 +5,10 @@
 //! Every connection to [`FaultProxy::addr`] is forwarded to the target. The mode applies to
 //! every byte not yet forwarded: [`Mode::Delay`] holds each piece for a while (in order),
 //! [`Mode::Hold`] holds everything until the mode changes (then releases it in order),
-//! [`Mode::OneWay`] holds one direction only. Bytes held or delayed when their sender resets the
-//! connection are lost, never delivered later; when it closes, they are delivered or lost as
-//! the proxy was started ([`OnClose`]). [`FaultProxy::drop_all`] closes every open
-//! connection; [`FaultProxy::reset_all`] resets them (RST, nothing more delivered).
+//! [`Mode::OneWay`] holds one direction only. What happens to bytes held or delayed when their
+//! sender closes or resets the connection depends on the link ([`OnClose`]): on a link to an
+//! upstream, a reset loses them and a close delivers them; on the Postgres links, a delayed piece
+//! is always delivered and a held one is lost.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -184,10 +184,11 @@ enum End {
 }
 
 /// Copies one direction, honouring the mode before every piece it forwards. The proxy reads
-/// eagerly: what it holds plays the part of what the sender's kernel has not sent yet. So a
-/// reset by the sender (a gateway aborting a write at its deadline) loses every byte held or
-/// delayed, as SO_LINGER 0 does, while a close (FIN) delivers them when the mode lets them go
-/// ([`OnClose::Deliver`]) or loses them ([`OnClose::Drop`], the Postgres links).
+/// eagerly. On a link to an upstream ([`OnClose::Deliver`]) what it holds or delays plays the
+/// part of what the sender's kernel has not sent yet: a reset by the sender (a gateway aborting
+/// a write at its deadline) loses it, as SO_LINGER 0 does, and a close (FIN) delivers it when the
+/// mode lets it go. On the Postgres links ([`OnClose::Drop`]) a delayed piece is in flight and
+/// always delivered, and a held one is lost when its sender closes or resets.
 async fn pump(
     from: &mut OwnedReadHalf,
     to: &mut OwnedWriteHalf,
@@ -222,7 +223,8 @@ async fn pump(
     };
     let writer = async {
         if forward(&mut queue, to, &mut mode, &mut end, direction, on_close).await == End::Reset {
-            // What the sender reset is reset on the other side too (and ends there now).
+            // What the sender reset is reset on the other side too: a FIN now, and a RST when the
+            // socket is closed, once the other direction has ended as well.
             let _ = to.as_ref().set_zero_linger();
         }
         let _ = to.shutdown().await;
@@ -256,6 +258,12 @@ async fn forward(
             match current {
                 Mode::Pass => break,
                 Mode::OneWay(open) if open == direction => break,
+                // A delayed piece is in flight on a Postgres link (delivered whatever its sender
+                // does next, as before), in the sender's kernel on an upstream link.
+                Mode::Delay(delay) if on_close == OnClose::Drop => {
+                    tokio::time::sleep(delay).await;
+                    break;
+                }
                 Mode::Delay(delay) => {
                     let until = tokio::time::Instant::now() + delay;
                     loop {

@@ -313,3 +313,54 @@ async fn s4_a_decision_that_waited_for_a_lock_is_refused_once_a_newer_term_is_gr
         other => panic!("an SQL write of term 1 after term 2 was granted: {other:?}"),
     }
 }
+
+/// Two more waits of an SQL writer (found in review): a raise to the lease's current term that
+/// waited behind another writer's raise to that same term, committed meanwhile, while the lease
+/// moved on; and a writer of the current term whose row lock waited behind a rebinding to
+/// another lease. Before, the first admitted term 2 after term 3 was granted, and the second
+/// admitted term 1 of the old lease on a resource now bound to a lease no one holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_an_sql_writer_decides_on_the_lease_and_binding_it_finds_after_its_wait() {
+    let db = TestDb::new().await;
+    let setup = db.connect().await;
+
+    // A raise to term 2 behind another raise to term 2.
+    let (resource, lease) = ("s4-sql-raise-twice", "s4-sql-raise-twice-lease");
+    store::bind(&setup, resource, lease).await.unwrap();
+    assert_eq!(store::acquire(&setup, lease, "leader-a", TTL).await.unwrap().term, Some(1));
+    assert_eq!(store::admit(&setup, resource, 1).await.unwrap(), 1);
+    assert!(store::release(&setup, lease, "leader-a").await.unwrap());
+    assert_eq!(store::acquire(&setup, lease, "leader-b", TTL).await.unwrap().term, Some(2));
+    let holder = db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(store::admit(&holder, resource, 2).await.unwrap(), 2);
+    let writer = db.connect().await;
+    let pid: i32 = writer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let write = tokio::spawn(async move { store::admit(&writer, resource, 2).await });
+    until_it_waits_for_a_lock(&setup, pid).await;
+    assert!(store::release(&setup, lease, "leader-b").await.unwrap());
+    assert_eq!(store::acquire(&setup, lease, "leader-c", TTL).await.unwrap().term, Some(3));
+    holder.batch_execute("COMMIT").await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap() {
+        Err(Error::Refused { message }) => assert!(message.contains("presented term 2"), "{message}"),
+        other => panic!("an SQL write of term 2 after term 3 was granted: {other:?}"),
+    }
+
+    // A writer of the current term behind a rebinding.
+    let (resource, lease, other) = ("s4-sql-rebound", "s4-sql-rebound-lease", "s4-sql-rebound-nobody");
+    store::bind(&setup, resource, lease).await.unwrap();
+    assert_eq!(store::acquire(&setup, lease, "leader-a", TTL).await.unwrap().term, Some(1));
+    assert_eq!(store::admit(&setup, resource, 1).await.unwrap(), 1);
+    let holder = db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    store::rebind(&holder, resource, other, "dba", "moved to another leader").await.unwrap();
+    let writer = db.connect().await;
+    let pid: i32 = writer.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let write = tokio::spawn(async move { store::admit(&writer, resource, 1).await });
+    until_it_waits_for_a_lock(&setup, pid).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap() {
+        Err(Error::Refused { message }) => assert!(message.contains("presented term 1"), "{message}"),
+        other => panic!("an SQL write of the old lease's term admitted after a rebinding: {other:?}"),
+    }
+}
