@@ -1532,12 +1532,17 @@ impl Schedule {
             .filter_map(|(gateway, process)| Some((gateway, process.pid()?)))
             .collect();
         let mut paused = Vec::new();
+        // The gateways paused, and since when: a pause of the history like any other
+        // (`sigstop-gateway-probe`), which S5's deadline rule must know of.
+        let mut paused_gateways = Vec::new();
         let pause = |acting: Option<usize>| {
-            let others = gateways.iter().filter(|(gateway, _)| Some(*gateway) != acting).map(|(_, pid)| *pid);
-            for pid in clients.iter().copied().chain(others) {
+            let others: Vec<&(usize, Pid)> = gateways.iter().filter(|(gateway, _)| Some(*gateway) != acting).collect();
+            let at = now_us();
+            for pid in clients.iter().copied().chain(others.iter().map(|(_, pid)| *pid)) {
                 let _ = kill(pid, Signal::SIGSTOP);
                 paused.push(pid);
             }
+            paused_gateways.extend(others.iter().map(|(gateway, _)| (*gateway, at)));
         };
         self.probe_pending = self.prober.act(path, &url, &usable, rng, pause).await;
         // As a power cut: every process of the server stopped, then killed, so nothing of it
@@ -1545,6 +1550,13 @@ impl Schedule {
         let crashed = tokio::task::block_in_place(|| cluster.power_cut());
         for pid in paused {
             let _ = kill(pid, Signal::SIGCONT);
+        }
+        let resumed = now_us();
+        for (gateway, at) in paused_gateways {
+            self.faults.push(json!({
+                "kind": "sigstop-gateway-probe", "target": format!("gateway-{gateway}"),
+                "start_us": at, "end_us": resumed,
+            }));
         }
         crashed
     }
