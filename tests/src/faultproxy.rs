@@ -309,3 +309,38 @@ async fn forward(
 
 /// A shared handle on a proxy, for the injector.
 pub type SharedProxy = Arc<FaultProxy>;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// What an upstream link's proxy holds when its sender closes is delivered once the hold
+    /// ends; what it holds when its sender resets is lost.
+    #[tokio::test]
+    async fn an_upstream_link_delivers_held_bytes_after_a_close_and_loses_them_after_a_reset() {
+        for reset in [false, true] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let proxy = FaultProxy::start_with(listener.local_addr().unwrap(), OnClose::Deliver).await.unwrap();
+            proxy.set(Mode::Hold);
+            let mut sender = TcpStream::connect(proxy.addr()).await.unwrap();
+            let (mut receiver, _) = listener.accept().await.unwrap();
+            sender.write_all(b"held bytes").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if reset {
+                sender.set_zero_linger().unwrap();
+            }
+            drop(sender);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            proxy.set(Mode::Pass);
+            let mut got = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(2), receiver.read_to_end(&mut got)).await;
+            if reset {
+                assert!(got.is_empty(), "bytes held when the sender reset were delivered: {got:?}");
+            } else {
+                assert_eq!(got, b"held bytes", "bytes held when the sender closed were not delivered");
+            }
+        }
+    }
+}

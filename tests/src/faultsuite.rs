@@ -1205,7 +1205,11 @@ impl Schedule {
                     return Ok(last_end_us);
                 }
             } else if crashes_after_raise.first().is_some_and(|(at, _)| now >= *at)
-                && !active.iter().any(|f| f.kind.starts_with("pg-crash") || f.kind == "pg-failover")
+                // Not during a hold of a gateway's upstream links either: the probe pauses the
+                // gateways, and one paused across its deadlines need not abort its writes.
+                && !active.iter().any(|f| {
+                    f.kind.starts_with("pg-crash") || f.kind == "pg-failover" || f.kind == "proxy-hold-upstream"
+                })
             {
                 let (_, path) = crashes_after_raise.remove(0);
                 let started_us = now_us();
@@ -1240,7 +1244,7 @@ impl Schedule {
         // what the leader does next is where S2 and S7 are decided. A gateway's links to the
         // upstreams stalled past its forward deadlines (`proxy-hold-upstream`) is where a write
         // must be aborted, not left to the kernel (S5).
-        const KINDS: [&str; 41] = [
+        const KINDS: [&str; 42] = [
             "pg-failover",
             "pg-failover",
             "pg-failover",
@@ -1273,6 +1277,7 @@ impl Schedule {
             "proxy-delay",
             "proxy-delay",
             "proxy-hold",
+            "proxy-hold-upstream",
             "proxy-hold-upstream",
             "proxy-hold-upstream",
             "proxy-hold-upstream",
