@@ -219,7 +219,8 @@ impl Plant {
             // A binding lost in a crash: the resource admits a term its lease never granted.
             Plant::BindAsyncCommit | Plant::RebindAsyncCommit => &[S4],
             // A byte of a write sent after the gateway's own deadline for it.
-            Plant::UpstreamGracefulClose => &[S5],
+            // (and lower-term writes arriving after higher ones: S3 at the upstream).
+            Plant::UpstreamGracefulClose => &[S3, S5],
         }
     }
 

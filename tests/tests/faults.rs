@@ -2,7 +2,8 @@
 //! checked by the independent checker (`checker/`, which shares no code with what it checks).
 //! CI runs `FENCING_FAULT_SCHEDULES` schedules (default 25) of about 10 s, then shows that each
 //! of the planted bugs is caught: the first eight within 50 schedules, those of the suite's
-//! blind spots (S7, renewals, periods ended locally, durability per path, mixed paths) within
+//! blind spots (S7, renewals, periods ended locally, durability per path, mixed paths, S5's
+//! deadline) within
 //! 40 of 4 s of faults (6 s for those that need a leader to end its period locally). A hunt stops
 //! at its first catch, so the bound costs time only when a bug goes unseen; each bound is several
 //! times the schedules a catch took in the runs the README reports. Two scenarios run at once,
@@ -202,4 +203,14 @@ async fn planted_rebinding_that_commits_asynchronously_is_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_sql_raise_that_records_no_settle_is_caught() {
     caught_in(Plant::SqlRaiseSkipsSettle, 40, 4).await;
+}
+
+// S5's own deadline: the gateway's upstream sockets close with FIN instead of RST, so that the
+// kernel still sends a write aborted at its deadline (the injector holds a gateway's links to the
+// upstreams past its forward timeout; the checker compares every byte with the deadline the
+// gateway logged for the write).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_upstream_connection_closed_instead_of_reset_is_caught() {
+    caught_in(Plant::UpstreamGracefulClose, 40, 4).await;
 }

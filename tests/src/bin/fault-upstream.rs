@@ -208,7 +208,10 @@ async fn main() {
         let state = Arc::clone(&state);
         tokio::spawn(async move {
             let service = service_fn(move |request| answer(request, Arc::clone(&state)));
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            // A request whose sender closed its side right after it (a FIN behind the body: a
+            // write the gateway closed instead of resetting) is still served and recorded, as a
+            // server that reads to the end does (hyper's default gives up on such a connection).
+            let _ = http1::Builder::new().half_close(true).serve_connection(TokioIo::new(stream), service).await;
         });
     }
 }
