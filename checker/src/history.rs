@@ -456,7 +456,8 @@ fn leases_in_real_time(periods: &mut [(usize, LeasePeriod)], clock: &StoreClockL
         let projected = period.end_reason.as_deref().is_none_or(|reason| reason == "expired");
         readings.push((granted, ended, projected));
     }
-    // The last reading of each window (expiries are projections, not readings).
+    // The first and last reading of each window (expiries are projections, not readings).
+    let mut first: BTreeMap<usize, i64> = BTreeMap::new();
     let mut last: BTreeMap<usize, i64> = BTreeMap::new();
     let genuine = readings
         .iter()
@@ -465,6 +466,8 @@ fn leases_in_real_time(periods: &mut [(usize, LeasePeriod)], clock: &StoreClockL
         if let Reading::Read { real, window } = reading {
             let latest = last.entry(window).or_insert(real);
             *latest = (*latest).max(real);
+            let earliest = first.entry(window).or_insert(real);
+            *earliest = (*earliest).min(real);
         }
     }
     // The earliest instant of the step that opened `window`.
@@ -474,7 +477,15 @@ fn leases_in_real_time(periods: &mut [(usize, LeasePeriod)], clock: &StoreClockL
         before.max(after_last)
     };
     let real = |reading: Reading, projected: bool| match reading {
-        Reading::Read { real, window } if projected => real.max(step_earliest(window)),
+        // A later window read the clock at or before this instant: its step came first and
+        // carried the clock past this projection (a store time below `at_us` of that step, so
+        // taken for a reading of the old window).
+        Reading::Read { real, window } if projected => {
+            match first.range(window + 1..).find(|(_, read)| **read <= real) {
+                Some((&later, _)) => step_earliest(later),
+                None => real.max(step_earliest(window)),
+            }
+        }
         Reading::Read { real, .. } => real,
         Reading::SteppedOver { window } => step_earliest(window),
     };

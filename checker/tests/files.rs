@@ -413,6 +413,25 @@ fn an_expiry_a_forward_step_carried_the_clock_past_ends_at_the_earliest_instant_
     let report = check_schedule(&dir).unwrap();
     assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
 
+    // Forward by 49 s at an instant between 7.000 s and 7.300 s; term 1 expires at 7.100 s on the
+    // store's clock, within that window, and term 2 was granted at 7.050 s (56.050 s on the
+    // stepped clock): the step came before 7.050 s and carried the clock past 7.100 s, so term 1
+    // ended at the step, 7.000 s at the earliest (a soak reported a 52 ms overlap, taking 7.100 s
+    // for a reading of the old offset).
+    let mut h = base();
+    h.lease_calls.clear();
+    h.leases = vec![
+        expired("k1", 1, "leader-a#1", 5 * S, 7 * S + 100_000),
+        lease("k1", 2, "leader-b#1", 7 * S + 50_000 + 49 * S, None),
+    ];
+    write_schedule(&dir, &h);
+    write_clock(&dir, &[(7 * S, 7 * S + 300_000, 49 * S)]);
+    let loaded = fencing_checker::History::load(&dir).unwrap();
+    assert_eq!(loaded.leases[0].ended_at_us, Some(7 * S));
+    assert_eq!(loaded.leases[1].granted_at_us, 7 * S + 50_000);
+    let report = check_schedule(&dir).unwrap();
+    assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+
     // Forward by 1 s in the same window. A grant read on the old offset at 7.004 s shows the step
     // came after it, so term 1 ran until after 7.004 s: that grant overlaps it, whatever another
     // key's expiry (a projection, not a reading: 8.001 s, which falls at 7.001 s on the new
