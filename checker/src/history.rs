@@ -477,13 +477,18 @@ fn leases_in_real_time(periods: &mut [(usize, LeasePeriod)], clock: &StoreClockL
         before.max(after_last)
     };
     let real = |reading: Reading, projected: bool| match reading {
-        // A later window read the clock at or before this instant: its step came first and
-        // carried the clock past this projection (a store time below `at_us` of that step, so
-        // taken for a reading of the old window).
+        // The next window read the clock at or before this instant: its step came first, and
+        // when it stepped the clock forward it carried the clock past this projection (a store
+        // time below `at_us` of that step, so taken for a reading of the old window). A step
+        // back carries the clock past nothing: the projection then stands where it is.
         Reading::Read { real, window } if projected => {
-            match first.range(window + 1..).find(|(_, read)| **read <= real) {
-                Some((&later, _)) => step_earliest(later),
-                None => real.max(step_earliest(window)),
+            let forward = match (clock.windows.get(window), clock.windows.get(window + 1)) {
+                (Some(this), Some(next)) => next.2 > this.2,
+                _ => false,
+            };
+            match first.get(&(window + 1)) {
+                Some(&read) if forward && read <= real => step_earliest(window + 1),
+                _ => real.max(step_earliest(window)),
             }
         }
         Reading::Read { real, .. } => real,

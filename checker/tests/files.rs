@@ -432,6 +432,23 @@ fn an_expiry_a_forward_step_carried_the_clock_past_ends_at_the_earliest_instant_
     let report = check_schedule(&dir).unwrap();
     assert!(!report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
 
+    // Back by 100 s at an instant between 7.000 s and 7.060 s; term 1 expires at 7.050 s on the
+    // store's clock, and another owner is granted term 2 at 7.020 s (-92.980 s on the stepped
+    // clock): a step back carries the clock past nothing, so term 1 still ran then, an overlap
+    // the checker must report (a step forward in its place would have ended term 1).
+    let mut h = base();
+    h.lease_calls.clear();
+    h.leases = vec![
+        expired("k1", 1, "leader-a#1", 5 * S, 7 * S + 50_000),
+        lease("k1", 2, "leader-b#1", 7 * S + 20_000 - 100 * S, None),
+    ];
+    write_schedule(&dir, &h);
+    write_clock(&dir, &[(7 * S, 7 * S + 60_000, -100 * S), (9 * S, 9 * S, 0)]);
+    let loaded = fencing_checker::History::load(&dir).unwrap();
+    assert_eq!(loaded.leases[0].ended_at_us, Some(7 * S + 50_000));
+    let report = check_schedule(&dir).unwrap();
+    assert!(report.violations.iter().any(|v| v.invariant == Invariant::S1), "{:?}", report.violations);
+
     // Forward by 1 s in the same window. A grant read on the old offset at 7.004 s shows the step
     // came after it, so term 1 ran until after 7.004 s: that grant overlaps it, whatever another
     // key's expiry (a projection, not a reading: 8.001 s, which falls at 7.001 s on the new

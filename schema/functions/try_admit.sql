@@ -80,7 +80,9 @@ BEGIN
                 PERFORM fencing.probe_newest('fences', p_resource);
             END IF;
             IF max_ <> p_term THEN
-                RETURN (false, 'stale', max_, key_, lease_.term)::fencing.admission;
+                -- (The lease's term as read only if the binding is still the one read.)
+                RETURN (false, 'stale', max_, key_,
+                        CASE WHEN key_ IS NOT DISTINCT FROM fence_.lease_key THEN lease_.term END)::fencing.admission;
             END IF;
             IF key_ IS DISTINCT FROM fence_.lease_key THEN
                 CONTINUE; -- bound or rebound while it waited: decide again on the new binding
