@@ -46,8 +46,9 @@ impl Report {
     }
 }
 
-/// Checks `config` breadth first on one thread (so a counterexample is a shortest one); with
-/// `stop_at_first`, stops at the first violation.
+/// Checks `config` breadth first on one thread (so a counterexample is a shortest one), or depth
+/// first on representatives of its renamings when `config.symmetry` is set; with `stop_at_first`,
+/// stops at the first violation.
 pub fn check(config: Config, stop_at_first: bool) -> Report {
     #[allow(clippy::disallowed_types)]
     let started = Instant::now();
@@ -59,7 +60,18 @@ pub fn check(config: Config, stop_at_first: bool) -> Report {
     if stop_at_first {
         builder = builder.finish_when(HasDiscoveries::AnyFailures);
     }
-    let checker = builder.spawn_bfs().join();
+    if config.symmetry {
+        let checker = builder.symmetry_fn(crate::symmetry::representative).spawn_dfs().join();
+        report(&protocol, &checker, started)
+    } else {
+        let checker = builder.spawn_bfs().join();
+        report(&protocol, &checker, started)
+    }
+}
+
+/// What `checker`, done, found.
+#[allow(clippy::disallowed_types)]
+fn report(protocol: &Protocol, checker: &impl Checker<Protocol>, started: Instant) -> Report {
     let elapsed = started.elapsed();
     let properties = protocol.properties();
     let is_example =

@@ -82,19 +82,58 @@ pub enum Plant {
     /// before it waited for the fence row and the grants (the code before the model found it; no
     /// plant of the fault suite: `tests/tests/schema/s4_bound_resource.rs` holds the interleaving).
     RaiseSkipsLeaseCheck,
+    /// `gate-async-commit`: `fencing.gate` commits asynchronously (the other paths stay durable).
+    GateAsyncCommit,
+    /// `admit-async-commit`: an SQL writer's transaction commits asynchronously.
+    AdmitAsyncCommit,
+    /// `advance-async-commit`: `fencing.advance_fence` commits asynchronously.
+    AdvanceAsyncCommit,
+    /// `bind-async-commit`: `fencing.bind` commits asynchronously.
+    BindAsyncCommit,
+    /// `rebind-async-commit`: `fencing.rebind` commits asynchronously.
+    RebindAsyncCommit,
+    /// `renew-any-owner`: `fencing.renew` extends whoever holds the lease and answers ok.
+    RenewAnyOwner,
+    /// `renew-expired`: `fencing.renew` brings back a period that expired.
+    RenewExpired,
+    /// `acquire-keeps-period`: `fencing.acquire` ignores `new_period`, so a holder that ended its
+    /// period locally gets the same term again.
+    AcquireKeepsPeriod,
+    /// `elector-margin-added`: the elector's deadline adds the safety margin instead of taking it
+    /// off.
+    ElectorMarginAdded,
+    /// `elector-deadline-ignored`: the elector's leadership ends only when a renewal fails or it
+    /// releases, not at its deadline.
+    ElectorDeadlineIgnored,
+    /// `future-term`: a bound resource's decision takes a term above its lease's for its current
+    /// one.
+    FutureTerm,
+    /// `stamp-any-owner`: `fencing.gate_lease` stamps the lease's term whoever presents it, without
+    /// checking that the presented owner holds the lease.
+    StampAnyOwner,
+    /// `batch-grant-skips-lease-lock`: a grant of a bound resource decided in a batch is given
+    /// without the lease's advisory lock, so a new term of the lease does not wait for the batch
+    /// to commit and misses the grant it records (no plant of the fault suite: the lock is what
+    /// makes batching safe, and this shows the model would see it gone).
+    BatchGrantSkipsLeaseLock,
     /// The design planned next, not a bug planted in code: one grant per (lease, term), covering
     /// every resource bound to that lease, recorded on the lease row and waited out by the
     /// lease's next term (instead of one grant per resource).
     LeaseScopedGrants,
     /// The same design, repaired: the lease's grant covers a resource only once the gateway had
     /// one admitted decision of that resource at the grant's term (its binding, its raise and
-    /// settle), and a write under it starts and ends as that decision said.
+    /// settle), and a write under it starts and ends as that decision said. A change of a bound
+    /// fence's term or binding by hand (`advance_fence`, `rebind`) waits out the lease's grant at
+    /// the fence's term too, as a new term of the lease does.
     LeaseGrantsAfterDecision,
+    /// The repaired design without that last wait: an admin action waits out only the fence
+    /// row's own grants, which the lease's grant does not record.
+    LeaseGrantsAdminNoWait,
 }
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 13] = [
+    pub const ALL: [Plant; 27] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -106,8 +145,22 @@ impl Plant {
         Plant::SqlRaiseSkipsSettle,
         Plant::BusyGrantSkipsLeaseCheck,
         Plant::RaiseSkipsLeaseCheck,
+        Plant::BatchGrantSkipsLeaseLock,
+        Plant::GateAsyncCommit,
+        Plant::AdmitAsyncCommit,
+        Plant::AdvanceAsyncCommit,
+        Plant::BindAsyncCommit,
+        Plant::RebindAsyncCommit,
+        Plant::RenewAnyOwner,
+        Plant::RenewExpired,
+        Plant::AcquireKeepsPeriod,
+        Plant::FutureTerm,
+        Plant::ElectorMarginAdded,
+        Plant::ElectorDeadlineIgnored,
+        Plant::StampAnyOwner,
         Plant::LeaseScopedGrants,
         Plant::LeaseGrantsAfterDecision,
+        Plant::LeaseGrantsAdminNoWait,
     ];
 
     /// The name the fault suite gives it (or the design's name).
@@ -124,9 +177,37 @@ impl Plant {
             Plant::SqlRaiseSkipsSettle => "sql-raise-skips-settle",
             Plant::BusyGrantSkipsLeaseCheck => "busy-grant-skips-lease-check",
             Plant::RaiseSkipsLeaseCheck => "raise-skips-lease-check",
+            Plant::BatchGrantSkipsLeaseLock => "batch-grant-skips-lease-lock",
+            Plant::StampAnyOwner => "stamp-any-owner",
+            Plant::GateAsyncCommit => "gate-async-commit",
+            Plant::AdmitAsyncCommit => "admit-async-commit",
+            Plant::AdvanceAsyncCommit => "advance-async-commit",
+            Plant::BindAsyncCommit => "bind-async-commit",
+            Plant::RebindAsyncCommit => "rebind-async-commit",
+            Plant::RenewAnyOwner => "renew-any-owner",
+            Plant::RenewExpired => "renew-expired",
+            Plant::AcquireKeepsPeriod => "acquire-keeps-period",
+            Plant::FutureTerm => "future-term",
+            Plant::ElectorMarginAdded => "elector-margin-added",
+            Plant::ElectorDeadlineIgnored => "elector-deadline-ignored",
             Plant::LeaseScopedGrants => "lease-scoped-grants",
             Plant::LeaseGrantsAfterDecision => "lease-grants-after-decision",
+            Plant::LeaseGrantsAdminNoWait => "lease-grants-admin-no-wait",
         }
+    }
+
+    /// Whether the variant makes some commits asynchronous, so that a crash of the store can lose
+    /// them (the model then keeps what was flushed).
+    pub fn loses_commits(self) -> bool {
+        matches!(
+            self,
+            Plant::AsyncCommit
+                | Plant::GateAsyncCommit
+                | Plant::AdmitAsyncCommit
+                | Plant::AdvanceAsyncCommit
+                | Plant::BindAsyncCommit
+                | Plant::RebindAsyncCommit
+        )
     }
 
     /// Whether the variant needs grants to show.
@@ -138,7 +219,9 @@ impl Plant {
                 | Plant::WallClockWaits
                 | Plant::LeaseScopedGrants
                 | Plant::LeaseGrantsAfterDecision
+                | Plant::LeaseGrantsAdminNoWait
                 | Plant::BusyGrantSkipsLeaseCheck
+                | Plant::BatchGrantSkipsLeaseLock
         )
     }
 }
@@ -175,9 +258,23 @@ pub struct Config {
     /// Whether an SQL writer (`fencing.admit` in a transaction that then writes a row) writes
     /// too, on resources whose fence row exists.
     pub sql_writer: bool,
+    /// Whether writes may come in stamp mode too (presenting an elector's identity, stamped by
+    /// `fencing.gate_lease` with the lease's term when that elector holds it).
+    pub stamp: bool,
+    /// How many admin actions an operator runs in a run (`fencing.advance_fence`, `fencing.bind`,
+    /// `fencing.rebind`, `fencing.force_release`, each at any step).
+    pub admin_actions: u8,
+    /// Whether a gateway's decisions run in batches (`fencing.gate_many` of several items, one
+    /// transaction): a decision that wrote (a raise, a first write, a grant) holds its locks and
+    /// stays invisible to others until the batch commits, after the batch's other items (their
+    /// lock waits and grant sleeps), and only then is it answered.
+    pub batched: bool,
     /// Whether presented terms go up to `terms` (forged and future tokens) or only up to the
     /// highest term a store has granted so far plus one.
     pub forged_terms: bool,
+    /// Whether the check explores one state per renaming of gateways, electors and bound
+    /// resources ([`crate::symmetry`]; depth first, so a counterexample need not be shortest).
+    pub symmetry: bool,
     /// The planted bug or design variant, if any.
     pub plant: Option<Plant>,
     /// How time is counted.
@@ -202,6 +299,10 @@ impl Config {
             sql_writer: false,
             give_up: false,
             forged_terms: false,
+            batched: false,
+            admin_actions: 0,
+            stamp: false,
+            symmetry: false,
             plant: None,
             timing: Timing::default(),
         }
@@ -231,6 +332,12 @@ impl Config {
     /// writer's), 2 elector calls.
     pub fn sql_writers() -> Config {
         Config { unbound_resources: 0, writes: 3, sql_writer: true, ..Config::standard(true) }
+    }
+
+    /// Batched decisions: `r1` bound and `f1` unbound, grants on, 3 writes, 2 elector calls; each
+    /// decision that writes is held uncommitted, its locks taken, until its batch commits.
+    pub fn batched() -> Config {
+        Config { batched: true, writes: 3, ..Config::standard(true) }
     }
 
     /// The clocks check: one unbound resource, grants on, four writes, no electors, the store's

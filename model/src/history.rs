@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::config::{Config, MAX_CALLS};
 use crate::protocol::{Action, Invariant};
-use crate::state::{Answer, Call, LeaseStage, SqlStage, Stage, State};
+use crate::state::{Admin, Answer, Binding, Call, LeaseStage, SqlStage, Stage, State};
 
 /// The numbered history of `steps` (each a state and the action taken from it), and at the end
 /// the invariants the last state violates.
@@ -53,6 +53,12 @@ fn tables(config: &Config, s: &State) -> String {
             }
             Some(f) => {
                 let _ = write!(out, "; {name}: max {}", f.max_term);
+                match f.binding {
+                    Binding::Lease if !config.bound(r) => out.push_str(" bound to k"),
+                    Binding::Unbound if config.bound(r) => out.push_str(" unbound"),
+                    Binding::Other => out.push_str(" bound to k2"),
+                    _ => {}
+                }
                 if let Some(settle) = f.settle {
                     let _ = write!(out, " settle {settle}");
                 }
@@ -152,20 +158,45 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 format!("{} asks fencing.gate for a write of term {term} on {} at boot {boot}", gateway(g), resource(r))
             }
         }
+        Action::GatewayStampWrite { gateway: g, resource: r, owner } => {
+            let gi = usize::from(g);
+            let boot = after.boot(gi);
+            let local = after.gateways[gi].writes.iter().flatten().count()
+                > before.gateways[gi].writes.iter().flatten().count();
+            if local {
+                format!(
+                    "{} decides a stamp-mode write of {} on {} at boot {boot}: admitted under the grant it keeps for that owner",
+                    gateway(g),
+                    elector(owner),
+                    resource(r)
+                )
+            } else {
+                format!(
+                    "{} asks fencing.gate_lease for a stamp-mode write of {} on {} at boot {boot}",
+                    gateway(g),
+                    elector(owner),
+                    resource(r)
+                )
+            }
+        }
         Action::GatewayLost { gateway: g, call: c } => {
             let what = call_of(before, g, c)
                 .map_or_else(String::new, |call| format!(" (term {} on {})", call.term, resource(call.resource)));
             format!("{}'s decision{what} is lost on its way", gateway(g))
         }
-        Action::GateRead { gateway: g, call: c, lost }
+        Action::GateStamp { gateway: g, call: c, lost }
+        | Action::GateRead { gateway: g, call: c, lost }
         | Action::GateGrant { gateway: g, call: c, lost }
         | Action::GateLock { gateway: g, call: c, lost }
-        | Action::GateWakes { gateway: g, call: c, lost } => {
+        | Action::GateWakes { gateway: g, call: c, lost }
+        | Action::GateCommit { gateway: g, call: c, lost } => {
             let Some(call) = call_of(before, g, c) else { return format!("{action:?}") };
             let step = match action {
+                Action::GateStamp { .. } => "reads the lease (fencing.gate_lease)",
                 Action::GateRead { .. } => "reads the fence",
                 Action::GateGrant { .. } => "takes the grant locks",
                 Action::GateLock { .. } => "locks the fence row to raise it",
+                Action::GateCommit { .. } => "commits with its batch",
                 _ => "wakes from await_grants",
             };
             let gi = usize::from(g);
@@ -175,13 +206,20 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 .iter()
                 .flatten()
                 .chain(after.gateways[gi].orphan.iter().filter(|_| orphan))
-                .find(|n| n.resource == call.resource && n.term == call.term && n.asked == call.asked);
+                .find(|n| n.resource == call.resource && n.owner == call.owner && n.asked == call.asked);
             let outcome = match next.map(|n| n.stage) {
                 Some(Stage::ReadGrant { .. }) => "current term, a grant is asked: grant statements next".to_owned(),
                 Some(Stage::ReadRaise { .. }) => "a higher term: the raise next".to_owned(),
                 Some(Stage::Raising { until }) => format!("holds the row, sleeps out the grants until {until}"),
+                Some(Stage::Asked { .. }) if call.stage == Stage::Stamp => {
+                    format!("stamped with the lease's term {}", next.map_or(0, |n| n.term))
+                }
                 Some(Stage::Asked { .. }) => "the version changed: decides again".to_owned(),
+                Some(Stage::Stamp) => "not yet stamped".to_owned(),
                 Some(Stage::Answered(a)) => answer(a),
+                Some(Stage::Holding { answer: a, .. }) => {
+                    format!("{}, held uncommitted until its batch commits", answer(a))
+                }
                 None if lost => "answered; the answer is lost".to_owned(),
                 None if orphan => "answered; nobody waits for the answer (its gateway gave up)".to_owned(),
                 None => received(config, before, after, gi, call),
@@ -253,6 +291,23 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
             )
         }
         Action::SqlCommit => format!("the SQL writer writes its row and commits [{}]", tables(config, after)),
+        Action::AdminRuns(admin) => {
+            let what = match admin {
+                Admin::Advance { resource: r, term } => format!("fencing.advance_fence({}, {term})", resource(r)),
+                Admin::Bind { resource: r } => format!("fencing.bind({}, k)", resource(r)),
+                Admin::Rebind { resource: r } => format!("fencing.rebind({}, k2)", resource(r)),
+                Admin::ForceRelease => "fencing.force_release(k)".to_owned(),
+            };
+            let outcome = match after.admin {
+                Some(tx) => format!("holds the row, sleeps out the grants until time {}", tx.until),
+                None if before.tables == after.tables => "refused".to_owned(),
+                None => "done".to_owned(),
+            };
+            format!("an operator runs {what}: {outcome} [{}; {}]", clocks(after), tables(config, after))
+        }
+        Action::AdminWakes => {
+            format!("the admin action wakes and commits [{}; {}]", clocks(after), tables(config, after))
+        }
     };
     for invariant in Invariant::ALL {
         if invariant.violated(&after.ghost) && !invariant.violated(&before.ghost) {

@@ -10,7 +10,7 @@
 //! gateway's boot clock, which may drift by a bounded amount; real time, which the store's sleep
 //! timer follows).
 //!
-//! The properties are the contract's S1-S5 (`docs/CONTRACT.md`), checked on ghost variables the
+//! The properties are the contract's S1-S5 and S7 (`docs/CONTRACT.md`), checked on ghost variables the
 //! transitions keep ([`Ghost`]); S5's timing assumption (no pause between a gateway's last check
 //! and its send) is a switch of the model ([`Config::pause_assumption`]).
 //!
@@ -22,6 +22,7 @@
 //! - [`protocol`]: the transitions ([`Action`]) and the properties.
 //! - [`mirrors`]: which SQL function or Rust function each transition mirrors, so that a test can
 //!   check that they still exist.
+//! - [`symmetry`]: one representative per renaming of gateways, electors and bound resources.
 //! - [`check`]: runs the breadth-first checker and reports states, time and counterexamples.
 //! - [`history`]: a counterexample as a readable, numbered history.
 
@@ -31,6 +32,7 @@ pub mod history;
 pub mod mirrors;
 pub mod protocol;
 pub mod state;
+pub mod symmetry;
 
 pub use check::{Report, check};
 pub use config::{Config, Plant, Timing};

@@ -66,6 +66,12 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
             Rust { path: GRANTS, name: "lasts" },
             Rust { path: GRANTS, name: "covers" },
         ],
+        ActionKind::GatewayStampWrite => &[
+            Rust { path: FENCE_STORE, name: "decide" },
+            Rust { path: GRANTS, name: "admit" },
+            Rust { path: GRANTS, name: "covers" },
+        ],
+        ActionKind::GateStamp => &[Sql("gate_lease"), Sql("gate_many")],
         ActionKind::GatewayLost => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
         ActionKind::GateRead => &[Sql("gate"), Sql("gate_many"), Sql("commit_durably")],
         ActionKind::GateGrant => {
@@ -75,6 +81,9 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
             &[Sql("gate"), Sql("await_grants"), Sql("lease_refusal"), Sql("next_settle"), Sql("commit_durably")]
         }
         ActionKind::GateWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("lease_refusal"), Sql("next_settle")],
+        ActionKind::GateCommit => {
+            &[Sql("gate_many"), Sql("commit_durably"), Rust { path: "gateway/src/fence/batcher.rs", name: "call" }]
+        }
         ActionKind::GatewayCheck => &[Rust { path: FORWARD, name: "send" }],
         ActionKind::GatewaySend => &[Rust { path: FORWARD, name: "send" }, Rust { path: FORWARD, name: "forward" }],
         ActionKind::GatewayGaveUp => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
@@ -84,6 +93,17 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
         ActionKind::SqlLock => &[Sql("try_admit"), Sql("await_grants"), Sql("lease_refusal")],
         ActionKind::SqlWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("lease_refusal")],
         ActionKind::SqlCommit => &[Sql("next_settle"), Sql("commit_durably")],
+        ActionKind::AdminRuns => &[
+            Sql("advance_fence"),
+            Sql("bind"),
+            Sql("rebind"),
+            Sql("force_release"),
+            Sql("await_grants"),
+            Sql("lease_grant_ms"),
+            Sql("next_settle"),
+            Sql("commit_durably"),
+        ],
+        ActionKind::AdminWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("next_settle")],
     }
 }
 

@@ -20,9 +20,39 @@ use stateright::{Model, Property};
 
 use crate::config::{Config, ELECTORS, GATEWAYS, MAX_CALLS, MAX_RESOURCES, Plant};
 use crate::state::{
-    Answer, Call, Elector, ElectorCall, Fence, Gateway, Ghost, Grant, Lease, LeaseCall, LeaseStage, Settle, SqlStage,
-    SqlTx, Stage, State, Tables, Write, remove_sorted,
+    Admin, AdminTx, Answer, Binding, Call, Elector, ElectorCall, Fence, Gateway, Ghost, Grant, Held, Lease, LeaseCall,
+    LeaseStage, Settle, SqlStage, SqlTx, Stage, State, Tables, Write, remove_sorted,
 };
+
+/// Which function's transaction commits (`fencing.commit_durably` is called on each path; the
+/// fault suite's durability plants take it away from one path at a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// `fencing.acquire`, `renew`, `release`, `force_release`.
+    Lease,
+    /// `fencing.gate` (`gate_many`).
+    Gate,
+    /// `fencing.try_admit` (`fencing.admit`, the SQL guard).
+    Admit,
+    /// `fencing.advance_fence`.
+    Advance,
+    /// `fencing.bind`.
+    Bind,
+    /// `fencing.rebind`.
+    Rebind,
+}
+
+impl Commit {
+    /// The path of an admin action.
+    fn of(action: Admin) -> Commit {
+        match action {
+            Admin::Advance { .. } => Commit::Advance,
+            Admin::Bind { .. } => Commit::Bind,
+            Admin::Rebind { .. } => Commit::Rebind,
+            Admin::ForceRelease => Commit::Lease,
+        }
+    }
+}
 
 /// The model: a [`Config`] and the transitions it allows.
 #[derive(Debug, Clone)]
@@ -49,11 +79,16 @@ pub enum Invariant {
     /// (every earlier-admitted lower-term write has been sent, aborted, or passed its deadline),
     /// and no byte of a write is sent after its own deadline.
     S5,
+    /// S7: a holder's local deadline is the instant it sent its last ok acquire or renew plus the
+    /// remaining time the store reported, minus the margin (never past the store's expiry as
+    /// reported), and it stops acting at that deadline, checked whenever it acts.
+    S7,
 }
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 5] = [Invariant::S1, Invariant::S2, Invariant::S3, Invariant::S4, Invariant::S5];
+    pub const ALL: [Invariant; 6] =
+        [Invariant::S1, Invariant::S2, Invariant::S3, Invariant::S4, Invariant::S5, Invariant::S7];
 
     fn bit(self) -> u8 {
         match self {
@@ -62,6 +97,7 @@ impl Invariant {
             Invariant::S3 => 4,
             Invariant::S4 => 8,
             Invariant::S5 => 16,
+            Invariant::S7 => 32,
         }
     }
 
@@ -73,6 +109,7 @@ impl Invariant {
             Invariant::S3 => "S3 admitted terms never decrease",
             Invariant::S4 => "S4 bound resource admits only the lease's term",
             Invariant::S5 => "S5 upstream order and deadlines",
+            Invariant::S7 => "S7 a holder stops at its local deadline",
         }
     }
 
@@ -103,11 +140,19 @@ pub enum Witness {
     /// A call its caller had given up on ran in the store after the caller's next call was sent
     /// (an elector's) or answered (a gateway's).
     CallRunAfterGiveUp,
+    /// A raise decided in a batch committed (and was answered) after the batch's other items.
+    BatchedRaiseCommitted,
+    /// An admin action that changes a fence's term or binding slept out grants first.
+    AdminSleptOutGrants,
+    /// A stamp-mode write admitted under a grant its gateway keeps for the presented owner.
+    StampGrantAdmission,
+    /// `fencing.bind` bound a fence that was raised (by a write or by hand) while unbound.
+    FenceBoundByHand,
 }
 
 impl Witness {
     /// Every witness.
-    pub const ALL: [Witness; 7] = [
+    pub const ALL: [Witness; 11] = [
         Witness::GrantAdmission,
         Witness::GrantAdmissionAfterClockFaults,
         Witness::RaiseSleptOutGrants,
@@ -115,9 +160,13 @@ impl Witness {
         Witness::RaiseRefusedByNewerLease,
         Witness::SqlWriteCommitted,
         Witness::CallRunAfterGiveUp,
+        Witness::BatchedRaiseCommitted,
+        Witness::AdminSleptOutGrants,
+        Witness::StampGrantAdmission,
+        Witness::FenceBoundByHand,
     ];
 
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
         match self {
             Witness::GrantAdmission => 1,
             Witness::GrantAdmissionAfterClockFaults => 2,
@@ -126,6 +175,10 @@ impl Witness {
             Witness::RaiseRefusedByNewerLease => 16,
             Witness::SqlWriteCommitted => 32,
             Witness::CallRunAfterGiveUp => 64,
+            Witness::BatchedRaiseCommitted => 128,
+            Witness::AdminSleptOutGrants => 256,
+            Witness::StampGrantAdmission => 512,
+            Witness::FenceBoundByHand => 1024,
         }
     }
 
@@ -141,6 +194,12 @@ impl Witness {
             Witness::RaiseRefusedByNewerLease => "reached: a raise refused by a term granted while it waited",
             Witness::SqlWriteCommitted => "reached: an SQL writer committed its row",
             Witness::CallRunAfterGiveUp => "reached: a call run after its caller gave up and called again",
+            Witness::BatchedRaiseCommitted => {
+                "reached: a raise decided in a batch committed after the batch's other items"
+            }
+            Witness::AdminSleptOutGrants => "reached: an admin action slept out grants",
+            Witness::StampGrantAdmission => "reached: a stamp-mode write admitted under its owner's grant",
+            Witness::FenceBoundByHand => "reached: fencing.bind bound a fence raised while unbound",
         }
     }
 
@@ -190,6 +249,14 @@ pub enum Action {
     /// A write of `term` for `resource` arrives at `gateway`: admitted under a grant that covers
     /// it and lasts (its boot clock before the grant's deadline), or its decision is asked.
     GatewayDecide { gateway: u8, resource: u8, term: u8 },
+    /// A stamp-mode write for `resource` presenting elector `owner`'s identity arrives at
+    /// `gateway`: admitted under a grant kept for that owner, or its decision is asked
+    /// (`fencing.gate_lease`).
+    GatewayStampWrite { gateway: u8, resource: u8, owner: u8 },
+    /// `fencing.gate_lease` reads the lease for the stamp-mode decision in `call`: refused
+    /// (`not_leader`) unless the presented owner holds it unexpired, else the lease's term is
+    /// stamped and `fencing.gate` decides it next.
+    GateStamp { gateway: u8, call: u8, lost: bool },
     /// `gateway`'s decision is lost on its way (the store never runs it).
     GatewayLost { gateway: u8, call: u8 },
     /// `fencing.gate`'s first statement (a plain read) for the decision in `call`. When it
@@ -205,6 +272,9 @@ pub enum Action {
     GateLock { gateway: u8, call: u8, lost: bool },
     /// An asleep raise wakes, raises the maximum (with the next settle) and commits.
     GateWakes { gateway: u8, call: u8, lost: bool },
+    /// The batch that holds the decision in `call` commits (its other items are done): what the
+    /// decision wrote becomes visible, its locks are released, and it is answered.
+    GateCommit { gateway: u8, call: u8, lost: bool },
     /// `gateway` gives up on its decision `call` (its timeout: the write is refused locally); the
     /// store may still run it, and its answer goes nowhere.
     GatewayGaveUp { gateway: u8, call: u8 },
@@ -230,6 +300,11 @@ pub enum Action {
     SqlWakes,
     /// The SQL writer's transaction writes its row and commits: its raise becomes visible.
     SqlCommit,
+    /// An operator runs an admin action: it locks its row (waiting while another holds it), and
+    /// is refused, done at once, or asleep in `fencing.await_grants` holding the row.
+    AdminRuns(Admin),
+    /// An asleep admin action wakes, changes the row and commits.
+    AdminWakes,
 }
 
 /// The kinds of [`Action`], for [`crate::mirrors`].
@@ -248,17 +323,22 @@ pub enum ActionKind {
     StoreRenew,
     StoreRelease,
     GatewayDecide,
+    GatewayStampWrite,
+    GateStamp,
     GatewayLost,
     GateRead,
     GateGrant,
     GateLock,
     GateWakes,
+    GateCommit,
     GatewayCheck,
     GatewaySend,
     SqlAdmit,
     SqlLock,
     SqlWakes,
     SqlCommit,
+    AdminRuns,
+    AdminWakes,
     GatewayGaveUp,
     ElectorGaveUp,
     StoreOrphan,
@@ -266,7 +346,7 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// Every kind.
-    pub const ALL: [ActionKind; 27] = [
+    pub const ALL: [ActionKind; 32] = [
         ActionKind::Tick,
         ActionKind::StepClock,
         ActionKind::Crash,
@@ -280,17 +360,22 @@ impl ActionKind {
         ActionKind::StoreRenew,
         ActionKind::StoreRelease,
         ActionKind::GatewayDecide,
+        ActionKind::GatewayStampWrite,
+        ActionKind::GateStamp,
         ActionKind::GatewayLost,
         ActionKind::GateRead,
         ActionKind::GateGrant,
         ActionKind::GateLock,
         ActionKind::GateWakes,
+        ActionKind::GateCommit,
         ActionKind::GatewayCheck,
         ActionKind::GatewaySend,
         ActionKind::SqlAdmit,
         ActionKind::SqlLock,
         ActionKind::SqlWakes,
         ActionKind::SqlCommit,
+        ActionKind::AdminRuns,
+        ActionKind::AdminWakes,
         ActionKind::GatewayGaveUp,
         ActionKind::ElectorGaveUp,
         ActionKind::StoreOrphan,
@@ -314,17 +399,22 @@ impl Action {
             Action::StoreRenew { .. } => ActionKind::StoreRenew,
             Action::StoreRelease { .. } => ActionKind::StoreRelease,
             Action::GatewayDecide { .. } => ActionKind::GatewayDecide,
+            Action::GatewayStampWrite { .. } => ActionKind::GatewayStampWrite,
+            Action::GateStamp { .. } => ActionKind::GateStamp,
             Action::GatewayLost { .. } => ActionKind::GatewayLost,
             Action::GateRead { .. } => ActionKind::GateRead,
             Action::GateGrant { .. } => ActionKind::GateGrant,
             Action::GateLock { .. } => ActionKind::GateLock,
             Action::GateWakes { .. } => ActionKind::GateWakes,
+            Action::GateCommit { .. } => ActionKind::GateCommit,
             Action::GatewayCheck { .. } => ActionKind::GatewayCheck,
             Action::GatewaySend { .. } => ActionKind::GatewaySend,
             Action::SqlAdmit { .. } => ActionKind::SqlAdmit,
             Action::SqlLock => ActionKind::SqlLock,
             Action::SqlWakes => ActionKind::SqlWakes,
             Action::SqlCommit => ActionKind::SqlCommit,
+            Action::AdminRuns(_) => ActionKind::AdminRuns,
+            Action::AdminWakes => ActionKind::AdminWakes,
             Action::GatewayGaveUp { .. } => ActionKind::GatewayGaveUp,
             Action::ElectorGaveUp(_) => ActionKind::ElectorGaveUp,
             Action::StoreOrphan { .. } => ActionKind::StoreOrphan,
@@ -358,7 +448,12 @@ impl Protocol {
     }
 
     fn lease_scoped(&self) -> bool {
-        self.has(Plant::LeaseScopedGrants) || self.has(Plant::LeaseGrantsAfterDecision)
+        self.has(Plant::LeaseScopedGrants) || self.after_decision()
+    }
+
+    /// The repaired lease-grant design (with or without the admin actions' wait).
+    fn after_decision(&self) -> bool {
+        self.has(Plant::LeaseGrantsAfterDecision) || self.has(Plant::LeaseGrantsAdminNoWait)
     }
 
     /// The grant a gateway asks for (`grant_for`), zero with grants off.
@@ -404,9 +499,34 @@ impl Protocol {
     /// S4: `term` is decided for `resource` now (for an SQL writer: when it locked the row; it
     /// holds the row, so the lease's next term cannot write before it commits).
     fn current(&self, s: &mut State, resource: usize, term: u8) {
-        if self.config.bound(resource) && term != s.tables.lease.term {
+        // The binding an operator was answered is the one the row has (a lost binding breaks S4).
+        if s.ghost.bindings[resource].is_some_and(|answered| answered != self.binding(s, resource)) {
             Self::violate(s, Invariant::S4);
         }
+        let current = match self.binding(s, resource) {
+            Binding::Unbound => true,
+            Binding::Lease => term == s.tables.lease.term,
+            // Nobody ever holds the other lease: it has no current term.
+            Binding::Other => false,
+        };
+        if !current {
+            Self::violate(s, Invariant::S4);
+        }
+    }
+
+    /// `resource`'s binding: its fence row's `lease_key`, or, before the row exists, the one its
+    /// route would create it with.
+    fn binding(&self, s: &State, resource: usize) -> Binding {
+        match s.tables.fences[resource] {
+            Some(fence) => fence.binding,
+            None if self.config.bound(resource) => Binding::Lease,
+            None => Binding::Unbound,
+        }
+    }
+
+    /// Whether `resource`'s fence row is bound to a lease (`lease_key` not `NULL`).
+    fn bound(&self, s: &State, resource: usize) -> bool {
+        self.binding(s, resource) != Binding::Unbound
     }
 
     // --- The store ---------------------------------------------------------------------------
@@ -414,14 +534,47 @@ impl Protocol {
     /// Whether some raise holds `resource`'s fence row (and its advisory lock): a gateway's, or
     /// the SQL writer's until it commits.
     fn fence_locked(s: &State, resource: usize) -> bool {
-        s.gateways
-            .iter()
-            .flat_map(|g| g.calls.iter().flatten().chain(g.orphan.iter()))
-            .any(|call| usize::from(call.resource) == resource && matches!(call.stage, Stage::Raising { .. }))
-            || s.sql.is_some_and(|tx| {
-                usize::from(tx.resource) == resource
-                    && matches!(tx.stage, SqlStage::Raising { .. } | SqlStage::Holding { raised: true })
-            })
+        s.gateways.iter().flat_map(|g| g.calls.iter().flatten().chain(g.orphan.iter())).any(|call| {
+            usize::from(call.resource) == resource
+                && matches!(call.stage, Stage::Raising { .. } | Stage::Holding { held: Held::Raise(_), .. })
+        }) || s.sql.is_some_and(|tx| {
+            usize::from(tx.resource) == resource
+                && matches!(tx.stage, SqlStage::Raising { .. } | SqlStage::Holding { raised: true })
+        }) || s.admin.is_some_and(|tx| tx.action.resource().is_some_and(|r| usize::from(r) == resource))
+    }
+
+    /// What the uncommitted decisions of batches hold, with their resources.
+    fn held(s: &State) -> impl Iterator<Item = (usize, Held)> + '_ {
+        s.gateways.iter().flat_map(|g| g.calls.iter().flatten().chain(g.orphan.iter())).filter_map(|call| {
+            match call.stage {
+                Stage::Holding { held, .. } => Some((usize::from(call.resource), held)),
+                _ => None,
+            }
+        })
+    }
+
+    /// Whether a batch holds a grant on `resource` (its advisory locks shared; with a record, its
+    /// row `FOR NO KEY UPDATE` too, when `recorded`).
+    fn grant_held(s: &State, resource: usize, recorded: bool) -> bool {
+        Self::held(s)
+            .any(|(r, held)| r == resource && matches!(held, Held::Grant { record } if record.is_some() || !recorded))
+    }
+
+    /// Whether `fencing.lease_grant_ms` (in an acquire or a release) waits for a batch: one
+    /// holds a grant on a resource bound to the lease (the lease's advisory lock shared), and the
+    /// lease's grants at its term were not waited out yet.
+    fn lease_grants_held(&self, s: &State) -> bool {
+        let lease = s.tables.lease;
+        !self.has(Plant::BatchGrantSkipsLeaseLock)
+            && lease.term > 0
+            && lease.grants_ended_term < lease.term
+            && Self::held(s).any(|(r, held)| self.binding(s, r) == Binding::Lease && matches!(held, Held::Grant { .. }))
+    }
+
+    /// Whether an uncommitted first write of `resource` is in a batch (an insert of the same key
+    /// waits for it).
+    fn insert_held(s: &State, resource: usize) -> bool {
+        Self::held(s).any(|(r, held)| r == resource && matches!(held, Held::Insert(_)))
     }
 
     /// Whether the SQL writer holds `resource`'s row at all (`FOR KEY SHARE` or `FOR UPDATE`):
@@ -444,8 +597,8 @@ impl Protocol {
         if lease.term == 0 || lease.grants_ended_term >= lease.term {
             return 0;
         }
-        let bound = (0..self.config.resources()).filter(|&r| self.config.bound(r));
-        let fences = bound.filter_map(|r| s.tables.fences[r]).filter(|f| f.max_term == lease.term);
+        let fences =
+            s.tables.fences.iter().flatten().filter(|f| f.binding == Binding::Lease && f.max_term == lease.term);
         if self.has(Plant::WallClockWaits) {
             // Planted: what is left until the recorded ends, by the wall clock.
             let wall = s.wall();
@@ -473,6 +626,10 @@ impl Protocol {
             Self::violate(s, Invariant::S2);
         }
         s.ghost.granted = s.ghost.granted.max(term);
+        if self.config.stamp {
+            // Kept only where stamp writes read it: it would tell apart states that are the same.
+            s.ghost.owned[e] |= 1 << term;
+        }
         if slept > 0 {
             Self::witness(s, Witness::AcquireSleptOutGrants);
         }
@@ -483,15 +640,30 @@ impl Protocol {
             grants_ended_term: if slept > 0 { old.term } else { old.grants_ended_term },
             grant: 0,
         };
-        self.committed(s);
+        self.committed(s, Commit::Lease);
         Some((term, self.config.timing.ttl))
     }
 
-    /// A transaction committed: durable at once, unless `async-commit` is planted.
-    fn committed(&self, s: &mut State) {
-        if !self.has(Plant::AsyncCommit) {
-            s.durable = None;
+    /// A transaction of `path` committed: durable at once (a synchronous commit flushes every
+    /// commit before it too), unless its path is planted to commit asynchronously.
+    fn committed(&self, s: &mut State, path: Commit) {
+        if s.durable.is_none() || self.commits_asynchronously(path) {
+            return;
         }
+        s.durable = Some(s.tables);
+    }
+
+    /// Whether `path` commits asynchronously (`async-commit`: every path; the per-path plants).
+    fn commits_asynchronously(&self, path: Commit) -> bool {
+        let plant = match path {
+            Commit::Gate => Plant::GateAsyncCommit,
+            Commit::Admit => Plant::AdmitAsyncCommit,
+            Commit::Advance => Plant::AdvanceAsyncCommit,
+            Commit::Bind => Plant::BindAsyncCommit,
+            Commit::Rebind => Plant::RebindAsyncCommit,
+            Commit::Lease => Plant::AsyncCommit,
+        };
+        self.has(Plant::AsyncCommit) || self.has(plant)
     }
 
     /// The answer to an admitted decision, as the planted wrappers of `fencing.gate` change it.
@@ -517,11 +689,15 @@ impl Protocol {
 
     /// `fencing.gate`'s refusals for a bound resource, on the lease as read now.
     fn lease_refusal(&self, s: &mut State, resource: usize, term: u8, max: u8) -> Option<Answer> {
-        if !self.config.bound(resource) {
-            return None;
+        match self.binding(s, resource) {
+            Binding::Unbound => return None,
+            // The other lease was never acquired: `future_term`.
+            Binding::Other => return Some(Answer::Refused { max }),
+            Binding::Lease => {}
         }
         let lease = s.tables.lease;
-        if lease.term == 0 || term > lease.term {
+        // Planted `future-term`: a term above the lease's taken for its current one.
+        if lease.term == 0 || (term > lease.term && !self.has(Plant::FutureTerm)) {
             return Some(Answer::Refused { max });
         }
         if term < lease.term {
@@ -534,19 +710,30 @@ impl Protocol {
     }
 
     /// `fencing.gate`'s first statement for a write of `term` on `resource`.
-    fn gate_read(&self, s: &mut State, resource: usize, term: u8, attempt: u8) -> Stage {
+    fn gate_read(&self, s: &mut State, resource: usize, term: u8, attempt: u8, stamped: bool) -> Stage {
         let Some(fence) = s.tables.fences[resource] else {
             // The first write ever: the lease read, the row inserted (a concurrent insert makes
             // the code decide again on the new row, which the order of steps gives here).
             if let Some(refusal) = self.lease_refusal(s, resource, term, 0) {
                 return Stage::Answered(refusal);
             }
-            s.tables.fences[resource] =
-                Some(Fence { max_term: term, settle: None, drain: None, grant: 0, grant_ends: None });
-            self.committed(s);
+            let binding = self.binding(s, resource);
+            let fence = Fence { binding, max_term: term, settle: None, drain: None, grant: 0, grant_ends: None };
+            if self.config.batched {
+                self.current(s, resource, term);
+                let answer = self.admit_answer(s, resource, 0, 0);
+                return Stage::Holding { answer, held: Held::Insert(fence) };
+            }
+            s.tables.fences[resource] = Some(fence);
+            self.committed(s, Commit::Gate);
             self.admitted(s, resource, term);
             return Stage::Answered(self.admit_answer(s, resource, 0, 0));
         };
+        // `wrong_lease`: a bound route's write on a row not bound to its lease (an unbound route
+        // writes a bound row under that row's lease).
+        if self.config.bound(resource) && fence.binding != Binding::Lease {
+            return Stage::Answered(Answer::Refused { max: fence.max_term });
+        }
         if term < fence.max_term {
             return Stage::Answered(self.stale(s, resource, term, fence.max_term));
         }
@@ -555,7 +742,8 @@ impl Protocol {
         }
         if term == fence.max_term {
             let settle = fence.settle.unwrap_or(0);
-            if self.grant_for() == 0 {
+            // An unbound route's stamp-mode writes get no grant (`fencing.gate_lease`).
+            if self.grant_for() == 0 || (stamped && !self.config.bound(resource)) {
                 // The common case: admitted on the version one read sees.
                 self.admitted(s, resource, term);
                 return Stage::Answered(self.admit_answer(s, resource, settle, 0));
@@ -572,10 +760,10 @@ impl Protocol {
 
     /// `fencing.gate`'s grant statements, after a first read at `term` that found `settle`.
     fn gate_grant(&self, s: &mut State, resource: usize, term: u8, attempt: u8, settle: u8) -> Stage {
-        let bound = self.config.bound(resource);
+        let bound = self.bound(s, resource);
         // A term change in progress holds the locks: no grant, admitted on the version read,
         // once the lease read again still holds this term (`fencing.lease_refusal`).
-        if Self::fence_locked(s, resource) || (bound && Self::lease_locked(s)) {
+        if Self::fence_locked(s, resource) || (bound && Self::lease_locked(s)) || Self::grant_held(s, resource, true) {
             let max = s.tables.fences[resource].map_or(0, |f| f.max_term);
             if !self.has(Plant::BusyGrantSkipsLeaseCheck)
                 && let Some(refusal) = self.lease_refusal(s, resource, term, max)
@@ -588,23 +776,40 @@ impl Protocol {
         let wall = s.wall();
         let lease = s.tables.lease;
         let Some(fence) = s.tables.fences[resource] else { return Self::decide_again(attempt) };
-        let lease_holds = !bound || (lease.term == term && lease.expires > wall);
-        if fence.max_term != term || !lease_holds {
+        let lease_holds = match fence.binding {
+            Binding::Unbound => true,
+            Binding::Lease => lease.term == term && lease.expires > wall,
+            Binding::Other => false,
+        };
+        let route_holds = !self.config.bound(resource) || fence.binding == Binding::Lease;
+        if fence.max_term != term || !lease_holds || !route_holds {
             return Self::decide_again(attempt);
         }
         let asked = self.grant_for();
         let given = if bound { asked.min(length(lease.expires - wall)) } else { asked };
         // Planted `grant-overstay`: the store records less than it gives.
         let recorded = if self.has(Plant::GrantOverstay) { given / 2 } else { given };
-        if self.lease_scoped() && bound {
+        if self.config.batched {
+            // Recorded at the batch's commit; a longer grant than the row says locks the row.
+            let record = (recorded > fence.grant).then_some(recorded);
+            self.admitted(s, resource, term);
+            let answer = self.admit_answer(s, resource, fence.settle.unwrap_or(0), given);
+            return Stage::Holding { answer, held: Held::Grant { record } };
+        }
+        self.record_grant(s, resource, recorded);
+        self.committed(s, Commit::Gate);
+        self.admitted(s, resource, term);
+        let settle = fence.settle.unwrap_or(0);
+        Stage::Answered(self.admit_answer(s, resource, settle, given))
+    }
+
+    /// A grant of `recorded` recorded on `resource`'s row (lease-scoped: on the lease's).
+    fn record_grant(&self, s: &mut State, resource: usize, recorded: u8) {
+        if self.lease_scoped() && self.binding(s, resource) == Binding::Lease {
             s.tables.lease.grant = s.tables.lease.grant.max(recorded);
         } else if let Some(fence) = s.tables.fences[resource].as_mut() {
             fence.grant = fence.grant.max(recorded);
         }
-        self.committed(s);
-        self.admitted(s, resource, term);
-        let settle = fence.settle.unwrap_or(0);
-        Stage::Answered(self.admit_answer(s, resource, settle, given))
     }
 
     /// `fencing.gate`'s raise: the row locked, its version checked, the grants awaited.
@@ -615,9 +820,8 @@ impl Protocol {
             return Self::decide_again(attempt);
         }
         // `fencing.await_grants`.
-        let bound = self.config.bound(resource);
-        let waited_by_lease = bound && s.tables.lease.grants_ended_term >= fence.max_term;
-        if fence.grant > 0 && !waited_by_lease && !self.has(Plant::GrantIgnored) {
+        let wait = self.grant_wait(s, fence);
+        if wait > 0 && !self.has(Plant::GrantIgnored) {
             if self.has(Plant::WallClockWaits) {
                 if let Some(end) = fence.grant_ends
                     && end > s.wall()
@@ -625,10 +829,26 @@ impl Protocol {
                     return Stage::Raising { until: end };
                 }
             } else {
-                return Stage::Raising { until: s.now + ticks(fence.grant) };
+                return Stage::Raising { until: s.now + ticks(wait) };
             }
         }
         self.raise(s, resource, term)
+    }
+
+    /// `fencing.await_grants(fence)`: how long a change of `fence`'s term or binding sleeps
+    /// holding the row (zero: none). A bound fence's grants at a term its lease has left behind
+    /// were waited out by the lease's new term. The design `lease-grants-after-decision` also
+    /// waits out the lease's grant at the fence's term, which covers the resource too.
+    fn grant_wait(&self, s: &State, fence: Fence) -> u8 {
+        let lease = s.tables.lease;
+        if fence.binding == Binding::Lease && lease.grants_ended_term >= fence.max_term {
+            return 0;
+        }
+        if self.has(Plant::LeaseGrantsAfterDecision) && fence.binding == Binding::Lease && fence.max_term == lease.term
+        {
+            return fence.grant.max(lease.grant);
+        }
+        fence.grant
     }
 
     /// The raise's update and commit.
@@ -636,7 +856,7 @@ impl Protocol {
         let Some(fence) = s.tables.fences[resource] else { return Stage::Answered(Answer::Failed) };
         // `fencing.lease_refusal`: a bound fence's lease read again after the row lock and the
         // grant wait, so that a term granted meanwhile refuses this one (S4).
-        if self.config.bound(resource)
+        if self.bound(s, resource)
             && !self.has(Plant::RaiseSkipsLeaseCheck)
             && let Some(refusal) = self.lease_refusal(s, resource, term, fence.max_term)
         {
@@ -646,24 +866,45 @@ impl Protocol {
             return Stage::Answered(refusal);
         }
         let settle = self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0);
-        s.tables.fences[resource] =
-            Some(Fence { max_term: term, settle: Some(settle), drain: None, grant: 0, grant_ends: fence.grant_ends });
-        self.committed(s);
+        let raised = Fence { max_term: term, settle: Some(settle), drain: None, grant: 0, ..fence };
+        if self.config.batched {
+            self.current(s, resource, term);
+            let answer = self.admit_answer(s, resource, settle, 0);
+            return Stage::Holding { answer, held: Held::Raise(raised) };
+        }
+        s.tables.fences[resource] = Some(raised);
+        self.committed(s, Commit::Gate);
         self.admitted(s, resource, term);
         Stage::Answered(self.admit_answer(s, resource, settle, 0))
     }
 
+    /// A batch commits what its decision of `term` on `resource` held.
+    fn commit_held(&self, s: &mut State, resource: usize, term: u8, held: Held) {
+        match held {
+            Held::Raise(fence) | Held::Insert(fence) => {
+                s.tables.fences[resource] = Some(fence);
+                Self::ordered(s, resource, term);
+                if matches!(held, Held::Raise(_)) {
+                    Self::witness(s, Witness::BatchedRaiseCommitted);
+                }
+            }
+            Held::Grant { record } => self.record_grant(s, resource, record.unwrap_or(0)),
+        }
+        self.committed(s, Commit::Gate);
+    }
+
     // --- The gateways --------------------------------------------------------------------------
 
-    /// The grant of gateway `g` that would cover a write of `term` on `resource`, if any lasts.
-    fn covering_grant(&self, s: &State, g: usize, resource: usize, term: u8) -> Option<Grant> {
+    /// The grant of gateway `g` that would cover a write on `resource` presenting `term` (verify
+    /// mode, `owner` `None`) or `owner`'s identity (stamp mode), if any lasts (`Grant::covers`).
+    fn covering_grant(&self, s: &State, g: usize, resource: usize, owner: Option<u8>, term: u8) -> Option<Grant> {
         if !self.config.grants {
             return None;
         }
         let gateway = &s.gateways[g];
         let grant = if self.lease_scoped() && self.config.bound(resource) {
             let lease = gateway.lease_grant?;
-            if self.has(Plant::LeaseGrantsAfterDecision) {
+            if self.after_decision() {
                 // Only a resource decided at the grant's term, as that decision said.
                 let decided = gateway.decided[resource].filter(|d| d.term == lease.term)?;
                 Grant { start: decided.start, latest: decided.latest, ..lease }
@@ -673,11 +914,58 @@ impl Protocol {
         } else {
             gateway.grants[resource]?
         };
-        (grant.term == term && s.boot(g) < grant.deadline).then_some(grant)
+        let covers = grant.owner == owner && (owner.is_some() || grant.term == term);
+        (covers && s.boot(g) < grant.deadline).then_some(grant)
+    }
+
+    /// A write arrives at gateway `g` (see [`Action::GatewayDecide`], [`Action::GatewayStampWrite`]).
+    fn gateway_write(&self, s: &mut State, g: usize, r: usize, owner: Option<u8>, term: u8) -> bool {
+        let resource = idx(r);
+        if let Some(grant) = self.covering_grant(s, g, r, owner, term) {
+            if !s.gateways[g].write_slot_free() {
+                return false;
+            }
+            // Admitted here, under the grant (`Grants::admit`), at the grant's term.
+            let term = grant.term;
+            self.admitted(s, r, term);
+            Self::stamped(s, owner, term);
+            Self::witness(s, Witness::GrantAdmission);
+            if owner.is_some() {
+                Self::witness(s, Witness::StampGrantAdmission);
+            }
+            if s.stepped && s.gateways.iter().any(|g| g.drifted) {
+                Self::witness(s, Witness::GrantAdmissionAfterClockFaults);
+            }
+            let boot = s.boot(g);
+            let write = Write {
+                resource,
+                term,
+                owner,
+                start: grant.start,
+                deadline: grant.latest.max(boot) + ticks(self.config.timing.forward),
+                checked: false,
+            };
+            return s.gateways[g].add_write(write);
+        }
+        let asked = s.boot(g);
+        let stage = if owner.is_some() { Stage::Stamp } else { Stage::Asked { attempt: 0 } };
+        s.gateways[g].add_call(Call { resource, term, owner, asked, stage })
+    }
+
+    /// S4 in stamp mode: a write admitted for `owner` carries a term the store granted that owner.
+    fn stamped(s: &mut State, owner: Option<u8>, term: u8) {
+        if let Some(e) = owner
+            && s.ghost.owned[usize::from(e)] & (1 << term) == 0
+        {
+            Self::violate(s, Invariant::S4);
+        }
     }
 
     /// Gateway `g` handles the answer `answer` to its call `call`.
     fn gateway_answer(&self, s: &mut State, g: usize, call: Call, answer: Answer) {
+        if matches!(answer, Answer::Admitted { .. }) {
+            Self::stamped(s, call.owner, call.term);
+        }
         let boot = s.boot(g);
         let resource = usize::from(call.resource);
         let timing = self.config.timing;
@@ -710,6 +998,7 @@ impl Protocol {
                     gateway.add_write(Write {
                         resource: call.resource,
                         term: call.term,
+                        owner: call.owner,
                         start,
                         deadline,
                         checked: false,
@@ -720,18 +1009,25 @@ impl Protocol {
                 // stretch of what is left of the wait; the model keeps the later bound (more
                 // sends explored, never fewer).
                 let stretch = if wait > 0 { 2 * timing.drift } else { 0 };
-                if self.has(Plant::LeaseGrantsAfterDecision)
-                    && bound
-                    && gateway.decided[resource].is_none_or(|d| d.term <= call.term)
-                {
-                    gateway.decided[resource] =
-                        Some(Grant { term: call.term, deadline: 0, start, latest: latest + stretch });
+                if self.after_decision() && bound && gateway.decided[resource].is_none_or(|d| d.term <= call.term) {
+                    gateway.decided[resource] = Some(Grant {
+                        term: call.term,
+                        owner: call.owner,
+                        deadline: 0,
+                        start,
+                        latest: latest + stretch,
+                    });
                 }
                 // `install`: counted from the asking, shortened by the drift allowance.
                 let lasts = ticks(grant) - timing.drift;
                 if grant > 0 && lasts > 0 {
-                    let fresh =
-                        Grant { term: call.term, deadline: call.asked + lasts, start, latest: latest + stretch };
+                    let fresh = Grant {
+                        term: call.term,
+                        owner: call.owner,
+                        deadline: call.asked + lasts,
+                        start,
+                        latest: latest + stretch,
+                    };
                     let slot = if self.lease_scoped() && bound {
                         &mut gateway.lease_grant
                     } else {
@@ -784,6 +1080,7 @@ impl Protocol {
                     elector.orphan = None;
                 }
                 s.sql = None;
+                s.admin = None;
                 true
             }
             Action::Flush => {
@@ -816,7 +1113,7 @@ impl Protocol {
             }
             Action::ElectorLost(e) => {
                 let elector = &mut s.electors[usize::from(e)];
-                if !elector.call.is_some_and(|c| c.stage == LeaseStage::Asked) {
+                if elector.call.is_none_or(|c| c.stage != LeaseStage::Asked) {
                     return false;
                 }
                 elector.call = None;
@@ -835,7 +1132,9 @@ impl Protocol {
                     _ => LeaseCall::Release,
                 };
                 // Every one of them locks the lease row: none runs while an acquire sleeps on it.
-                if call != expected || Self::lease_locked(s) {
+                // An acquire or a release (`fencing.lease_grant_ms`) waits for a batch's grant.
+                if call != expected || Self::lease_locked(s) || (call != LeaseCall::Renew && self.lease_grants_held(s))
+                {
                     return false;
                 }
                 let stage = self.lease_call(s, e, call);
@@ -859,54 +1158,65 @@ impl Protocol {
                     return false;
                 }
                 s.writes += 1;
-                if let Some(grant) = self.covering_grant(s, g, r, term) {
-                    if !s.gateways[g].write_slot_free() {
-                        return false;
-                    }
-                    // Admitted here, under the grant (`Grants::admit`).
-                    self.admitted(s, r, term);
-                    Self::witness(s, Witness::GrantAdmission);
-                    if s.stepped && s.gateways.iter().any(|g| g.drifted) {
-                        Self::witness(s, Witness::GrantAdmissionAfterClockFaults);
-                    }
-                    let boot = s.boot(g);
-                    let write = Write {
-                        resource,
-                        term,
-                        start: grant.start,
-                        deadline: grant.latest.max(boot) + ticks(self.config.timing.forward),
-                        checked: false,
-                    };
-                    return s.gateways[g].add_write(write);
+                self.gateway_write(s, g, r, None, term)
+            }
+            Action::GatewayStampWrite { gateway, resource, owner } => {
+                let (g, r) = (usize::from(gateway), usize::from(resource));
+                if !self.config.stamp || s.writes >= self.config.writes {
+                    return false;
                 }
-                let asked = s.boot(g);
-                s.gateways[g].add_call(Call { resource, term, asked, stage: Stage::Asked { attempt: 0 } })
+                s.writes += 1;
+                self.gateway_write(s, g, r, Some(owner), 0)
             }
             Action::GatewayLost { gateway, call: c } => {
                 let (g, c) = (usize::from(gateway), usize::from(c));
-                if s.gateways[g].calls[c].is_none_or(|call| call.stage != Stage::Asked { attempt: 0 }) {
+                if s.gateways[g].calls[c]
+                    .is_none_or(|call| !matches!(call.stage, Stage::Asked { attempt: 0 } | Stage::Stamp))
+                {
                     return false;
                 }
                 remove_sorted(&mut s.gateways[g].calls, c);
                 true
             }
-            Action::GateRead { gateway, call: c, lost }
+            Action::GateStamp { gateway, call: c, lost }
+            | Action::GateRead { gateway, call: c, lost }
             | Action::GateGrant { gateway, call: c, lost }
             | Action::GateLock { gateway, call: c, lost }
-            | Action::GateWakes { gateway, call: c, lost } => {
+            | Action::GateWakes { gateway, call: c, lost }
+            | Action::GateCommit { gateway, call: c, lost } => {
                 let (g, c) = (usize::from(gateway), usize::from(c));
                 // Index MAX_CALLS: the decision the gateway gave up on.
                 let orphan = c == MAX_CALLS;
                 let held = if orphan { s.gateways[g].orphan } else { s.gateways[g].calls.get(c).copied().flatten() };
-                let Some(call) = held else { return false };
+                let Some(mut call) = held else { return false };
                 let (r, term) = (usize::from(call.resource), call.term);
+                let stamped = call.owner.is_some();
                 let stage = match (action, call.stage) {
-                    (Action::GateRead { .. }, Stage::Asked { attempt }) => self.gate_read(s, r, term, attempt),
+                    (Action::GateStamp { .. }, Stage::Stamp) => {
+                        // `fencing.gate_lease`: the lease as it is now.
+                        let lease = s.tables.lease;
+                        let holds = lease.term > 0
+                            && lease.expires > s.wall()
+                            && (lease.owner == call.owner || self.has(Plant::StampAnyOwner));
+                        if holds {
+                            call.term = lease.term;
+                            Stage::Asked { attempt: 0 }
+                        } else {
+                            Stage::Answered(Answer::Refused { max: s.tables.fences[r].map_or(0, |f| f.max_term) })
+                        }
+                    }
+                    (Action::GateRead { .. }, Stage::Asked { attempt }) => {
+                        // A first write's insert waits for a batch's uncommitted insert of the key.
+                        if s.tables.fences[r].is_none() && Self::insert_held(s, r) {
+                            return false;
+                        }
+                        self.gate_read(s, r, term, attempt, stamped)
+                    }
                     (Action::GateGrant { .. }, Stage::ReadGrant { attempt, settle }) => {
                         self.gate_grant(s, r, term, attempt, settle)
                     }
                     (Action::GateLock { .. }, Stage::ReadRaise { attempt }) => {
-                        if Self::fence_locked(s, r) || Self::sql_holds(s, r) {
+                        if Self::fence_locked(s, r) || Self::sql_holds(s, r) || Self::grant_held(s, r, false) {
                             return false;
                         }
                         self.gate_lock(s, r, term, attempt)
@@ -918,6 +1228,10 @@ impl Protocol {
                         }
                         Self::witness(s, Witness::RaiseSleptOutGrants);
                         self.raise(s, r, term)
+                    }
+                    (Action::GateCommit { .. }, Stage::Holding { answer, held }) => {
+                        self.commit_held(s, r, term, held);
+                        Stage::Answered(answer)
                     }
                     _ => return false,
                 };
@@ -1006,7 +1320,7 @@ impl Protocol {
                 let Some(orphan) = s.electors[e].orphan else { return false };
                 let stage = match orphan.stage {
                     LeaseStage::Asked => {
-                        if Self::lease_locked(s) {
+                        if Self::lease_locked(s) || (orphan.call != LeaseCall::Renew && self.lease_grants_held(s)) {
                             return false;
                         }
                         self.lease_call(s, e, orphan.call)
@@ -1026,6 +1340,17 @@ impl Protocol {
                     LeaseStage::Answered(_) => None,
                     sleeping => Some(ElectorCall { stage: sleeping, ..orphan }),
                 };
+                true
+            }
+            Action::AdminRuns(action) => self.admin_runs(s, action),
+            Action::AdminWakes => {
+                let Some(tx) = s.admin else { return false };
+                if s.now < tx.until {
+                    return false;
+                }
+                s.admin = None;
+                Self::witness(s, Witness::AdminSleptOutGrants);
+                self.admin_apply(s, tx.action);
                 true
             }
             Action::SqlAdmit { resource, term } => self.sql_admit(s, resource, term),
@@ -1048,16 +1373,100 @@ impl Protocol {
                     // `fencing.next_settle` of the version it locked (planted: none).
                     let settle = (!self.has(Plant::SqlRaiseSkipsSettle))
                         .then(|| self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0));
-                    s.tables.fences[r] =
-                        Some(Fence { max_term: tx.term, settle, drain: None, grant: 0, grant_ends: fence.grant_ends });
+                    s.tables.fences[r] = Some(Fence { max_term: tx.term, settle, drain: None, grant: 0, ..fence });
                 }
                 s.sql = None;
-                self.committed(s);
+                self.committed(s, Commit::Admit);
                 Self::ordered(s, r, tx.term);
                 Self::witness(s, Witness::SqlWriteCommitted);
                 true
             }
         }
+    }
+
+    /// An admin action's first steps (see [`Action::AdminRuns`]).
+    fn admin_runs(&self, s: &mut State, action: Admin) -> bool {
+        if s.admin_actions >= self.config.admin_actions || s.admin.is_some() {
+            return false;
+        }
+        let Some(resource) = action.resource() else {
+            // `fencing.force_release`: the lease row `FOR UPDATE`, `fencing.lease_grant_ms`.
+            if s.tables.lease.term == 0 || Self::lease_locked(s) || self.lease_grants_held(s) {
+                return false;
+            }
+            s.admin_actions += 1;
+            let wall = s.wall();
+            s.tables.lease.expires = s.tables.lease.expires.min(wall);
+            self.committed(s, Commit::Lease);
+            return true;
+        };
+        let r = usize::from(resource);
+        // `SELECT .. FOR UPDATE` waits for every holder of the row.
+        if Self::fence_locked(s, r) || Self::sql_holds(s, r) || Self::grant_held(s, r, false) || Self::insert_held(s, r)
+        {
+            return false;
+        }
+        s.admin_actions += 1;
+        let Some(fence) = s.tables.fences[r] else {
+            let fresh =
+                |binding, max_term| Fence { binding, max_term, settle: None, drain: None, grant: 0, grant_ends: None };
+            match action {
+                // `advance_fence` inserts an unbound row, `bind` a bound one; `rebind` is refused.
+                Admin::Advance { term, .. } => {
+                    s.tables.fences[r] = Some(fresh(Binding::Unbound, term));
+                    Self::ordered(s, r, term);
+                }
+                Admin::Bind { .. } => {
+                    s.tables.fences[r] = Some(fresh(Binding::Lease, 0));
+                    s.ghost.bindings[r] = Some(Binding::Lease);
+                }
+                _ => return true,
+            }
+            self.committed(s, Commit::of(action));
+            return true;
+        };
+        let refused = match action {
+            Admin::Advance { term, .. } => term <= fence.max_term,
+            Admin::Bind { .. } => fence.binding != Binding::Unbound,
+            Admin::Rebind { .. } => fence.binding == Binding::Other,
+            Admin::ForceRelease => true,
+        };
+        if refused {
+            return true;
+        }
+        let wait = self.grant_wait(s, fence);
+        if wait > 0 {
+            s.admin = Some(AdminTx { action, until: s.now + ticks(wait) });
+        } else {
+            self.admin_apply(s, action);
+        }
+        true
+    }
+
+    /// An admin action changes its fence row (after the grant wait) and commits.
+    fn admin_apply(&self, s: &mut State, action: Admin) {
+        let Some(r) = action.resource().map(usize::from) else { return };
+        let Some(fence) = s.tables.fences[r] else { return };
+        let next_settle = Some(self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0));
+        s.tables.fences[r] = Some(match action {
+            Admin::Advance { term, .. } => {
+                Self::ordered(s, r, term);
+                Fence { max_term: term, settle: next_settle, drain: None, grant: 0, ..fence }
+            }
+            Admin::Bind { .. } => {
+                if s.ghost.admitted[r] > 0 {
+                    Self::witness(s, Witness::FenceBoundByHand);
+                }
+                s.ghost.bindings[r] = Some(Binding::Lease);
+                Fence { binding: Binding::Lease, grant: 0, ..fence }
+            }
+            Admin::Rebind { .. } => {
+                s.ghost.bindings[r] = Some(Binding::Other);
+                Fence { binding: Binding::Other, settle: next_settle, drain: None, grant: 0, ..fence }
+            }
+            Admin::ForceRelease => fence,
+        });
+        self.committed(s, Commit::of(action));
     }
 
     /// `fencing.try_admit`'s plain read for the SQL writer (see [`Action::SqlAdmit`]).
@@ -1081,8 +1490,9 @@ impl Protocol {
         let Some(tx) = s.sql else { return false };
         let SqlStage::Read { raise } = tx.stage else { return false };
         let (r, term) = (usize::from(tx.resource), tx.term);
-        // `FOR KEY SHARE` and `FOR UPDATE` both wait for a raise holding the row.
-        if Self::fence_locked(s, r) {
+        // `FOR KEY SHARE` and `FOR UPDATE` both wait for a raise holding the row; `FOR UPDATE`
+        // (and the grant wait after it) for a batch's grant too.
+        if Self::fence_locked(s, r) || (raise && Self::grant_held(s, r, false)) {
             return false;
         }
         let Some(fence) = s.tables.fences[r] else { return false };
@@ -1092,7 +1502,7 @@ impl Protocol {
         }
         if fence.max_term == term {
             // The lease read again after the lock (`fencing.lease_refusal`).
-            if self.config.bound(r) && self.lease_refusal(s, r, term, fence.max_term).is_some() {
+            if self.bound(s, r) && self.lease_refusal(s, r, term, fence.max_term).is_some() {
                 s.sql = None;
                 return true;
             }
@@ -1101,10 +1511,9 @@ impl Protocol {
             return true;
         }
         // A raise: `fencing.await_grants`, then the raise.
-        let bound = self.config.bound(r);
-        let waited_by_lease = bound && s.tables.lease.grants_ended_term >= fence.max_term;
-        if fence.grant > 0 && !waited_by_lease {
-            s.sql = Some(SqlTx { stage: SqlStage::Raising { until: s.now + ticks(fence.grant) }, ..tx });
+        let wait = self.grant_wait(s, fence);
+        if wait > 0 {
+            s.sql = Some(SqlTx { stage: SqlStage::Raising { until: s.now + ticks(wait) }, ..tx });
             return true;
         }
         self.sql_raise(s, tx);
@@ -1115,7 +1524,7 @@ impl Protocol {
     /// raise, held until the commit.
     fn sql_raise(&self, s: &mut State, tx: SqlTx) {
         let (r, term) = (usize::from(tx.resource), tx.term);
-        if self.config.bound(r) {
+        if self.bound(s, r) {
             let max = s.tables.fences[r].map_or(0, |f| f.max_term);
             if self.lease_refusal(s, r, term, max).is_some() {
                 s.sql = None;
@@ -1158,6 +1567,12 @@ impl Protocol {
             gateway.writes.sort();
             for r in 0..MAX_RESOURCES {
                 let Some(settle) = s.gateways[g].settles[r] else { continue };
+                // The marks update the row: they wait while a batch holds it (and are made later).
+                if Self::held(s).any(|(held_r, held)| {
+                    held_r == r && matches!(held, Held::Raise(_) | Held::Grant { record: Some(_) })
+                }) {
+                    continue;
+                }
                 s.gateways[g].settles[r] = match settle.drained_at {
                     None if boot >= settle.end => self.mark_settled(s, r, settle).map(|drain_for| Settle {
                         drained_at: Some(boot + ticks(drain_for) + 2 * self.config.timing.drift),
@@ -1172,12 +1587,30 @@ impl Protocol {
             }
         }
         let now = s.now;
+        let watchdog = !self.has(Plant::ElectorDeadlineIgnored);
         for elector in &mut s.electors {
-            if elector.leading.is_some_and(|(_, deadline)| now >= deadline) {
+            if watchdog && elector.leading.is_some_and(|(_, deadline)| now >= deadline) {
                 elector.leading = None;
             }
         }
+        // S7: a holder acts only before its deadline (it checks it whenever it acts).
+        if s.electors.iter().any(|e| e.leading.is_some_and(|(_, deadline)| now >= deadline)) {
+            Self::violate(s, Invariant::S7);
+        }
         true
+    }
+
+    /// `deadline`: the elector's local deadline for an answer with `remaining` to a call sent at
+    /// `sent` (planted `elector-margin-added`: the margin added, not taken off). S7: never past
+    /// the expiry the store reported, now + `remaining` (the answer arrives at once).
+    fn deadline(&self, s: &mut State, sent: i8, remaining: i8) -> i8 {
+        let margin = self.config.timing.elector_margin;
+        let deadline =
+            if self.has(Plant::ElectorMarginAdded) { sent + remaining + margin } else { sent + remaining - margin };
+        if deadline > s.now + remaining {
+            Self::violate(s, Invariant::S7);
+        }
+        deadline
     }
 
     /// Elector `e`'s call after a store step: still asleep in the store, or answered (and the
@@ -1195,10 +1628,9 @@ impl Protocol {
             return true;
         }
         let now = s.now;
-        let margin = self.config.timing.elector_margin;
         match (call.call, answer) {
             (LeaseCall::Acquire, Some((term, remaining))) => {
-                let deadline = call.sent + remaining - margin;
+                let deadline = self.deadline(s, call.sent, remaining);
                 if now < deadline && s.electors[e].leading.is_none() {
                     if s.ghost.led & (1 << term) != 0 {
                         Self::violate(s, Invariant::S2);
@@ -1211,7 +1643,8 @@ impl Protocol {
                 if let Some((term, deadline)) = s.electors[e].leading
                     && now < deadline
                 {
-                    s.electors[e].leading = Some((term, call.sent + remaining - margin));
+                    let extended = self.deadline(s, call.sent, remaining);
+                    s.electors[e].leading = Some((term, extended));
                 }
             }
             (LeaseCall::Renew, None) => s.electors[e].leading = None,
@@ -1259,6 +1692,12 @@ impl Protocol {
                 if held && !mine {
                     return LeaseStage::Answered(None);
                 }
+                if held && self.has(Plant::AcquireKeepsPeriod) {
+                    // Planted: the holder's own acquire keeps its period and term.
+                    s.tables.lease.expires = wall + self.config.timing.ttl;
+                    self.committed(s, Commit::Lease);
+                    return LeaseStage::Answered(Some((lease.term, self.config.timing.ttl)));
+                }
                 let grant = self.lease_grant(s);
                 if grant > 0 {
                     return LeaseStage::Sleeping { until: s.now + ticks(grant), slept: grant };
@@ -1266,17 +1705,28 @@ impl Protocol {
                 LeaseStage::Answered(self.start_period(s, e, 0))
             }
             LeaseCall::Renew => {
-                if !held || !mine {
+                // Planted `renew-any-owner` and `renew-expired`: a check left out.
+                let owner_ok = mine || self.has(Plant::RenewAnyOwner);
+                let unexpired_ok = held || (lease.term > 0 && self.has(Plant::RenewExpired));
+                if !owner_ok || !unexpired_ok {
                     return LeaseStage::Answered(None);
                 }
+                // S1: an ok renewal tells the caller it holds the lease unexpired, so it must be
+                // the row's holder; S2: a period that ended may not come back with its term.
+                if !mine {
+                    Self::violate(s, Invariant::S1);
+                }
+                if !held {
+                    Self::violate(s, Invariant::S2);
+                }
                 s.tables.lease.expires = wall + self.config.timing.ttl;
-                self.committed(s);
+                self.committed(s, Commit::Lease);
                 LeaseStage::Answered(Some((lease.term, self.config.timing.ttl)))
             }
             LeaseCall::Release => {
                 if held && mine {
                     s.tables.lease.expires = wall;
-                    self.committed(s);
+                    self.committed(s, Commit::Lease);
                 }
                 LeaseStage::Answered(None)
             }
@@ -1297,11 +1747,14 @@ impl Model for Protocol {
             writes: 0,
             lease_calls: 0,
             tables,
-            durable: self.has(Plant::AsyncCommit).then_some(tables),
+            durable: self.config.plant.is_some_and(Plant::loses_commits).then_some(tables),
             gateways: [Gateway::idle(); GATEWAYS],
             electors: [Elector::default(); ELECTORS],
             sql: None,
+            admin: None,
+            admin_actions: 0,
             ghost: Ghost::default(),
+            bound: self.config.bound_resources,
         }]
     }
 
@@ -1336,6 +1789,7 @@ impl Model for Protocol {
             Property::always(Invariant::S3.name(), |_, s: &State| !Invariant::S3.violated(&s.ghost)),
             Property::always(Invariant::S4.name(), |_, s: &State| !Invariant::S4.violated(&s.ghost)),
             Property::always(Invariant::S5.name(), |_, s: &State| !Invariant::S5.violated(&s.ghost)),
+            Property::always(Invariant::S7.name(), |_, s: &State| !Invariant::S7.violated(&s.ghost)),
             Property::sometimes(Witness::GrantAdmission.name(), |_, s: &State| Witness::GrantAdmission.seen(&s.ghost)),
             Property::sometimes(Witness::GrantAdmissionAfterClockFaults.name(), |_, s: &State| {
                 Witness::GrantAdmissionAfterClockFaults.seen(&s.ghost)
@@ -1354,6 +1808,18 @@ impl Model for Protocol {
             }),
             Property::sometimes(Witness::CallRunAfterGiveUp.name(), |_, s: &State| {
                 Witness::CallRunAfterGiveUp.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::BatchedRaiseCommitted.name(), |_, s: &State| {
+                Witness::BatchedRaiseCommitted.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::AdminSleptOutGrants.name(), |_, s: &State| {
+                Witness::AdminSleptOutGrants.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::StampGrantAdmission.name(), |_, s: &State| {
+                Witness::StampGrantAdmission.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::FenceBoundByHand.name(), |_, s: &State| {
+                Witness::FenceBoundByHand.seen(&s.ghost)
             }),
         ]
     }
@@ -1399,14 +1865,21 @@ impl Protocol {
                 for term in 1..=terms {
                     out.push(Action::GatewayDecide { gateway: g, resource: idx(r), term });
                 }
+                if self.config.stamp {
+                    for owner in 0..ELECTORS {
+                        out.push(Action::GatewayStampWrite { gateway: g, resource: idx(r), owner: idx(owner) });
+                    }
+                }
             }
             if gateway.orphan.is_some() {
                 let c = idx(MAX_CALLS);
                 out.extend([
+                    Action::GateStamp { gateway: g, call: c, lost: false },
                     Action::GateRead { gateway: g, call: c, lost: false },
                     Action::GateGrant { gateway: g, call: c, lost: false },
                     Action::GateLock { gateway: g, call: c, lost: false },
                     Action::GateWakes { gateway: g, call: c, lost: false },
+                    Action::GateCommit { gateway: g, call: c, lost: false },
                 ]);
             }
             for (c, call) in gateway.calls.iter().enumerate() {
@@ -1418,10 +1891,12 @@ impl Protocol {
                     }
                     for lost in [false, true] {
                         out.extend([
+                            Action::GateStamp { gateway: g, call: c, lost },
                             Action::GateRead { gateway: g, call: c, lost },
                             Action::GateGrant { gateway: g, call: c, lost },
                             Action::GateLock { gateway: g, call: c, lost },
                             Action::GateWakes { gateway: g, call: c, lost },
+                            Action::GateCommit { gateway: g, call: c, lost },
                         ]);
                     }
                 }
@@ -1432,6 +1907,22 @@ impl Protocol {
                     out.extend([
                         Action::GatewayCheck { gateway: g, write: w },
                         Action::GatewaySend { gateway: g, write: w },
+                    ]);
+                }
+            }
+        }
+        if self.config.admin_actions > 0 {
+            out.extend([Action::AdminRuns(Admin::ForceRelease), Action::AdminWakes]);
+            for r in 0..self.config.resources() {
+                let resource = idx(r);
+                for term in 1..=terms {
+                    out.push(Action::AdminRuns(Admin::Advance { resource, term }));
+                }
+                // Only names outside unbound routes' own ('/...') can be bound.
+                if self.config.bound(r) {
+                    out.extend([
+                        Action::AdminRuns(Admin::Bind { resource }),
+                        Action::AdminRuns(Admin::Rebind { resource }),
                     ]);
                 }
             }

@@ -13,7 +13,7 @@
 use crate::config::{ELECTORS, GATEWAYS, MAX_CALLS, MAX_RESOURCES, MAX_WRITES};
 
 /// The row of `fencing.leases` for the one lease key (`term` 0: no row yet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Lease {
     /// The elector holding it (`owner`), if any ever did.
     pub owner: Option<u8>,
@@ -27,9 +27,24 @@ pub struct Lease {
     pub grant: u8,
 }
 
+/// A fence row's `lease_key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Binding {
+    /// `NULL`: any term its writers present (an unbound route's, or a protected table's before
+    /// `fencing.bind`).
+    Unbound,
+    /// The model's lease `k`.
+    Lease,
+    /// Another lease, `k2`, that nobody in the model ever holds (after `fencing.rebind`): every
+    /// write is refused from then on.
+    Other,
+}
+
 /// A row of `fencing.fences`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Fence {
+    /// `lease_key`.
+    pub binding: Binding,
     /// `max_term`.
     pub max_term: u8,
     /// `settle_ms`: how long writes of this term wait from their decision (`None`: settled).
@@ -44,7 +59,7 @@ pub struct Fence {
 }
 
 /// The store's tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tables {
     pub lease: Lease,
     pub fences: [Option<Fence>; MAX_RESOURCES],
@@ -53,6 +68,9 @@ pub struct Tables {
 /// Where a gateway's decision is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
+    /// A stamp-mode write's decision on its way to the store: `fencing.gate_lease` reads the
+    /// lease first, and the term it stamps is decided by `fencing.gate`, the next statement.
+    Stamp,
     /// On its way to the store (`attempt` 0), or about to be read again in the store after a
     /// version changed under it (`CONTINUE` in `fencing.gate`, `attempt` 1 or 2).
     Asked { attempt: u8 },
@@ -66,8 +84,25 @@ pub enum Stage {
     /// `fencing.await_grants` until `until` (real time; the store's wall clock under
     /// `wall-clock-waits`).
     Raising { until: i8 },
+    /// Decided in a batch (`fencing.gate_many` of several items, [`crate::Config::batched`]): what
+    /// it wrote is not visible to others, and its locks are held, until the batch commits, after
+    /// its other items; then `answer` goes back.
+    Holding { answer: Answer, held: Held },
     /// Answered: the answer is on its way back.
     Answered(Answer),
+}
+
+/// What a decision in a batch holds until the batch commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Held {
+    /// A raise: the row `FOR UPDATE` (and the fence's advisory lock), with the row it wrote.
+    Raise(Fence),
+    /// A resource's first write: the row it inserted (an insert of the same key waits for it).
+    Insert(Fence),
+    /// A grant: the grant advisory locks shared (a term change of the fence, or of a bound
+    /// fence's lease, waits for them), and, when it recorded a longer grant (`Some`), the row
+    /// `FOR NO KEY UPDATE`.
+    Grant { record: Option<u8> },
 }
 
 /// What `fencing.gate` answered.
@@ -85,7 +120,11 @@ pub enum Answer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Call {
     pub resource: u8,
+    /// The term presented (verify mode) or stamped (stamp mode; 0 until the lease is read).
     pub term: u8,
+    /// Stamp mode: the elector whose identity the write presents (`Fencing-Lease`,
+    /// `Fencing-Owner`); `None` in verify mode.
+    pub owner: Option<u8>,
     /// When it was asked, on this gateway's boot clock.
     pub asked: i8,
     pub stage: Stage,
@@ -96,6 +135,8 @@ pub struct Call {
 pub struct Write {
     pub resource: u8,
     pub term: u8,
+    /// Stamp mode: the owner the write presented.
+    pub owner: Option<u8>,
     /// Sent no earlier than this (boot clock): the settle's end.
     pub start: i8,
     /// Never sent from this on (boot clock): decision + the store's wait + forward timeout.
@@ -105,9 +146,12 @@ pub struct Write {
 }
 
 /// A grant the gateway holds (`gateway/src/fence/grants.rs`, `Grant`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Grant {
     pub term: u8,
+    /// Stamp mode: the owner it was decided for (it covers that owner's stamp writes only);
+    /// `None` in verify mode (it covers writes presenting `term`).
+    pub owner: Option<u8>,
     /// Its end on the boot clock: asked + grant - drift allowance.
     pub deadline: i8,
     /// The settle's end it was given with (boot clock): writes under it start no earlier.
@@ -117,7 +161,7 @@ pub struct Grant {
 }
 
 /// What a gateway knows of one fence's settle (`gateway/src/fence/settles.rs`, `Settle`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Settle {
     pub term: u8,
     /// The length the store said (`settle_ms`).
@@ -129,7 +173,7 @@ pub struct Settle {
 }
 
 /// A gateway.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Gateway {
     /// Its boot clock reads `now + skew`.
     pub skew: i8,
@@ -154,7 +198,7 @@ pub struct Gateway {
 }
 
 /// What an elector asked the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LeaseCall {
     Acquire,
     Renew,
@@ -162,7 +206,7 @@ pub enum LeaseCall {
 }
 
 /// Where an elector's call is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LeaseStage {
     /// On its way to the store.
     Asked,
@@ -174,7 +218,7 @@ pub enum LeaseStage {
 }
 
 /// An elector's call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ElectorCall {
     pub call: LeaseCall,
     /// When it was sent (its boot clock, here real time).
@@ -183,7 +227,7 @@ pub struct ElectorCall {
 }
 
 /// An elector (`election/src/runtime.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Elector {
     /// `Some((term, deadline))` while it leads.
     pub leading: Option<(u8, i8)>,
@@ -194,7 +238,7 @@ pub struct Elector {
 }
 
 /// Ghost variables: what the properties read, kept by the transitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Ghost {
     /// Per resource, the highest term admitted so far (S3).
     pub admitted: [u8; MAX_RESOURCES],
@@ -204,15 +248,21 @@ pub struct Ghost {
     pub granted: u8,
     /// The terms electors have led with, as bits (S2).
     pub led: u8,
+    /// Per elector, the terms the store granted it, as bits (S4 in stamp mode: a stamp write
+    /// carries a term its presented owner was granted).
+    pub owned: [u8; ELECTORS],
+    /// Per resource, the binding an admin action last answered (`fencing.bind`,
+    /// `fencing.rebind`): S4 asks that the row keeps it.
+    pub bindings: [Option<Binding>; MAX_RESOURCES],
     /// Invariants violated so far, as bits ([`crate::Invariant`]).
     pub violated: u8,
     /// Events that happened so far in this run, as bits ([`crate::Witness`]): what the checks
     /// assert was reached, so that a check cannot silently stop exercising them.
-    pub seen: u8,
+    pub seen: u16,
 }
 
 /// The whole state.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct State {
     /// Real time.
     pub now: i8,
@@ -232,12 +282,52 @@ pub struct State {
     pub electors: [Elector; ELECTORS],
     /// The SQL writer's open transaction, if any.
     pub sql: Option<SqlTx>,
+    /// An admin action asleep holding its fence row, if any.
+    pub admin: Option<AdminTx>,
+    /// Admin actions run so far ([`crate::Config::admin_actions`]).
+    pub admin_actions: u8,
     pub ghost: Ghost,
+    /// How many resources are bound to the lease ([`crate::Config::bound_resources`]), constant
+    /// over a run: the symmetry reduction ([`crate::symmetry`]) may swap two bound resources.
+    pub bound: u8,
+}
+
+/// An operator's audited action (`fencing.advance_fence`, `fencing.bind`, `fencing.rebind`,
+/// `fencing.force_release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Admin {
+    /// `fencing.advance_fence(resource, term)`: raises the maximum by hand (inserting an unbound
+    /// row when there is none).
+    Advance { resource: u8, term: u8 },
+    /// `fencing.bind(resource, 'k')`: binds an unbound (or new) fence to the lease.
+    Bind { resource: u8 },
+    /// `fencing.rebind(resource, 'k2')`: binds the fence to another lease.
+    Rebind { resource: u8 },
+    /// `fencing.force_release('k')`: ends the current period, whoever holds it.
+    ForceRelease,
+}
+
+impl Admin {
+    /// The resource it acts on, if any.
+    pub fn resource(self) -> Option<u8> {
+        match self {
+            Admin::Advance { resource, .. } | Admin::Bind { resource } | Admin::Rebind { resource } => Some(resource),
+            Admin::ForceRelease => None,
+        }
+    }
+}
+
+/// An admin action asleep in `fencing.await_grants`, holding its fence row `FOR UPDATE` (and the
+/// fence's advisory lock), until `until` (real time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AdminTx {
+    pub action: Admin,
+    pub until: i8,
 }
 
 /// The SQL writer's transaction (`fencing.admit`, as the SQL guard calls it, then its row, then
 /// `COMMIT`), on a resource whose fence row exists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SqlTx {
     pub resource: u8,
     pub term: u8,
@@ -245,7 +335,7 @@ pub struct SqlTx {
 }
 
 /// Where the SQL writer's transaction is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SqlStage {
     /// `fencing.try_admit`'s plain read is done: next, the row lock (`FOR KEY SHARE` for the
     /// fence's own term, `FOR UPDATE` to raise it).
