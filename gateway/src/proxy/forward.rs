@@ -176,7 +176,9 @@ impl Forwarder {
                 "forward deadline"
             );
         }
-        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound);
+        // A write's deadline holds for its answer's body too: the connection may still be sending
+        // the write while an early answer streams back (`Streamed`).
+        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound, term.map(|_| deadline));
         let response = match timeout_at(deadline, exchange).await {
             Ok(Ok(response)) => response,
             Ok(Err(failure)) => return Err(upstream_failure(metrics, &failure)),

@@ -11,7 +11,10 @@
 //! A connection whose exchange does not end cleanly is dropped, never reused: at the request's
 //! deadline (the caller's timeout drops the future that owns it), on an error, and when the
 //! client goes away before the answer's end. Its socket is then reset (SO_LINGER 0, see
-//! [`connector`]): no byte of it is sent or retransmitted later.
+//! [`connector`]): no byte of it is sent or retransmitted later. A fenced write's deadline holds
+//! after its answer's head too: an upstream may answer before it has read the request, and the
+//! connection goes on sending the request while the answer streams back, so an answer still
+//! streaming at the write's deadline is cut there and its connection reset (S5).
 
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -19,6 +22,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -215,12 +220,15 @@ impl Upstreams {
     /// Sends `request` (origin-form, with its `Host`) to `upstream` on this client connection's
     /// connection to it, or a new one, and returns the answer once its head is in. A request
     /// that an idle connection closed before it was sent goes once more, on a new connection.
-    /// The caller bounds the whole call in time; dropping it drops the connection.
+    /// The caller bounds the whole call in time; dropping it drops the connection. With a
+    /// `deadline` (a fenced write's), the answer's body cuts the connection at that instant if
+    /// the exchange has not ended by then ([`Streamed`]).
     pub async fn send(
         self: &Arc<Self>,
         connector: &UpstreamConnector,
         upstream: &Uri,
         mut request: Request<Body>,
+        deadline: Option<Instant>,
     ) -> Result<Response<Streamed>, Failure> {
         let key = Key {
             https: upstream.scheme() == Some(&Scheme::HTTPS),
@@ -243,7 +251,8 @@ impl Upstreams {
             match held.exchange(request).await {
                 Ok(response) => {
                     let home = Some((Arc::clone(self), key));
-                    return Ok(response.map(|body| Streamed { body, held: Some(held), home }));
+                    let deadline = deadline.map(|at| Box::pin(tokio::time::sleep_until(at)));
+                    return Ok(response.map(|body| Streamed { body, held: Some(held), home, deadline }));
                 }
                 Err((_, Some(unsent))) if was_reused => request = unsent,
                 Err((error, _)) => return Err(Failure::Request(error)),
@@ -261,10 +270,19 @@ async fn connect(connector: &UpstreamConnector, upstream: &Uri) -> Result<Held, 
 /// An upstream's answer body, carrying the connection it arrives on: polling the body drives
 /// the connection, and at the body's end the connection goes back to its client connection's
 /// idle set. Dropped before its end, it drops the connection.
+///
+/// The connection it drives may still be sending the request (an upstream may answer before it
+/// has read the whole request). For a fenced write, whose bytes may not reach the upstream
+/// after the write's deadline (S5), the answer is cut at that deadline if the exchange has not
+/// ended: the connection is dropped (its socket reset, so nothing the kernel holds goes out
+/// either) and the body ends with an error. The gateway cannot tell a request that is fully out
+/// from one still on its way, so this applies to any answer still streaming then.
 pub struct Streamed {
     body: Incoming,
     held: Option<Held>,
     home: Option<(Arc<Upstreams>, Key)>,
+    /// A fenced write's deadline, while the exchange has not ended.
+    deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl Streamed {
@@ -288,20 +306,36 @@ impl Streamed {
 
 impl http_body::Body for Streamed {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
+        if this.held.is_some()
+            && let Some(deadline) = this.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            // S5: no byte of the write after its deadline; the connection may still be sending it.
+            this.held = None;
+            this.deadline = None;
+            let cut = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the write's forward deadline passed while its upstream exchange was unfinished: connection reset",
+            );
+            return Poll::Ready(Some(Err(Box::new(cut))));
+        }
         if let Some(held) = this.held.as_mut() {
             held.drive(cx);
         }
         let frame = Pin::new(&mut this.body).poll_frame(cx);
         match &frame {
-            Poll::Ready(None) => this.finish(),
+            Poll::Ready(None) => {
+                this.finish();
+                this.deadline = None;
+            }
             Poll::Ready(Some(Err(_))) => this.held = None,
             _ => {}
         }
-        frame
+        frame.map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {

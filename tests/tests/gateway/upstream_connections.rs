@@ -252,3 +252,125 @@ async fn proxy_threads_are_pinned_one_per_cpu_unless_told_not_to() {
         assert_eq!(cpus, process, "{name} was pinned though told not to be");
     }
 }
+
+/// What the early-answering upstream saw of the write.
+struct EarlySeen {
+    /// When the request's head was in.
+    head_at: tokio::time::Instant,
+    /// Body bytes read, in all.
+    body: usize,
+    /// Body bytes read after the write's deadline (head + forward timeout + 50 ms).
+    after_deadline: usize,
+}
+
+/// An upstream that answers a write as soon as its head is in, before reading its body (as an
+/// upstream that answers 413 or streams a reply early may), streams that answer for 3 s, and
+/// reads nothing of the body for 2 s: its receive buffer is small, so the gateway's connection
+/// is still sending the body while the answer streams back. Then it reads what comes.
+async fn early_answering_upstream(
+    forward_timeout: Duration,
+) -> (SocketAddr, tokio::sync::oneshot::Receiver<EarlySeen>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(16).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (report, seen) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let (mut reader, mut writer) = stream.into_split();
+        // The head only (its end may share a read with the body's first bytes).
+        let mut pending = Vec::new();
+        let mut byte = [0_u8; 1];
+        while !pending.ends_with(b"\r\n\r\n") {
+            if reader.read(&mut byte).await.unwrap_or(0) == 0 {
+                return;
+            }
+            pending.push(byte[0]);
+        }
+        let head_at = tokio::time::Instant::now();
+        let deadline = head_at + forward_timeout + Duration::from_millis(50);
+        tokio::spawn(async move {
+            let _ = writer.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
+            for _ in 0..30 {
+                if writer.write_all(b"1\r\n.\r\n").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let _ = writer.write_all(b"0\r\n\r\n").await;
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (mut body, mut after_deadline) = (0, 0);
+        let mut buffer = vec![0_u8; 65536];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(3), reader.read(&mut buffer)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    body += n;
+                    if tokio::time::Instant::now() > deadline {
+                        after_deadline += n;
+                    }
+                }
+                _ => break,
+            }
+        }
+        let _ = report.send(EarlySeen { head_at, body, after_deadline });
+    });
+    (addr, seen)
+}
+
+/// S5 after an early answer: the upstream answers a 1 MB write before reading its body and
+/// streams that answer past the write's deadline. The gateway's connection would go on sending
+/// the body while it relays the answer; at the deadline it cuts the answer and resets the
+/// connection instead, so the upstream gets no byte of the write after the deadline beyond what
+/// its own small receive buffer already held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_early() {
+    let db = TestDb::new().await;
+    let forward_timeout = Duration::from_millis(1000);
+    let (upstream, seen) = early_answering_upstream(forward_timeout).await;
+    let gateway = Gateway::start(
+        &db.url(),
+        &format!(
+            "[proxy]\nthreads = 2\n[upstream]\nforward_timeout_ms = {}\n[[routes]]\nprefix = \"/free\"\n\
+             upstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n",
+            forward_timeout.as_millis()
+        ),
+    )
+    .await
+    .unwrap();
+    let body = vec![b'x'; 1_000_000];
+    let mut client = TcpStream::connect(gateway.proxy).await.unwrap();
+    let head = format!(
+        "POST /free/acct-1/x HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    client.write_all(&body).await.unwrap();
+    // The answer: its head, then the streamed body until the gateway ends it.
+    let mut answer = Vec::new();
+    let mut buffer = [0_u8; 4096];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(6), client.read(&mut buffer)).await {
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buffer[..n]);
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "the early answer was not relayed: {answer:?}");
+    let seen = tokio::time::timeout(Duration::from_secs(15), seen).await.unwrap().unwrap();
+    println!(
+        "the upstream read {} of {} body bytes, {} of them after the write's deadline; the answer the client got: {} bytes, ends {:?}",
+        seen.body,
+        body.len(),
+        seen.after_deadline,
+        answer.len(),
+        &answer[answer.len().saturating_sub(12)..]
+    );
+    assert!(seen.head_at.elapsed() > forward_timeout);
+    assert!(
+        seen.body < body.len(),
+        "the whole write reached the upstream although it read nothing of it until after the write's deadline"
+    );
+    assert!(!answer.ends_with("0\r\n\r\n"), "the answer streamed to its end, past the write's deadline");
+}
