@@ -237,17 +237,21 @@ mod tests {
     #[test]
     fn proxy_threads_default_to_the_shared_runtime_without_grants_and_one_per_cpu_with() {
         let parse = |text: &str| Config::parse(text, &env(&[]));
-        assert_eq!(parse("").expect("default").proxy.threads, 0);
+        assert_eq!(parse("[database]\ngrant_ms = 0").expect("no grants").proxy.threads, 0);
         let cpus = std::thread::available_parallelism()
             .map_or(1, std::num::NonZeroUsize::get)
             .min(crate::config::model::MAX_PROXY_THREADS);
         assert_eq!(parse("[database]\ngrant_ms = 400").expect("grants").proxy.threads, cpus);
+        assert_eq!(parse("").expect("default: grants").proxy.threads, cpus);
         assert_eq!(parse("[proxy]\nthreads = 3\n[database]\ngrant_ms = 400").expect("explicit").proxy.threads, 3);
         assert_eq!(parse("[proxy]\nthreads = 0\n[database]\ngrant_ms = 400").expect("shared").proxy.threads, 0);
         // Pinned by default when each thread can have a CPU of its own.
         let fits = cpus <= crate::cpus::allowed().len();
         assert_eq!(parse("[database]\ngrant_ms = 400").expect("grants").proxy.pin_threads, fits);
-        assert!(!parse("").expect("default").proxy.pin_threads, "no proxy threads, nothing to pin");
+        assert!(
+            !parse("[database]\ngrant_ms = 0").expect("no grants").proxy.pin_threads,
+            "no proxy threads, nothing to pin"
+        );
         assert!(!parse("[proxy]\nthreads = 64").expect("more than CPUs").proxy.pin_threads || cpus >= 64);
         assert!(!parse("[proxy]\nthreads = 2\npin_threads = false").expect("off").proxy.pin_threads);
         assert!(parse("[proxy]\nthreads = 2\npin_threads = true").expect("on").proxy.pin_threads);
@@ -258,7 +262,13 @@ mod tests {
     #[test]
     fn a_grant_must_fit_in_a_fence_decision_and_outlast_the_margin() {
         let parse = |database: &str| Config::parse(&format!("[database]\n{database}"), &env(&[]));
-        assert_eq!(parse("").expect("default").database.grant.as_millis(), 0);
+        // The default grant: 400 ms, at most half the check timeout, none below the floor.
+        assert_eq!(parse("").expect("default").database.grant.as_millis(), 400);
+        assert_eq!(parse("fence_check_timeout_ms = 500").expect("a short check").database.grant.as_millis(), 250);
+        assert_eq!(parse("fence_check_timeout_ms = 300").expect("too short for one").database.grant.as_millis(), 0);
+        let margin = Config::parse("[upstream]\nsettle_margin_ms = 60", &env(&[])).expect("a wide margin");
+        assert_eq!(margin.database.grant.as_millis(), 0, "8 x 60 ms = 480 ms floor > 400: none");
+        assert_eq!(parse("grant_ms = 0").expect("off").database.grant.as_millis(), 0);
         assert_eq!(parse("grant_ms = 400").expect("valid").database.grant.as_millis(), 400);
         // Longer than half the decision timeout: a raise waiting for it would time out.
         let error = parse("grant_ms = 600").expect_err("too long for the check timeout");

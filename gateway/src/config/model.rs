@@ -54,6 +54,11 @@ pub const DEFAULT_FENCE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Added to a new term's settle wait for lower-term bytes still in flight on loopback or a LAN.
 pub const DEFAULT_SETTLE_MARGIN: Duration = Duration::from_millis(25);
 
+/// The grant a gateway asks for when `database.grant_ms` is not set: writes of a fence's current
+/// term are admitted without Postgres for up to this long after a decision. Capped at half of
+/// `database.fence_check_timeout_ms`, and none when that leaves less than the grant floor.
+pub const DEFAULT_GRANT: Duration = Duration::from_millis(400);
+
 /// How long connecting to an upstream may take.
 pub const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 

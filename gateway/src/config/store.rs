@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::config::checks::Checks;
 use crate::config::model::{
     DEFAULT_CLOCK_RATE_TOLERANCE, DEFAULT_CONTROL_POOL_SIZE, DEFAULT_EMBEDDED_DATA_DIR, DEFAULT_FENCE_CHECK_TIMEOUT,
-    DEFAULT_FORWARD_TIMEOUT, DEFAULT_MAX_BATCHES_IN_FLIGHT, DEFAULT_POOL_SIZE, DEFAULT_SETTLE_MARGIN,
+    DEFAULT_FORWARD_TIMEOUT, DEFAULT_GRANT, DEFAULT_MAX_BATCHES_IN_FLIGHT, DEFAULT_POOL_SIZE, DEFAULT_SETTLE_MARGIN,
     DEFAULT_UPSTREAM_CONNECT_TIMEOUT, DatabaseConfig, StandbyCheck, UpstreamConfig,
 };
 use crate::config::raw::{RawDatabase, RawUpstream};
@@ -38,12 +38,17 @@ pub(super) fn upstream(raw: RawUpstream, checks: &mut Checks) -> UpstreamConfig 
 pub(super) fn database(raw: RawDatabase, upstream: &UpstreamConfig, checks: &mut Checks) -> DatabaseConfig {
     let fence_check_timeout =
         checks.positive_ms("database.fence_check_timeout_ms", raw.fence_check_timeout_ms, DEFAULT_FENCE_CHECK_TIMEOUT);
-    let grant = Duration::from_millis(raw.grant_ms.unwrap_or(0));
-    if !grant.is_zero() {
+    // Unset: the default grant, fitted to this configuration's check timeout and margin (a
+    // default never makes a configuration invalid; it is none when it cannot fit).
+    let floor = Duration::from_millis(100).max(upstream.settle_margin * 8);
+    let grant = match raw.grant_ms {
+        Some(ms) => Duration::from_millis(ms),
+        None => Some(DEFAULT_GRANT.min(fence_check_timeout / 2)).filter(|grant| *grant >= floor).unwrap_or_default(),
+    };
+    if raw.grant_ms.is_some() && !grant.is_zero() {
         // A new term waits up to one grant inside its decision; the gateway renews a grant with
         // half of it left, and the store renews only under three quarters: the margin and a round
         // trip must fit in that quarter.
-        let floor = Duration::from_millis(100).max(upstream.settle_margin * 8);
         if grant < floor {
             checks.push(format!(
                 "database.grant_ms: 0 (no grants) or at least {} ms (8 x upstream.settle_margin_ms, and 100)",

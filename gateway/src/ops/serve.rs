@@ -83,6 +83,19 @@ pub async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
         println!("fencing-gateway listening proxy={proxy} control={control}");
         info!(%proxy, %control, embedded = embedded.is_some(), "listening");
     }
+    // What grants cost, said once at start-up (they are on unless `database.grant_ms = 0`).
+    let grant_ms = config.database.grant.as_millis();
+    if grant_ms > 0 {
+        info!(
+            grant_ms,
+            "grants on: writes of a fence's current term are admitted without Postgres for up to grant_ms after a \
+             decision; in exchange a new term (of a resource or a bound lease), the SQL guard's and fencing.admit's \
+             raises and the admin actions wait up to grant_ms, and the gateway relies on its boot clock running \
+             within database.clock_rate_tolerance; database.grant_ms = 0 turns them off"
+        );
+    } else {
+        info!("grants off (database.grant_ms = 0): every fenced write asks Postgres");
+    }
 
     let signal_shutdown = shutdown.clone();
     tokio::spawn(async move {
