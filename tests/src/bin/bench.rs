@@ -356,8 +356,15 @@ async fn run(options: &Options) -> Result<()> {
              lease = \"bench-writer\"\n"
         )
     };
-    let gateways =
-        [Gateway::start(&database_url, &config(0)).await?, Gateway::start(&database_url, &config(GRANT_MS)).await?];
+    // The third: the default configuration, routes only (grants and proxy threads by default).
+    let default_config = format!(
+        "[[routes]]\nprefix = \"/ledger\"\nupstream = \"http://{upstream_addr}\"\nresource = {{ segment = 2 }}\n"
+    );
+    let gateways = [
+        Gateway::start(&database_url, &config(0)).await?,
+        Gateway::start(&database_url, &config(GRANT_MS)).await?,
+        Gateway::start(&database_url, &default_config).await?,
+    ];
     let lease = send(
         gateways[0].control,
         Method::POST,
@@ -438,6 +445,15 @@ async fn run(options: &Options) -> Result<()> {
         });
     }
     targets.push(Target {
+        name: "gw verify, default config",
+        addr: gateways[2].proxy,
+        method: Method::POST,
+        path: "/ledger/acct-4/entries",
+        headers: token.clone(),
+        gateway: Some(2),
+        cpu_pid: gateway_pid(2),
+    });
+    targets.push(Target {
         name: "pass-through GET",
         addr: passthrough_addr,
         method: Method::GET,
@@ -461,7 +477,8 @@ async fn run(options: &Options) -> Result<()> {
     }
     for (index, gateway) in gateways.iter().enumerate() {
         let pid = gateway.pid().map_or(-1, |pid| pid.as_raw());
-        eprintln!("bench: gateway {index} (grant_ms {}) is pid {pid}", [0, GRANT_MS][index]);
+        let grants = ["0", "400", "the default"][index];
+        eprintln!("bench: gateway {index} (grant_ms {grants}) is pid {pid}");
     }
     for &concurrency in &options.concurrency {
         eprintln!(
