@@ -124,16 +124,21 @@ pub enum Plant {
     /// one admitted decision of that resource at the grant's term (its binding, its raise and
     /// settle), and a write under it starts and ends as that decision said. A change of a bound
     /// fence's term or binding by hand (`advance_fence`, `rebind`) waits out the lease's grant at
-    /// the fence's term too, as a new term of the lease does.
+    /// the fence's term too, as a new term of the lease does, and bumps the lease's epoch, so that
+    /// the decisions made before it count for no lease grant given after it.
     LeaseGrantsAfterDecision,
     /// The repaired design without that last wait: an admin action waits out only the fence
     /// row's own grants, which the lease's grant does not record.
     LeaseGrantsAdminNoWait,
+    /// The repaired design with the wait but without the lease's epoch: a gateway's decision of a
+    /// resource made before an operator changed its fence still counts for a lease grant given
+    /// after the change (renewed through another resource).
+    LeaseGrantsAdminNoEpoch,
 }
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 27] = [
+    pub const ALL: [Plant; 28] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -161,6 +166,7 @@ impl Plant {
         Plant::LeaseScopedGrants,
         Plant::LeaseGrantsAfterDecision,
         Plant::LeaseGrantsAdminNoWait,
+        Plant::LeaseGrantsAdminNoEpoch,
     ];
 
     /// The name the fault suite gives it (or the design's name).
@@ -193,6 +199,7 @@ impl Plant {
             Plant::LeaseScopedGrants => "lease-scoped-grants",
             Plant::LeaseGrantsAfterDecision => "lease-grants-after-decision",
             Plant::LeaseGrantsAdminNoWait => "lease-grants-admin-no-wait",
+            Plant::LeaseGrantsAdminNoEpoch => "lease-grants-admin-no-epoch",
         }
     }
 
@@ -220,6 +227,7 @@ impl Plant {
                 | Plant::LeaseScopedGrants
                 | Plant::LeaseGrantsAfterDecision
                 | Plant::LeaseGrantsAdminNoWait
+                | Plant::LeaseGrantsAdminNoEpoch
                 | Plant::BusyGrantSkipsLeaseCheck
                 | Plant::BatchGrantSkipsLeaseLock
         )

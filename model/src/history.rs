@@ -179,6 +179,11 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
                 )
             }
         }
+        Action::GateAbort { gateway: g, call: c } => {
+            let what = call_of(before, g, c)
+                .map_or_else(String::new, |call| format!(" (term {} on {})", call.term, resource(call.resource)));
+            format!("{}'s batch rolls back: its decision{what} fails, nothing it wrote is kept", gateway(g))
+        }
         Action::GatewayLost { gateway: g, call: c } => {
             let what = call_of(before, g, c)
                 .map_or_else(String::new, |call| format!(" (term {} on {})", call.term, resource(call.resource)));

@@ -84,6 +84,7 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
         ActionKind::GateCommit => {
             &[Sql("gate_many"), Sql("commit_durably"), Rust { path: "gateway/src/fence/batcher.rs", name: "call" }]
         }
+        ActionKind::GateAbort => &[Sql("gate_many"), Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
         ActionKind::GatewayCheck => &[Rust { path: FORWARD, name: "send" }],
         ActionKind::GatewaySend => &[Rust { path: FORWARD, name: "send" }, Rust { path: FORWARD, name: "forward" }],
         ActionKind::GatewayGaveUp => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],

@@ -140,7 +140,7 @@ pub enum Witness {
     /// A call its caller had given up on ran in the store after the caller's next call was sent
     /// (an elector's) or answered (a gateway's).
     CallRunAfterGiveUp,
-    /// A raise decided in a batch committed (and was answered) after the batch's other items.
+    /// A raise held in a batch until the batch committed (and was answered then).
     BatchedRaiseCommitted,
     /// An admin action that changes a fence's term or binding slept out grants first.
     AdminSleptOutGrants,
@@ -194,9 +194,7 @@ impl Witness {
             Witness::RaiseRefusedByNewerLease => "reached: a raise refused by a term granted while it waited",
             Witness::SqlWriteCommitted => "reached: an SQL writer committed its row",
             Witness::CallRunAfterGiveUp => "reached: a call run after its caller gave up and called again",
-            Witness::BatchedRaiseCommitted => {
-                "reached: a raise decided in a batch committed after the batch's other items"
-            }
+            Witness::BatchedRaiseCommitted => "reached: a raise held in a batch until its commit",
             Witness::AdminSleptOutGrants => "reached: an admin action slept out grants",
             Witness::StampGrantAdmission => "reached: a stamp-mode write admitted under its owner's grant",
             Witness::FenceBoundByHand => "reached: fencing.bind bound a fence raised while unbound",
@@ -275,6 +273,9 @@ pub enum Action {
     /// The batch that holds the decision in `call` commits (its other items are done): what the
     /// decision wrote becomes visible, its locks are released, and it is answered.
     GateCommit { gateway: u8, call: u8, lost: bool },
+    /// The batch that holds the decision in `call` rolls back (another item failed: 40001, a
+    /// deadlock, a timeout): nothing it wrote is ever visible, and the decision fails.
+    GateAbort { gateway: u8, call: u8 },
     /// `gateway` gives up on its decision `call` (its timeout: the write is refused locally); the
     /// store may still run it, and its answer goes nowhere.
     GatewayGaveUp { gateway: u8, call: u8 },
@@ -331,6 +332,7 @@ pub enum ActionKind {
     GateLock,
     GateWakes,
     GateCommit,
+    GateAbort,
     GatewayCheck,
     GatewaySend,
     SqlAdmit,
@@ -346,7 +348,7 @@ pub enum ActionKind {
 
 impl ActionKind {
     /// Every kind.
-    pub const ALL: [ActionKind; 32] = [
+    pub const ALL: [ActionKind; 33] = [
         ActionKind::Tick,
         ActionKind::StepClock,
         ActionKind::Crash,
@@ -368,6 +370,7 @@ impl ActionKind {
         ActionKind::GateLock,
         ActionKind::GateWakes,
         ActionKind::GateCommit,
+        ActionKind::GateAbort,
         ActionKind::GatewayCheck,
         ActionKind::GatewaySend,
         ActionKind::SqlAdmit,
@@ -407,6 +410,7 @@ impl Action {
             Action::GateLock { .. } => ActionKind::GateLock,
             Action::GateWakes { .. } => ActionKind::GateWakes,
             Action::GateCommit { .. } => ActionKind::GateCommit,
+            Action::GateAbort { .. } => ActionKind::GateAbort,
             Action::GatewayCheck { .. } => ActionKind::GatewayCheck,
             Action::GatewaySend { .. } => ActionKind::GatewaySend,
             Action::SqlAdmit { .. } => ActionKind::SqlAdmit,
@@ -453,7 +457,9 @@ impl Protocol {
 
     /// The repaired lease-grant design (with or without the admin actions' wait).
     fn after_decision(&self) -> bool {
-        self.has(Plant::LeaseGrantsAfterDecision) || self.has(Plant::LeaseGrantsAdminNoWait)
+        self.has(Plant::LeaseGrantsAfterDecision)
+            || self.has(Plant::LeaseGrantsAdminNoWait)
+            || self.has(Plant::LeaseGrantsAdminNoEpoch)
     }
 
     /// The grant a gateway asks for (`grant_for`), zero with grants off.
@@ -639,6 +645,7 @@ impl Protocol {
             expires: wall + self.config.timing.ttl,
             grants_ended_term: if slept > 0 { old.term } else { old.grants_ended_term },
             grant: 0,
+            epoch: old.epoch,
         };
         self.committed(s, Commit::Lease);
         Some((term, self.config.timing.ttl))
@@ -761,9 +768,21 @@ impl Protocol {
     /// `fencing.gate`'s grant statements, after a first read at `term` that found `settle`.
     fn gate_grant(&self, s: &mut State, resource: usize, term: u8, attempt: u8, settle: u8) -> Stage {
         let bound = self.bound(s, resource);
+        let (wall, lease) = (s.wall(), s.tables.lease);
+        let asked = self.grant_for();
+        let given = if bound { asked.min(length(lease.expires - wall)) } else { asked };
+        // Planted `grant-overstay`: the store records less than it gives.
+        let recorded = if self.has(Plant::GrantOverstay) { given / 2 } else { given };
+        // A longer grant than the row says is recorded: the row `FOR NO KEY UPDATE SKIP LOCKED`,
+        // which a batch's uncommitted record holds; a grant that records nothing takes only the
+        // advisory locks shared, which only a term change holds.
+        let needs_record = s.tables.fences[resource].is_some_and(|f| recorded > f.grant);
         // A term change in progress holds the locks: no grant, admitted on the version read,
         // once the lease read again still holds this term (`fencing.lease_refusal`).
-        if Self::fence_locked(s, resource) || (bound && Self::lease_locked(s)) || Self::grant_held(s, resource, true) {
+        if Self::fence_locked(s, resource)
+            || (bound && Self::lease_locked(s))
+            || (needs_record && Self::grant_held(s, resource, true))
+        {
             let max = s.tables.fences[resource].map_or(0, |f| f.max_term);
             if !self.has(Plant::BusyGrantSkipsLeaseCheck)
                 && let Some(refusal) = self.lease_refusal(s, resource, term, max)
@@ -773,8 +792,6 @@ impl Protocol {
             self.admitted(s, resource, term);
             return Stage::Answered(self.admit_answer(s, resource, settle, 0));
         }
-        let wall = s.wall();
-        let lease = s.tables.lease;
         let Some(fence) = s.tables.fences[resource] else { return Self::decide_again(attempt) };
         let lease_holds = match fence.binding {
             Binding::Unbound => true,
@@ -785,10 +802,6 @@ impl Protocol {
         if fence.max_term != term || !lease_holds || !route_holds {
             return Self::decide_again(attempt);
         }
-        let asked = self.grant_for();
-        let given = if bound { asked.min(length(lease.expires - wall)) } else { asked };
-        // Planted `grant-overstay`: the store records less than it gives.
-        let recorded = if self.has(Plant::GrantOverstay) { given / 2 } else { given };
         if self.config.batched {
             // Recorded at the batch's commit; a longer grant than the row says locks the row.
             let record = (recorded > fence.grant).then_some(recorded);
@@ -844,8 +857,8 @@ impl Protocol {
         if fence.binding == Binding::Lease && lease.grants_ended_term >= fence.max_term {
             return 0;
         }
-        if self.has(Plant::LeaseGrantsAfterDecision) && fence.binding == Binding::Lease && fence.max_term == lease.term
-        {
+        let waits_lease_grant = self.has(Plant::LeaseGrantsAfterDecision) || self.has(Plant::LeaseGrantsAdminNoEpoch);
+        if waits_lease_grant && fence.binding == Binding::Lease && fence.max_term == lease.term {
             return fence.grant.max(lease.grant);
         }
         fence.grant
@@ -905,8 +918,10 @@ impl Protocol {
         let grant = if self.lease_scoped() && self.config.bound(resource) {
             let lease = gateway.lease_grant?;
             if self.after_decision() {
-                // Only a resource decided at the grant's term, as that decision said.
-                let decided = gateway.decided[resource].filter(|d| d.term == lease.term)?;
+                // Only a resource decided at the grant's term and epoch (no operator changed a
+                // bound fence of the lease since), as that decision said.
+                let epoch_ok = |d: &Grant| d.epoch == lease.epoch || self.has(Plant::LeaseGrantsAdminNoEpoch);
+                let decided = gateway.decided[resource].filter(|d| d.term == lease.term && epoch_ok(d))?;
                 Grant { start: decided.start, latest: decided.latest, ..lease }
             } else {
                 lease
@@ -969,6 +984,8 @@ impl Protocol {
         let boot = s.boot(g);
         let resource = usize::from(call.resource);
         let timing = self.config.timing;
+        // The lease's epoch, which the store's answer carries (it answers in this step).
+        let epoch = s.tables.lease.epoch;
         let bound = self.config.bound(resource);
         let gateway = &mut s.gateways[g];
         match answer {
@@ -1013,6 +1030,7 @@ impl Protocol {
                     gateway.decided[resource] = Some(Grant {
                         term: call.term,
                         owner: call.owner,
+                        epoch,
                         deadline: 0,
                         start,
                         latest: latest + stretch,
@@ -1024,6 +1042,7 @@ impl Protocol {
                     let fresh = Grant {
                         term: call.term,
                         owner: call.owner,
+                        epoch,
                         deadline: call.asked + lasts,
                         start,
                         latest: latest + stretch,
@@ -1167,6 +1186,21 @@ impl Protocol {
                 }
                 s.writes += 1;
                 self.gateway_write(s, g, r, Some(owner), 0)
+            }
+            Action::GateAbort { gateway, call: c } => {
+                let (g, c) = (usize::from(gateway), usize::from(c));
+                let orphan = c == MAX_CALLS;
+                let held = if orphan { s.gateways[g].orphan } else { s.gateways[g].calls.get(c).copied().flatten() };
+                if !held.is_some_and(|call| matches!(call.stage, Stage::Holding { .. })) {
+                    return false;
+                }
+                if orphan {
+                    s.gateways[g].orphan = None;
+                } else {
+                    // The gateway's decision fails (the write is refused locally).
+                    remove_sorted(&mut s.gateways[g].calls, c);
+                }
+                true
             }
             Action::GatewayLost { gateway, call: c } => {
                 let (g, c) = (usize::from(gateway), usize::from(c));
@@ -1447,6 +1481,11 @@ impl Protocol {
     fn admin_apply(&self, s: &mut State, action: Admin) {
         let Some(r) = action.resource().map(usize::from) else { return };
         let Some(fence) = s.tables.fences[r] else { return };
+        if self.after_decision() && (fence.binding == Binding::Lease || matches!(action, Admin::Bind { .. })) {
+            // The repaired design: the lease's grants given from now on count no decision made
+            // before this change.
+            s.tables.lease.epoch = s.tables.lease.epoch.wrapping_add(1);
+        }
         let next_settle = Some(self.config.timing.forward + fence.settle.or(fence.drain).unwrap_or(0));
         s.tables.fences[r] = Some(match action {
             Admin::Advance { term, .. } => {
@@ -1565,25 +1604,35 @@ impl Protocol {
                 }
             }
             gateway.writes.sort();
-            for r in 0..MAX_RESOURCES {
-                let Some(settle) = s.gateways[g].settles[r] else { continue };
-                // The marks update the row: they wait while a batch holds it (and are made later).
-                if Self::held(s).any(|(held_r, held)| {
-                    held_r == r && matches!(held, Held::Raise(_) | Held::Grant { record: Some(_) })
-                }) {
-                    continue;
-                }
-                s.gateways[g].settles[r] = match settle.drained_at {
-                    None if boot >= settle.end => self.mark_settled(s, r, settle).map(|drain_for| Settle {
-                        drained_at: Some(boot + ticks(drain_for) + 2 * self.config.timing.drift),
-                        ..settle
-                    }),
-                    Some(at) if boot >= at => {
-                        self.mark_drained(s, r, settle);
-                        None
+        }
+        // The settle marks due at this tick: every gateway's `fencing.mark_settled` before any
+        // `fencing.mark_drained`, so the outcome does not depend on the gateways' names (the
+        // symmetry reduction needs that).
+        for drains in [false, true] {
+            for g in 0..GATEWAYS {
+                let boot = s.boot(g);
+                for r in 0..MAX_RESOURCES {
+                    let Some(settle) = s.gateways[g].settles[r] else { continue };
+                    // The marks update the row: they wait while a batch holds it (made later).
+                    if settle.drained_at.is_some() != drains
+                        || Self::held(s).any(|(held_r, held)| {
+                            held_r == r && matches!(held, Held::Raise(_) | Held::Grant { record: Some(_) })
+                        })
+                    {
+                        continue;
                     }
-                    _ => Some(settle),
-                };
+                    s.gateways[g].settles[r] = match settle.drained_at {
+                        None if boot >= settle.end => self.mark_settled(s, r, settle).map(|drain_for| Settle {
+                            drained_at: Some(boot + ticks(drain_for) + 2 * self.config.timing.drift),
+                            ..settle
+                        }),
+                        Some(at) if boot >= at => {
+                            self.mark_drained(s, r, settle);
+                            None
+                        }
+                        _ => Some(settle),
+                    };
+                }
             }
         }
         let now = s.now;
@@ -1880,12 +1929,16 @@ impl Protocol {
                     Action::GateLock { gateway: g, call: c, lost: false },
                     Action::GateWakes { gateway: g, call: c, lost: false },
                     Action::GateCommit { gateway: g, call: c, lost: false },
+                    Action::GateAbort { gateway: g, call: c },
                 ]);
             }
             for (c, call) in gateway.calls.iter().enumerate() {
                 if call.is_some() {
                     let c = idx(c);
                     out.push(Action::GatewayLost { gateway: g, call: c });
+                    if self.config.batched {
+                        out.push(Action::GateAbort { gateway: g, call: c });
+                    }
                     if self.config.give_up {
                         out.push(Action::GatewayGaveUp { gateway: g, call: c });
                     }

@@ -25,6 +25,10 @@ pub struct Lease {
     pub grants_ended_term: u8,
     /// Lease-scoped grants (the planned design): the longest grant given at this term.
     pub grant: u8,
+    /// The repaired lease-grant design: bumped by an operator's change of a fence bound to this
+    /// lease (`advance_fence`, `bind`, `rebind`); a gateway's decisions of a resource count for
+    /// the lease's grant only at the epoch the grant carries.
+    pub epoch: u8,
 }
 
 /// A fence row's `lease_key`.
@@ -152,6 +156,8 @@ pub struct Grant {
     /// Stamp mode: the owner it was decided for (it covers that owner's stamp writes only);
     /// `None` in verify mode (it covers writes presenting `term`).
     pub owner: Option<u8>,
+    /// The repaired lease-grant design: the lease's epoch its decision read (0 otherwise).
+    pub epoch: u8,
     /// Its end on the boot clock: asked + grant - drift allowance.
     pub deadline: i8,
     /// The settle's end it was given with (boot clock): writes under it start no earlier.

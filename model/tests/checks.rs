@@ -124,6 +124,13 @@ fn lease_grant_admin() -> Config {
     Config { admin_actions: 1, unbound_resources: 0, writes: 3, lease_calls: 1, ..Config::standard(true) }
 }
 
+/// The same with two resources on the lease and 4 writes: after an operator's change of `r1`,
+/// the lease's grant can be given again through `r2` (found by a review: a decision of `r1` made
+/// before the change then counted for it).
+fn lease_grant_admin_two_resources() -> Config {
+    Config { bound_resources: 2, writes: 4, ..lease_grant_admin() }
+}
+
 /// The smallest configuration each plant shows in (the search stops at its first violation).
 fn planted(plant: Plant) -> Config {
     let small = Config { writes: 3, forged_terms: true, ..Config::standard(false) };
@@ -182,7 +189,7 @@ fn expected(plant: Plant) -> Invariant {
         | Plant::BatchGrantSkipsLeaseLock
         | Plant::StampAnyOwner => Invariant::S4,
         // An advance of the fence by hand, and the lease's grant still admits the lower term.
-        Plant::LeaseGrantsAdminNoWait => Invariant::S3,
+        Plant::LeaseGrantsAdminNoWait | Plant::LeaseGrantsAdminNoEpoch => Invariant::S3,
         // (The repaired design is no bug: the test of planted bugs leaves it out.)
         Plant::NoSettle | Plant::LeaseScopedGrants | Plant::LeaseGrantsAfterDecision | Plant::SqlRaiseSkipsSettle => {
             Invariant::S5
@@ -198,7 +205,13 @@ fn every_planted_bug_is_found_with_a_shortest_counterexample() {
     let mut wrong = Vec::new();
     for plant in Plant::ALL
         .into_iter()
-        .filter(|plant| !matches!(plant, Plant::LeaseScopedGrants | Plant::LeaseGrantsAfterDecision))
+        // The designs have tests of their own (replays: their searches are long).
+        .filter(|plant| {
+            !matches!(
+                plant,
+                Plant::LeaseScopedGrants | Plant::LeaseGrantsAfterDecision | Plant::LeaseGrantsAdminNoEpoch
+            )
+        })
     {
         let config = planted(plant);
         let report = check(config, true);
@@ -499,7 +512,7 @@ fn s1_to_s5_hold_when_a_fence_is_bound_by_hand() {
 /// resources with 2 writes, then `r1` alone with 3 (stamp writes under a grant).
 #[test]
 fn s1_to_s5_hold_in_stamp_mode() {
-    holds("stamp mode", Config { stamp: true, symmetry: true, ..Config::standard(true) }, &[]);
+    holds("stamp mode", Config { stamp: true, ..Config::standard(true) }, &[Witness::AcquireSleptOutGrants]);
     holds(
         "stamp mode, r1",
         Config { stamp: true, symmetry: true, unbound_resources: 0, writes: 3, ..Config::standard(true) },
@@ -519,4 +532,64 @@ fn lease_grants_after_a_decision_hold_with_admin_actions() {
         Config { symmetry: true, ..lease_grant_admin() }.planted(Plant::LeaseGrantsAfterDecision),
         &[Witness::GrantAdmission, Witness::AdminSleptOutGrants],
     );
+}
+
+/// The repaired design beside an operator with two resources on the lease: a change of `r1` by
+/// hand bumps the lease's epoch, so a lease grant given after it (through `r2`) covers no decision
+/// of `r1` made before it. Without the epoch (`lease-grants-admin-no-epoch`) the old decision of
+/// `r1` counts and its old term is admitted after an advance (S3, 12 steps, found breadth first in
+/// 22,313,443 states, 195 s; replayed in CI by
+/// `lease_grants_need_the_epoch_after_an_operator_changes_a_bound_fence`). Long (10,895,667 states
+/// with symmetry, 213 s): `cargo test -p fencing-model --release -- --ignored admin_actions_on_two`.
+#[test]
+#[ignore = "minutes: the design beside an operator on two resources"]
+fn lease_grants_after_a_decision_hold_with_admin_actions_on_two_resources() {
+    holds(
+        "lease grants after a decision, admin, r1 and r2",
+        lease_grant_admin_two_resources().planted(Plant::LeaseGrantsAfterDecision),
+        &[Witness::GrantAdmission, Witness::AdminSleptOutGrants],
+    );
+}
+
+/// The path a review found (by hand) through the repaired design without the lease's epoch: a
+/// gateway decides `r1` at term 1; an operator advances `r1` to term 2 (no lease grant yet, so no
+/// wait); the gateway writes `r2` twice and is given the lease's grant at term 1; then a write of
+/// `r1` at term 1 is covered by that grant through the decision of `r1` made before the advance.
+/// Replayed on both variants: without the epoch it is admitted (S3); with it, it is asked.
+#[test]
+fn lease_grants_need_the_epoch_after_an_operator_changes_a_bound_fence() {
+    for plant in [Plant::LeaseGrantsAdminNoEpoch, Plant::LeaseGrantsAfterDecision] {
+        let config = lease_grant_admin_two_resources().planted(plant);
+        let model = Protocol::new(config);
+        let mut state = model.init_states().remove(0);
+        let mut steps = Vec::new();
+        let mut run = |state: &mut fencing_model::State, action: Action| {
+            let next = model.next_state(state, action).unwrap_or_else(|| panic!("{action:?} is not enabled"));
+            steps.push((state.clone(), action, next.clone()));
+            *state = next;
+        };
+        run(&mut state, Action::ElectorAcquire(0));
+        run(&mut state, Action::StoreAcquire { elector: 0, lost: false });
+        run(&mut state, Action::GatewayDecide { gateway: 0, resource: 0, term: 1 });
+        run(&mut state, Action::GateRead { gateway: 0, call: 0, lost: false });
+        let w = write_of(&state, 0, 0, 1);
+        run(&mut state, Action::GatewaySend { gateway: 0, write: w });
+        run(&mut state, Action::AdminRuns(fencing_model::state::Admin::Advance { resource: 0, term: 2 }));
+        run(&mut state, Action::GatewayDecide { gateway: 0, resource: 1, term: 1 });
+        run(&mut state, Action::GateRead { gateway: 0, call: 0, lost: false });
+        let w = write_of(&state, 0, 1, 1);
+        run(&mut state, Action::GatewaySend { gateway: 0, write: w });
+        run(&mut state, Action::GatewayDecide { gateway: 0, resource: 1, term: 1 });
+        run(&mut state, Action::GateRead { gateway: 0, call: 0, lost: false });
+        run(&mut state, Action::GateGrant { gateway: 0, call: 0, lost: false });
+        assert!(state.gateways[0].lease_grant.is_some_and(|grant| grant.term == 1), "no lease grant at term 1");
+        run(&mut state, Action::GatewayDecide { gateway: 0, resource: 0, term: 1 });
+        println!("{}: {} steps\n{}", plant.name(), steps.len(), history::render(&config, &steps));
+        let asked = state.gateways[0].calls.iter().flatten().any(|call| call.resource == 0 && call.term == 1);
+        if plant == Plant::LeaseGrantsAdminNoEpoch {
+            assert!(Invariant::S3.violated(&state.ghost), "the old decision of r1 no longer counts without the epoch");
+        } else {
+            assert!(!Invariant::S3.violated(&state.ghost) && asked, "the write of r1 was not asked: {state:?}");
+        }
+    }
 }
