@@ -141,15 +141,6 @@ fn planted(plant: Plant) -> Config {
         Plant::BusyGrantSkipsLeaseCheck => Config::sql_writers().planted(plant),
         Plant::BatchGrantSkipsLeaseLock => Config { unbound_resources: 0, ..Config::batched() }.planted(plant),
         Plant::StampAnyOwner => Config { stamp: true, unbound_resources: 0, ..Config::standard(false) }.planted(plant),
-        Plant::AdmitAsyncCommit => Config {
-            bound_resources: 0,
-            lease_calls: 0,
-            writes: 3,
-            sql_writer: true,
-            forged_terms: true,
-            ..Config::standard(false)
-        }
-        .planted(plant),
         Plant::AdvanceAsyncCommit => {
             Config { bound_resources: 0, lease_calls: 0, admin_actions: 1, ..small }.planted(plant)
         }
@@ -162,7 +153,7 @@ fn planted(plant: Plant) -> Config {
             Config { writes: 0, ..small }.planted(plant)
         }
         Plant::LeaseGrantsAdminNoWait => Config { admin_actions: 1, ..lease_grant_admin() }.planted(plant),
-        Plant::SqlRaiseSkipsSettle => Config {
+        Plant::SqlRaiseSkipsSettle | Plant::AdmitAsyncCommit => Config {
             bound_resources: 0,
             lease_calls: 0,
             writes: 3,
