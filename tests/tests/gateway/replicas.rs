@@ -19,10 +19,23 @@ const RESOURCES: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream() {
+    three_replicas_eight_writers("grant_ms = 0").await;
+}
+
+/// The same with grants on (the default): a raise waits out the other replicas' grants, and
+/// with a new term every few writes on four resources, raises queue behind one another on a row
+/// past the fence check timeout: such a write fails closed (503, S6) and reaches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_s5_three_replicas_eight_writers_with_grants_terms_never_decrease_at_the_upstream() {
+    three_replicas_eight_writers("").await;
+}
+
+async fn three_replicas_eight_writers(database: &str) {
+    let grants = database.is_empty();
     let db = TestDb::new().await;
     let mut upstream = Upstream::start().await.unwrap();
     let config = format!(
-        "[upstream]\nforward_timeout_ms = 1000\n\
+        "[database]\n{database}\n[upstream]\nforward_timeout_ms = 1000\n\
          [[routes]]\nprefix = \"/r\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n",
         upstream.url()
     );
@@ -82,6 +95,9 @@ async fn s3_s5_three_replicas_eight_writers_terms_never_decrease_at_the_upstream
             StatusCode::CONFLICT => {
                 stale += 1;
                 assert!(!upstream.received(id), "seed {seed}: {id} got 409 but reached the upstream");
+            }
+            StatusCode::SERVICE_UNAVAILABLE if grants => {
+                assert!(!upstream.received(id), "seed {seed}: {id} got 503 but reached the upstream");
             }
             other => panic!("seed {seed}: {id} got {other}"),
         }
