@@ -94,7 +94,10 @@ pub async fn serve(config_path: Option<&std::path::Path>) -> ExitCode {
              within database.clock_rate_tolerance; database.grant_ms = 0 turns them off"
         );
     } else {
-        info!("grants off (database.grant_ms = 0): every fenced write asks Postgres");
+        info!(
+            "grants off (database.grant_ms = 0, or the default grant did not fit half of \
+             database.fence_check_timeout_ms above 8 x upstream.settle_margin_ms): every fenced write asks Postgres"
+        );
     }
 
     let signal_shutdown = shutdown.clone();

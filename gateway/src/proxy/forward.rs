@@ -26,7 +26,7 @@ use crate::proxy::headers::{
 };
 use crate::proxy::rejection::Rejection;
 use crate::proxy::route::{Write, strip_hop_by_hop};
-use crate::proxy::upstream::{Failure, Peer, UpstreamConnector, host_header};
+use crate::proxy::upstream::{Failure, Peer, REUSE_WRITE_BODY_MAX, UpstreamConnector, WriteBound, host_header};
 
 /// Where a request goes and for whom: its route (an index in `config.routes`) and that route's
 /// metric handles, the client connection, the request id.
@@ -178,7 +178,9 @@ impl Forwarder {
         }
         // A write's deadline holds for its answer's body too: the connection may still be sending
         // the write while an early answer streams back (`Streamed`).
-        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound, term.map(|_| deadline));
+        let reuse = http_body::Body::size_hint(outbound.body()).upper().is_some_and(|n| n <= REUSE_WRITE_BODY_MAX);
+        let write = term.map(|_| WriteBound { deadline, reuse });
+        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound, write);
         let response = match timeout_at(deadline, exchange).await {
             Ok(Ok(response)) => response,
             Ok(Err(failure)) => return Err(upstream_failure(metrics, &failure)),

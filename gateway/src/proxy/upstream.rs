@@ -47,6 +47,22 @@ type Io = hyper_rustls::MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 /// Idle upstream connections one client connection keeps at most (one per upstream).
 pub const IDLE_PER_CLIENT: usize = 4;
 
+/// The largest body of a fenced write whose upstream connection is used again after its answer.
+/// A larger one may still sit unsent in the kernel (or in TLS's buffer) when an upstream that
+/// answered early completes its answer, and would go out later, past the write's deadline, or
+/// on the connection's next use: its connection is reset at the answer's end instead. A body this
+/// small leaves with its head, in the segments the upstream had to receive to answer at all.
+pub const REUSE_WRITE_BODY_MAX: u64 = 1024;
+
+/// What a fenced write's exchange must keep to (S5).
+#[derive(Debug, Clone, Copy)]
+pub struct WriteBound {
+    /// No byte of the write after this instant: an answer still streaming then is cut.
+    pub deadline: Instant,
+    /// Whether the connection may be used again after the answer ([`REUSE_WRITE_BODY_MAX`]).
+    pub reuse: bool,
+}
+
 fn reset_on_close(io: TokioIo<tokio::net::TcpStream>) -> TokioIo<tokio::net::TcpStream> {
     // Planted bug (fault suite, `upstream-graceful-close`): the socket closes with FIN, and
     // the kernel goes on sending a write aborted at its deadline.
@@ -221,14 +237,15 @@ impl Upstreams {
     /// connection to it, or a new one, and returns the answer once its head is in. A request
     /// that an idle connection closed before it was sent goes once more, on a new connection.
     /// The caller bounds the whole call in time; dropping it drops the connection. With a
-    /// `deadline` (a fenced write's), the answer's body cuts the connection at that instant if
-    /// the exchange has not ended by then ([`Streamed`]).
+    /// `write` bound (a fenced write's), the answer's body cuts the connection at its deadline if
+    /// the exchange has not ended by then, and resets it at the answer's end unless it may be
+    /// used again ([`Streamed`]).
     pub async fn send(
         self: &Arc<Self>,
         connector: &UpstreamConnector,
         upstream: &Uri,
         mut request: Request<Body>,
-        deadline: Option<Instant>,
+        write: Option<WriteBound>,
     ) -> Result<Response<Streamed>, Failure> {
         let key = Key {
             https: upstream.scheme() == Some(&Scheme::HTTPS),
@@ -251,8 +268,9 @@ impl Upstreams {
             match held.exchange(request).await {
                 Ok(response) => {
                     let home = Some((Arc::clone(self), key));
-                    let deadline = deadline.map(|at| Box::pin(tokio::time::sleep_until(at)));
-                    return Ok(response.map(|body| Streamed { body, held: Some(held), home, deadline }));
+                    let deadline = write.map(|bound| Box::pin(tokio::time::sleep_until(bound.deadline)));
+                    let reuse = write.is_none_or(|bound| bound.reuse);
+                    return Ok(response.map(|body| Streamed { body, held: Some(held), home, deadline, reuse }));
                 }
                 Err((_, Some(unsent))) if was_reused => request = unsent,
                 Err((error, _)) => return Err(Failure::Request(error)),
@@ -283,6 +301,8 @@ pub struct Streamed {
     home: Option<(Arc<Upstreams>, Key)>,
     /// A fenced write's deadline, while the exchange has not ended.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// Whether the connection may go back to the idle set at the answer's end.
+    reuse: bool,
 }
 
 impl Streamed {
@@ -292,6 +312,7 @@ impl Streamed {
     /// request later, when the next request drives it.
     fn finish(&mut self) {
         if let (Some(held), Some((home, key))) = (self.held.take(), self.home.take())
+            && self.reuse
             && held.sender.is_ready()
         {
             home.put(key, held);

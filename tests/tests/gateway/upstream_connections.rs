@@ -269,6 +269,7 @@ struct EarlySeen {
 /// is still sending the body while the answer streams back. Then it reads what comes.
 async fn early_answering_upstream(
     forward_timeout: Duration,
+    complete: bool,
 ) -> (SocketAddr, tokio::sync::oneshot::Receiver<EarlySeen>) {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -291,6 +292,12 @@ async fn early_answering_upstream(
         let head_at = tokio::time::Instant::now();
         let deadline = head_at + forward_timeout + Duration::from_millis(50);
         tokio::spawn(async move {
+            if complete {
+                // A whole answer at once (an early 413), the connection kept alive.
+                let _ = writer.write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n").await;
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                return;
+            }
             let _ = writer.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await;
             for _ in 0..30 {
                 if writer.write_all(b"1\r\n.\r\n").await.is_err() {
@@ -328,7 +335,7 @@ async fn early_answering_upstream(
 async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_early() {
     let db = TestDb::new().await;
     let forward_timeout = Duration::from_millis(1000);
-    let (upstream, seen) = early_answering_upstream(forward_timeout).await;
+    let (upstream, seen) = early_answering_upstream(forward_timeout, false).await;
     let gateway = Gateway::start(
         &db.url(),
         &format!(
@@ -373,4 +380,49 @@ async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_earl
         "the whole write reached the upstream although it read nothing of it until after the write's deadline"
     );
     assert!(!answer.ends_with("0\r\n\r\n"), "the answer streamed to its end, past the write's deadline");
+    // What it read after the deadline is at most what its small receive buffer held before.
+    assert!(seen.after_deadline <= 16 * 1024, "{} bytes of the write after its deadline", seen.after_deadline);
+}
+
+/// The same upstream answering in full at once (an early 413, kept alive) and reading the write
+/// only later: the answer ends long before the write's deadline, with the rest of the write
+/// still in the kernel's send queue (or TLS's buffer). A connection that went back to be used
+/// again would send it later; a fenced write's connection with more than a small body is reset
+/// at its answer's end instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_write_answered_in_full_before_it_was_read_leaves_nothing_to_send_later() {
+    let db = TestDb::new().await;
+    let forward_timeout = Duration::from_millis(1000);
+    let (upstream, seen) = early_answering_upstream(forward_timeout, true).await;
+    let gateway = Gateway::start(
+        &db.url(),
+        &format!(
+            "[proxy]\nthreads = 2\n[upstream]\nforward_timeout_ms = {}\n[[routes]]\nprefix = \"/free\"\n\
+             upstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n",
+            forward_timeout.as_millis()
+        ),
+    )
+    .await
+    .unwrap();
+    let body = vec![b'x'; 1_000_000];
+    let mut client = TcpStream::connect(gateway.proxy).await.unwrap();
+    let head = format!(
+        "POST /free/acct-1/x HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    client.write_all(&body).await.unwrap();
+    let mut answer = vec![0_u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut answer)).await.unwrap().unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "the early answer was not relayed: {answer:?}");
+    let seen = tokio::time::timeout(Duration::from_secs(15), seen).await.unwrap().unwrap();
+    println!(
+        "the upstream read {} of {} body bytes, {} of them after the write's deadline",
+        seen.body,
+        body.len(),
+        seen.after_deadline
+    );
+    assert!(seen.body < body.len(), "the whole write reached the upstream after its answer");
+    assert!(seen.after_deadline <= 16 * 1024, "{} bytes of the write after its deadline", seen.after_deadline);
 }
