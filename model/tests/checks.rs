@@ -225,6 +225,18 @@ fn every_planted_bug_is_found_with_a_shortest_counterexample() {
     assert!(wrong.is_empty(), "planted bugs not found as expected: {wrong:?}");
 }
 
+/// Replays `action` from `state` (it must be enabled), keeping the step for the history.
+fn step(
+    model: &Protocol,
+    steps: &mut Vec<(fencing_model::State, Action, fencing_model::State)>,
+    state: &mut fencing_model::State,
+    action: Action,
+) {
+    let next = model.next_state(state, action).unwrap_or_else(|| panic!("{action:?} is not enabled"));
+    steps.push((state.clone(), action, next.clone()));
+    *state = next;
+}
+
 /// The index of `g`'s admitted write of `term` on `resource`.
 fn write_of(state: &fencing_model::State, g: usize, resource: u8, term: u8) -> u8 {
     let w = state.gateways[g].writes.iter().position(|w| w.is_some_and(|w| w.resource == resource && w.term == term));
@@ -267,11 +279,7 @@ fn lease_scoped_grants_break_s5() {
     let model = Protocol::new(config);
     let mut state = model.init_states().remove(0);
     let mut steps = Vec::new();
-    let mut run = |state: &mut fencing_model::State, action: Action| {
-        let next = model.next_state(state, action).unwrap_or_else(|| panic!("{action:?} is not enabled"));
-        steps.push((state.clone(), action, next.clone()));
-        *state = next;
-    };
+    let mut run = |state: &mut fencing_model::State, action: Action| step(&model, &mut steps, state, action);
     to_a_lease_grant_at_term_2(&mut state, &mut run);
     run(&mut state, Action::GatewayDecide { gateway: 1, resource: 1, term: 2 });
     let w = write_of(&state, 1, 1, 2);
@@ -554,11 +562,7 @@ fn lease_grants_need_the_epoch_after_an_operator_changes_a_bound_fence() {
         let model = Protocol::new(config);
         let mut state = model.init_states().remove(0);
         let mut steps = Vec::new();
-        let mut run = |state: &mut fencing_model::State, action: Action| {
-            let next = model.next_state(state, action).unwrap_or_else(|| panic!("{action:?} is not enabled"));
-            steps.push((state.clone(), action, next.clone()));
-            *state = next;
-        };
+        let mut run = |state: &mut fencing_model::State, action: Action| step(&model, &mut steps, state, action);
         run(&mut state, Action::ElectorAcquire(0));
         run(&mut state, Action::StoreAcquire { elector: 0, lost: false });
         run(&mut state, Action::GatewayDecide { gateway: 0, resource: 0, term: 1 });

@@ -326,16 +326,15 @@ async fn early_answering_upstream(
     (addr, seen)
 }
 
-/// S5 after an early answer: the upstream answers a 1 MB write before reading its body and
-/// streams that answer past the write's deadline. The gateway's connection would go on sending
-/// the body while it relays the answer; at the deadline it cuts the answer and resets the
-/// connection instead, so the upstream gets no byte of the write after the deadline beyond what
-/// its own small receive buffer already held.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_early() {
-    let db = TestDb::new().await;
-    let forward_timeout = Duration::from_millis(1000);
-    let (upstream, seen) = early_answering_upstream(forward_timeout, false).await;
+/// A gateway (forward timeout `forward_timeout`) in front of [`early_answering_upstream`], and a
+/// 1 MB fenced write sent through it: the gateway, the client's connection, what the upstream
+/// will report, and the write's body length.
+async fn write_to_an_early_answerer(
+    db: &TestDb,
+    forward_timeout: Duration,
+    complete: bool,
+) -> (Gateway, TcpStream, tokio::sync::oneshot::Receiver<EarlySeen>, usize) {
+    let (upstream, seen) = early_answering_upstream(forward_timeout, complete).await;
     let gateway = Gateway::start(
         &db.url(),
         &format!(
@@ -354,6 +353,19 @@ async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_earl
     );
     client.write_all(head.as_bytes()).await.unwrap();
     client.write_all(&body).await.unwrap();
+    (gateway, client, seen, body.len())
+}
+
+/// S5 after an early answer: the upstream answers a 1 MB write before reading its body and
+/// streams that answer past the write's deadline. The gateway's connection would go on sending
+/// the body while it relays the answer; at the deadline it cuts the answer and resets the
+/// connection instead, so the upstream gets no byte of the write after the deadline beyond what
+/// its own small receive buffer already held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_early() {
+    let db = TestDb::new().await;
+    let forward_timeout = Duration::from_millis(1000);
+    let (_gateway, mut client, seen, body) = write_to_an_early_answerer(&db, forward_timeout, false).await;
     // The answer: its head, then the streamed body until the gateway ends it.
     let mut answer = Vec::new();
     let mut buffer = [0_u8; 4096];
@@ -369,14 +381,14 @@ async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_earl
     println!(
         "the upstream read {} of {} body bytes, {} of them after the write's deadline; the answer the client got: {} bytes, ends {:?}",
         seen.body,
-        body.len(),
+        body,
         seen.after_deadline,
         answer.len(),
         &answer[answer.len().saturating_sub(12)..]
     );
     assert!(seen.head_at.elapsed() > forward_timeout);
     assert!(
-        seen.body < body.len(),
+        seen.body < body,
         "the whole write reached the upstream although it read nothing of it until after the write's deadline"
     );
     assert!(!answer.ends_with("0\r\n\r\n"), "the answer streamed to its end, past the write's deadline");
@@ -393,25 +405,7 @@ async fn s5_no_byte_of_a_write_after_its_deadline_when_the_upstream_answers_earl
 async fn s5_a_write_answered_in_full_before_it_was_read_leaves_nothing_to_send_later() {
     let db = TestDb::new().await;
     let forward_timeout = Duration::from_millis(1000);
-    let (upstream, seen) = early_answering_upstream(forward_timeout, true).await;
-    let gateway = Gateway::start(
-        &db.url(),
-        &format!(
-            "[proxy]\nthreads = 2\n[upstream]\nforward_timeout_ms = {}\n[[routes]]\nprefix = \"/free\"\n\
-             upstream = \"http://{upstream}\"\nresource = {{ segment = 2 }}\n",
-            forward_timeout.as_millis()
-        ),
-    )
-    .await
-    .unwrap();
-    let body = vec![b'x'; 1_000_000];
-    let mut client = TcpStream::connect(gateway.proxy).await.unwrap();
-    let head = format!(
-        "POST /free/acct-1/x HTTP/1.1\r\nHost: localhost\r\nFencing-Token: 1\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    client.write_all(head.as_bytes()).await.unwrap();
-    client.write_all(&body).await.unwrap();
+    let (_gateway, mut client, seen, body) = write_to_an_early_answerer(&db, forward_timeout, true).await;
     let mut answer = vec![0_u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut answer)).await.unwrap().unwrap();
     let answer = String::from_utf8_lossy(&answer[..n]);
@@ -419,10 +413,8 @@ async fn s5_a_write_answered_in_full_before_it_was_read_leaves_nothing_to_send_l
     let seen = tokio::time::timeout(Duration::from_secs(15), seen).await.unwrap().unwrap();
     println!(
         "the upstream read {} of {} body bytes, {} of them after the write's deadline",
-        seen.body,
-        body.len(),
-        seen.after_deadline
+        seen.body, body, seen.after_deadline
     );
-    assert!(seen.body < body.len(), "the whole write reached the upstream after its answer");
+    assert!(seen.body < body, "the whole write reached the upstream after its answer");
     assert!(seen.after_deadline <= 16 * 1024, "{} bytes of the write after its deadline", seen.after_deadline);
 }
