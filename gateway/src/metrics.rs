@@ -36,6 +36,9 @@ pub const GRANT_RENEWALS: &str = "fencing_grant_renewals_total";
 pub const GRANTS_HELD: &str = "fencing_grants_held";
 /// Gauge: the memory the grants this gateway holds take, estimated.
 pub const GRANT_TABLE_BYTES: &str = "fencing_grant_table_bytes";
+/// Gauge: resources of bound routes this gateway has had a decision for at their lease's term,
+/// which its lease grants cover (one entry each; no grant row of their own).
+pub const GRANT_COVERED: &str = "fencing_grant_covered_resources";
 /// Counter: round trips in which the store's clock and this host's boot clock disagreed (a
 /// step of the store's wall clock, or a clock running fast or slow): grants are dropped.
 pub const CLOCK_DISAGREEMENTS: &str = "fencing_clock_disagreements_total";
@@ -99,9 +102,13 @@ fn describe() {
     metrics::describe_counter!(GRANT_RENEWALS, "Grant renewals sent ahead of a grant's end, by result");
     metrics::describe_gauge!(
         GRANTS_HELD,
-        "Grants this gateway holds (one per fence it admits writes of without Postgres)"
+        "Grants this gateway holds (one per bound lease, one per unbound fence it admits writes of without Postgres)"
     );
     metrics::describe_gauge!(GRANT_TABLE_BYTES, "Memory the grants this gateway holds take, estimated");
+    metrics::describe_gauge!(
+        GRANT_COVERED,
+        "Resources of bound routes decided at their lease's term, which the lease's grant covers"
+    );
     metrics::describe_counter!(
         CLOCK_DISAGREEMENTS,
         "Round trips in which the store's clock and the gateway's boot clock disagreed (grants dropped)"
@@ -238,6 +245,7 @@ pub fn register_known(config: &crate::config::Config) {
     metrics::gauge!(INFLIGHT_WRITES).set(0.0);
     metrics::gauge!(GRANTS_HELD).set(0.0);
     metrics::gauge!(GRANT_TABLE_BYTES).set(0.0);
+    metrics::gauge!(GRANT_COVERED).set(0.0);
     for listener in ["proxy", "control"] {
         metrics::counter!(CONNECTIONS_REFUSED, "listener" => listener).absolute(0);
     }

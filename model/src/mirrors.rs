@@ -65,11 +65,13 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
             Rust { path: GRANTS, name: "admit" },
             Rust { path: GRANTS, name: "lasts" },
             Rust { path: GRANTS, name: "covers" },
+            Rust { path: GRANTS, name: "under" },
         ],
         ActionKind::GatewayStampWrite => &[
             Rust { path: FENCE_STORE, name: "decide" },
             Rust { path: GRANTS, name: "admit" },
             Rust { path: GRANTS, name: "covers" },
+            Rust { path: GRANTS, name: "under" },
         ],
         ActionKind::GateStamp => &[Sql("gate_lease"), Sql("gate_many")],
         ActionKind::GatewayLost => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
@@ -99,12 +101,16 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
             Sql("bind"),
             Sql("rebind"),
             Sql("force_release"),
+            Sql("lock_for_admin"),
+            Sql("await_admin_grants"),
             Sql("await_grants"),
             Sql("lease_grant_ms"),
             Sql("next_settle"),
             Sql("commit_durably"),
         ],
-        ActionKind::AdminWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("next_settle")],
+        ActionKind::AdminWakes => {
+            &[Sql("await_admin_grants"), Sql("await_grants"), Sql("sleep_ms"), Sql("next_settle")]
+        }
     }
 }
 

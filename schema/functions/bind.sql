@@ -37,6 +37,8 @@ $$;
 -- Rebinds a resource to another lease after an incident or a migration, and records it in
 -- fencing.admin_audit. The maximum stays: the new lease's leader is refused until its term
 -- reaches it. Writes of the new binding settle behind the old binding's (S5, fencing.next_settle).
+-- A fence at its old lease's current term waits out every grant on that lease's resources at that
+-- term, and the old lease gets a new fence epoch (fencing.await_admin_grants, lease grants).
 CREATE OR REPLACE FUNCTION fencing.rebind(resource text, lease_key text, actor text, reason text)
 RETURNS fencing.fences
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -45,6 +47,8 @@ DECLARE
     p_lease_key ALIAS FOR lease_key;
     old_        fencing.fences;
     new_        fencing.fences;
+    lease_      fencing.leases;
+    locked_     record;
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_bindable(p_resource);
@@ -52,12 +56,14 @@ BEGIN
     PERFORM fencing.check_name('actor', actor);
     PERFORM fencing.check_name('reason', reason);
     PERFORM fencing.commit_durably();
-    SELECT * INTO old_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
-    IF NOT FOUND THEN
+    SELECT * INTO locked_ FROM fencing.lock_for_admin(p_resource);
+    old_ := locked_.fence_;
+    lease_ := locked_.lease_;
+    IF old_.resource IS NULL THEN
         RAISE EXCEPTION 'fencing: no fence "%"; use fencing.bind for a new resource', p_resource
             USING ERRCODE = '22023';
     END IF;
-    PERFORM fencing.await_grants(old_);
+    PERFORM fencing.await_admin_grants(old_, lease_);
     UPDATE fencing.fences f
        SET lease_key = p_lease_key, updated_at = clock_timestamp(),
            settle_ms = fencing.next_settle(old_), forward_ms = NULL, grant_ms = NULL, drain_ms = NULL

@@ -57,7 +57,7 @@ BEGIN
     IF refusal_.reason IS NULL THEN
         RETURN NULL;
     END IF;
-    RETURN (false, refusal_.reason, presented, max_term, lease_key, refusal_.lease_term, 0, 0)::fencing.gate_result;
+    RETURN (false, refusal_.reason, presented, max_term, lease_key, refusal_.lease_term, 0, 0, NULL)::fencing.gate_result;
 END
 $$;
 
@@ -76,13 +76,18 @@ DECLARE
     grant_ms_   bigint;
     given_ms_   bigint;
     refused_    fencing.gate_result;
+    -- The lease's fence epoch, read with the fence version (or before it) that the decision is
+    -- made on; a grant is given only where the epoch read after the lease's advisory lock is the
+    -- same (lease grants: schema version 9).
+    epoch_      bigint;
+    epoch_now_  bigint;
 BEGIN
     forward_ms_ := ceil(extract(epoch FROM forward_timeout) * 1000)::bigint;
     -- The common case in one indexed read.
     SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
-           l.term, l.expires_at, l.key IS NOT NULL
+           l.term, l.expires_at, l.key IS NOT NULL, l.fence_epoch
       INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
-           fence_.grant_ms, lease_term_, lease_end_, lease_seen_
+           fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
       FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
      WHERE f.resource = p_resource;
     IF FOUND AND p_term = fence_.max_term
@@ -93,7 +98,7 @@ BEGIN
        AND grant_for = interval '0'
        AND current_setting('transaction_isolation') = 'read committed' THEN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
+                coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
     END IF;
 
     PERFORM fencing.check_name('resource', p_resource);
@@ -115,9 +120,9 @@ BEGIN
         IF attempt > 1 THEN
             -- Read again: the version read before changed under the decision.
             SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
-                   l.term, l.expires_at, l.key IS NOT NULL
+                   l.term, l.expires_at, l.key IS NOT NULL, l.fence_epoch
               INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
-                   fence_.grant_ms, lease_term_, lease_end_, lease_seen_
+                   fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
               FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
              WHERE f.resource = p_resource;
         END IF;
@@ -125,18 +130,18 @@ BEGIN
         IF NOT FOUND OR fence_.resource IS NULL THEN
             -- The first write ever. Never to a fence the daemons keep for themselves.
             IF left(p_resource, 16) = 'fencing.daemons/' THEN
-                RETURN (false, 'wrong_lease', p_term, NULL, bind_lease, NULL, 0, 0)::fencing.gate_result;
+                RETURN (false, 'wrong_lease', p_term, NULL, bind_lease, NULL, 0, 0, NULL)::fencing.gate_result;
             END IF;
             -- Bound: only the lease's current term while it is held.
             IF bind_lease IS NOT NULL THEN
-                SELECT l.term, l.expires_at, true INTO lease_term_, lease_end_, lease_seen_
+                SELECT l.term, l.expires_at, true, l.fence_epoch INTO lease_term_, lease_end_, lease_seen_, epoch_
                   FROM fencing.leases l WHERE l.key = bind_lease;
                 IF NOT FOUND OR p_term > lease_term_ THEN
-                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
+                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
                 ELSIF p_term < lease_term_ THEN
-                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
+                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
                 ELSIF lease_end_ <= clock_timestamp() THEN
-                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
+                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
                 END IF;
             END IF;
             -- No grant on the first write: the next one asks for it.
@@ -151,32 +156,32 @@ BEGIN
                 IF refused_.outcome IS NOT NULL THEN
                     RETURN refused_;
                 END IF;
-                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0)::fencing.gate_result;
+                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0, epoch_)::fencing.gate_result;
             END IF;
             CONTINUE; -- a concurrent writer created it
         END IF;
 
         -- Refusals: safe on any version, because a maximum never decreases.
         IF fence_.lease_key IS DISTINCT FROM bind_lease AND (bind_lease IS NOT NULL OR fence_.lease_key IS NULL) THEN
-            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
         END IF;
         IF p_term < fence_.max_term THEN
-            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
         END IF;
         IF fence_.lease_key IS NOT NULL THEN
             IF NOT lease_seen_ OR p_term > lease_term_ THEN
-                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
             ELSIF p_term < lease_term_ THEN
-                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
             ELSIF lease_end_ <= clock_timestamp() THEN
-                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0)::fencing.gate_result;
+                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
             END IF;
         END IF;
 
         IF p_term = fence_.max_term THEN
             IF fence_.forward_ms >= forward_ms_ AND grant_ms_ = 0 THEN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                        coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
+                        coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
             END IF;
             -- A bound resource's grant ends no later than its lease as this clock sees it.
             given_ms_ := CASE WHEN fence_.lease_key IS NULL THEN grant_ms_
@@ -197,17 +202,18 @@ BEGIN
                         RETURN refused_;
                     END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                            coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
+                            coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
                 END IF;
                 PERFORM 1 FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
                   WHERE f.resource = p_resource AND f.max_term = p_term
                     AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key AND f.grant_ms >= given_ms_
-                    AND (f.lease_key IS NULL OR (l.term = p_term AND l.expires_at > clock_timestamp()));
+                    AND (f.lease_key IS NULL OR (l.term = p_term AND l.expires_at > clock_timestamp()
+                                                 AND l.fence_epoch = epoch_));
                 IF NOT FOUND THEN
-                    CONTINUE; -- the fence or its lease moved on: decide again
+                    CONTINUE; -- the fence or its lease moved on (or an operator changed one of its fences): decide again
                 END IF;
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                        coalesce(fence_.settle_ms, 0), given_ms_)::fencing.gate_result;
+                        coalesce(fence_.settle_ms, 0), given_ms_, epoch_)::fencing.gate_result;
             END IF;
             IF fence_.forward_ms >= forward_ms_ THEN
                 -- A longer grant than recorded is asked for. A term change holding the row sleeps
@@ -222,7 +228,7 @@ BEGIN
                         RETURN refused_;
                     END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                            coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
+                            coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
                 END IF;
             END IF;
             IF given_ms_ > 0 AND fence_.lease_key IS NOT NULL THEN
@@ -233,10 +239,11 @@ BEGIN
                 IF NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key)) THEN
                     given_ms_ := 0;
                 ELSE
-                    SELECT l.term, l.expires_at INTO lease_term_, lease_end_
+                    SELECT l.term, l.expires_at, l.fence_epoch INTO lease_term_, lease_end_, epoch_now_
                       FROM fencing.leases l WHERE l.key = fence_.lease_key;
-                    IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp() THEN
-                        CONTINUE; -- the lease moved on: decide again
+                    IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp()
+                       OR epoch_now_ IS DISTINCT FROM epoch_ THEN
+                        CONTINUE; -- the lease moved on, or an operator changed one of its fences: decide again
                     END IF;
                     given_ms_ := least(given_ms_, fencing.remaining_ms(lease_end_, clock_timestamp()));
                 END IF;
@@ -262,7 +269,7 @@ BEGIN
                 RETURN refused_;
             END IF;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                    coalesce(fence_.settle_ms, 0), given_ms_)::fencing.gate_result;
+                    coalesce(fence_.settle_ms, 0), given_ms_, epoch_)::fencing.gate_result;
         END IF;
 
         -- A higher term: lock the newest version, wait out the lower term's grants, raise it.
@@ -291,7 +298,7 @@ BEGIN
          WHERE f.resource = p_resource
         RETURNING f.settle_ms INTO fence_.settle_ms;
         RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                coalesce(fence_.settle_ms, 0), 0)::fencing.gate_result;
+                coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
     END LOOP;
     RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';
 END

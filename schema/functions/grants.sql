@@ -163,3 +163,77 @@ BEGIN
     RETURN FOUND;
 END
 $$;
+
+-- Lease grants (schema version 9). A gateway admits writes of term t to every resource bound to
+-- a lease that it has had one admitted decision for at t, under one grant given at t on any of
+-- the lease's resources (recorded on that resource's row, so fencing.lease_grant_ms counts it).
+-- An operator's change of a bound fence at its lease's current term (advance_fence, rebind) must
+-- therefore wait out every grant on the lease's resources at that term, not only the fence's own,
+-- and must stop the decisions made before it from counting for a grant given after it: it bumps
+-- the lease's fence_epoch, and a gateway counts a decision for a grant only at the same epoch.
+--
+-- fencing.lock_for_admin locks a fence for such a change, in the order that cannot deadlock with
+-- a new term of the lease (the lease row, then its advisory lock, as fencing.acquire does) nor
+-- with a gateway batch that holds the lease's advisory lock shared and waits for the fence row:
+-- the lease row FOR NO KEY UPDATE and the lease's advisory lock exclusively first (every grant
+-- on the lease given before has committed, none is given until this commits), then the fence row
+-- FOR UPDATE. Returns the locked fence row (no row: it does not exist), and the lease row it locked
+-- in lease_ (NULL: the fence is unbound, or its lease has no row). The lease's renewals wait for
+-- the change to commit: at most the longest grant.
+CREATE OR REPLACE FUNCTION fencing.lock_for_admin(resource text, OUT fence_ fencing.fences, OUT lease_ fencing.leases)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    p_resource ALIAS FOR resource;
+    key_       text;
+BEGIN
+    FOR attempt IN 1..3 LOOP
+        SELECT f.lease_key INTO key_ FROM fencing.fences f WHERE f.resource = p_resource;
+        lease_ := NULL;
+        IF key_ IS NOT NULL THEN
+            SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = key_ FOR NO KEY UPDATE;
+            IF FOUND THEN
+                PERFORM pg_advisory_xact_lock(1818583397, fencing.lease_lock_id(key_));
+            ELSE
+                lease_ := NULL;
+            END IF;
+        END IF;
+        SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+        IF NOT FOUND THEN
+            fence_ := NULL;
+            RETURN;
+        END IF;
+        IF fence_.lease_key IS NOT DISTINCT FROM key_ THEN
+            RETURN;
+        END IF;
+        -- Bound or rebound since it was read: lock again (the locks taken stay until commit).
+    END LOOP;
+    RAISE EXCEPTION 'fencing: the binding of "%" kept changing', p_resource USING ERRCODE = '40001';
+END
+$$;
+
+-- Waits until no grant that could cover fence_ at its term lasts, for an operator's change of it
+-- (after fencing.lock_for_admin, which locked lease_): a bound fence at its lease's current term
+-- waits out the longest grant on the lease's resources at that term (fencing.lease_grant_ms,
+-- READ COMMITTED only), and any other, its own grants (fencing.await_grants). A bound fence's
+-- lease gets a new fence_epoch, committed with the change.
+CREATE OR REPLACE FUNCTION fencing.await_admin_grants(fence_ fencing.fences, lease_ fencing.leases) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    lease_ms_ bigint := 0;
+BEGIN
+    IF lease_.key IS NULL THEN
+        PERFORM fencing.await_grants(fence_);
+        RETURN;
+    END IF;
+    IF lease_.term = fence_.max_term THEN
+        lease_ms_ := fencing.lease_grant_ms(lease_);
+    END IF;
+    UPDATE fencing.leases l SET fence_epoch = l.fence_epoch + 1 WHERE l.key = lease_.key;
+    IF lease_ms_ > 0 THEN
+        PERFORM pg_advisory_xact_lock(1718183525, fencing.fence_lock_id(fence_.resource));
+        PERFORM fencing.sleep_ms(greatest(lease_ms_, coalesce(fence_.grant_ms, 0)));
+    ELSE
+        PERFORM fencing.await_grants(fence_);
+    END IF;
+END
+$$;

@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 6, name: "members", sql: include_str!("../migrations/0006_members.sql") },
     Migration { version: 7, name: "daemons", sql: include_str!("../migrations/0007_daemons.sql") },
     Migration { version: 8, name: "clock_safe_waits", sql: include_str!("../migrations/0008_clock_safe_waits.sql") },
+    Migration { version: 9, name: "lease_grants", sql: include_str!("../migrations/0009_lease_grants.sql") },
 ];
 
 macro_rules! repeatable {
@@ -79,7 +80,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 8;
+pub const LATEST_VERSION: i32 = 9;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

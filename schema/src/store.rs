@@ -274,7 +274,13 @@ pub struct Gate {
     pub wait: Duration,
     /// How long, counted from the decision, writes of this term to this resource may be admitted
     /// without asking (a grant; zero when none was asked for or given; never more than asked).
+    /// On a bound resource the grant covers the lease at this term: every resource of the lease
+    /// that had an admitted decision at this term and [`Gate::epoch`].
     pub grant: Duration,
+    /// The bound lease's fence epoch the decision was made at (`None`: an unbound fence, or a
+    /// refusal). An operator's change of a fence bound to the lease moves it on: a decision counts
+    /// for a lease's grant only at the same epoch (schema version 9).
+    pub epoch: Option<i64>,
 }
 
 impl Gate {
@@ -302,23 +308,27 @@ impl Gate {
             lease_term: row.try_get("lease_term").map_err(Error::Store)?,
             wait: ms(row.try_get::<_, Option<i64>>("wait_ms").map_err(Error::Store)?.unwrap_or(0)),
             grant: ms(row.try_get::<_, Option<i64>>("grant_ms").map_err(Error::Store)?.unwrap_or(0)),
+            epoch: row.try_get("lease_epoch").map_err(Error::Store)?,
         })
     }
 }
 
 /// `fencing.gate(resource, term, forward timeout ms, bind lease, grant ms)`: prepare it once per
 /// connection.
-pub const GATE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms
+pub const GATE_SQL: &str =
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch
     FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4, $5::bigint * interval '1 millisecond')";
 
 /// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease, grant ms)`.
-pub const GATE_LEASE_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms
+pub const GATE_LEASE_SQL: &str =
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch
     FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5,
                             $6::bigint * interval '1 millisecond')";
 
 /// `fencing.gate_many(resources, terms, lease keys, owners, bind leases, forward timeout ms,
 /// grant ms)`: one row per item, in order.
-pub const GATE_MANY_SQL: &str = "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms,
+pub const GATE_MANY_SQL: &str =
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch,
            extract(epoch FROM clock_timestamp())::float8 AS store_clock
     FROM fencing.gate_many($1, $2, $3, $4, $5, $6::bigint * interval '1 millisecond',
                            $7::bigint * interval '1 millisecond')";

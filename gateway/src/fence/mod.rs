@@ -214,6 +214,7 @@ impl FenceStore {
                 lease_term: None,
                 wait: Duration::ZERO,
                 grant: Duration::ZERO,
+                epoch: None,
             };
             return Ok(Decision {
                 gate,

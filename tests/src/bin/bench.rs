@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p fencing-tests --bin bench -- [--seconds 5] [--concurrency 32,1] [--rounds 3] \
-//!     [--only 'gw verify, grants|pass-through'] [--verbose]
+//!     [--only 'gw verify, grants|pass-through'] [--resources 1,100,10000,100000] [--verbose]
 //! ```
 //!
 //! It starts a durable PostgreSQL (the server's default fsync and synchronous commit), a fast
@@ -14,7 +14,12 @@
 //! median round per target: requests per second, p50 and p99, their ratios to the pass-through
 //! and to nginx, the gateway's Postgres transactions (decision round trips) per request, and the
 //! CPU time per request of the proxy process (the gateway's, the pass-through's).
-//! `--verbose` also prints every round's p50, p90, p99, p99.9 and maximum.
+//! `--verbose` also prints every round's p50, p90, p99, p99.9 and maximum. `--resources` adds,
+//! per value N, writes spread at random over N resources: through the gateway with grants on a
+//! bound route (one lease grant covers them) and on an unbound one (a grant per resource), and
+//! through the pass-through and nginx on the same paths, their baselines. Each target's first
+//! round pays one decision per resource (the warm-up second, and more for large N): the median
+//! round is a later one, and `--verbose` shows each.
 //! Then it measures how long the first write of a new term takes while the old term's grant is
 //! held (a grant period plus the settle wait at most), and what the monotonic waits of schema
 //! version 8 cost a term change against the wall-clock waits before them.
@@ -55,10 +60,20 @@ struct Options {
     only: Vec<String>,
     /// Print every round's quantiles, not only the median round.
     verbose: bool,
+    /// Also spread writes over this many resources, per value: bound and unbound routes through
+    /// the gateway with grants, and the pass-through and nginx on the same paths.
+    resources: Vec<usize>,
 }
 
 fn options() -> Result<Options> {
-    let mut options = Options { seconds: 5, concurrency: vec![32, 1], rounds: 3, only: Vec::new(), verbose: false };
+    let mut options = Options {
+        seconds: 5,
+        concurrency: vec![32, 1],
+        rounds: 3,
+        only: Vec::new(),
+        verbose: false,
+        resources: Vec::new(),
+    };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--verbose" {
@@ -73,10 +88,17 @@ fn options() -> Result<Options> {
             }
             "--rounds" => options.rounds = value.parse()?,
             "--only" => options.only = value.split('|').map(|name| name.trim().to_owned()).collect(),
+            "--resources" => {
+                options.resources = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
+            }
             other => bail!("unknown flag {other}"),
         }
     }
-    if options.concurrency.is_empty() || options.concurrency.contains(&0) || options.rounds == 0 {
+    if options.concurrency.is_empty()
+        || options.concurrency.contains(&0)
+        || options.rounds == 0
+        || options.resources.contains(&0)
+    {
         bail!("--concurrency needs positive numbers and --rounds at least 1");
     }
     Ok(options)
@@ -158,7 +180,7 @@ struct Stats {
 async fn load(
     addr: SocketAddr,
     method: Method,
-    path: &str,
+    (path, spread): (&str, usize),
     headers: &[(String, String)],
     concurrency: usize,
     seconds: u64,
@@ -166,12 +188,21 @@ async fn load(
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let headers: Arc<Vec<(String, String)>> = Arc::new(headers.to_vec());
     let uri: Uri = format!("http://{addr}{path}").parse().unwrap_or_default();
+    // With a spread, each request names one of `spread` resources at random: `{n}` in the path.
+    let path_spreads = path.contains("{n}");
+    let (before, after) = path.split_once("{n}").unwrap_or((path, ""));
+    let (before, after) = (before.to_owned(), after.to_owned());
+    let spread_uri =
+        Arc::new(move |n: usize| -> Uri { format!("http://{addr}{before}{n}{after}").parse().unwrap_or_default() });
     let warm_until = Instant::now() + Duration::from_secs(1);
     let until = warm_until + Duration::from_secs(seconds);
     let workers: Vec<_> = (0..concurrency)
-        .map(|_| {
+        .map(|worker| {
             let (client, headers, uri, method) = (client.clone(), Arc::clone(&headers), uri.clone(), method.clone());
+            let spread_uri = Arc::clone(&spread_uri);
             tokio::spawn(async move {
+                use rand::{Rng, SeedableRng};
+                let mut rng = rand::rngs::StdRng::seed_from_u64(worker as u64);
                 let mut latencies = Vec::new();
                 let mut errors = 0;
                 loop {
@@ -179,7 +210,14 @@ async fn load(
                     if started >= until {
                         break;
                     }
-                    let mut request = Request::builder().method(method.clone()).uri(uri.clone());
+                    let uri = if spread > 1 {
+                        spread_uri(rng.random_range(0..spread))
+                    } else if path_spreads {
+                        spread_uri(0)
+                    } else {
+                        uri.clone()
+                    };
+                    let mut request = Request::builder().method(method.clone()).uri(uri);
                     for (name, value) in headers.iter() {
                         request = request.header(name, value);
                     }
@@ -247,6 +285,58 @@ async fn decision_round_trips(gateway: &Gateway) -> Result<i64> {
     Ok(count as i64)
 }
 
+/// Writes each of the `spread` resources of `path` (`{n}` in it) once, 32 at a time; returns how
+/// many were not answered 2xx.
+async fn prime(addr: SocketAddr, path: &str, spread: usize, headers: &[(String, String)]) -> usize {
+    const AT_ONCE: usize = 32;
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let (before, after) = path.split_once("{n}").unwrap_or((path, ""));
+    let workers: Vec<_> = (0..AT_ONCE)
+        .map(|worker| {
+            let client = client.clone();
+            let headers = headers.to_vec();
+            let (before, after) = (before.to_owned(), after.to_owned());
+            tokio::spawn(async move {
+                let mut failed = 0;
+                for n in (worker..spread).step_by(AT_ONCE) {
+                    let uri: Uri = format!("http://{addr}{before}{n}{after}").parse().unwrap_or_default();
+                    let mut request = Request::builder().method(Method::POST).uri(uri);
+                    for (name, value) in &headers {
+                        request = request.header(name, value);
+                    }
+                    let Ok(request) = request.body(Full::new(Bytes::from_static(b"{\"amount\":1}"))) else {
+                        failed += 1;
+                        continue;
+                    };
+                    let ok = match client.request(request).await {
+                        Ok(response) => response.status().is_success() && response.into_body().collect().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    failed += usize::from(!ok);
+                }
+                failed
+            })
+        })
+        .collect();
+    let mut failed = 0;
+    for worker in workers {
+        failed += worker.await.unwrap_or(spread);
+    }
+    failed
+}
+
+/// A process's resident memory in KiB, from `/proc/PID/status` (0 when unknown).
+fn rss_kb(pid: Option<i32>) -> u64 {
+    let Some(pid) = pid else { return 0 };
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return 0 };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kb| kb.parse().ok())
+        .unwrap_or(0)
+}
+
 /// CPU time (user + system) a process has used, from `/proc/PID/stat`.
 fn cpu_time(pid: Option<i32>) -> Duration {
     let Some(pid) = pid else { return Duration::ZERO };
@@ -307,7 +397,9 @@ struct Target {
     name: &'static str,
     addr: SocketAddr,
     method: Method,
-    path: &'static str,
+    path: String,
+    /// Resources the writes are spread over (`{n}` in the path): 1, one resource.
+    spread: usize,
     headers: Vec<(String, String)>,
     /// The gateway process, for its decision round trips (Postgres transactions).
     gateway: Option<usize>,
@@ -321,6 +413,8 @@ struct Round {
     stats: Stats,
     transactions: i64,
     cpu: Duration,
+    /// The proxy process's resident memory at the round's end, in KiB.
+    rss_kb: u64,
 }
 
 const GRANT_MS: u64 = 400;
@@ -385,7 +479,8 @@ async fn run(options: &Options) -> Result<()> {
             name: "direct",
             addr: upstream_addr,
             method: Method::POST,
-            path: "/ledger/acct-1/entries",
+            path: "/ledger/acct-1/entries".to_owned(),
+            spread: 1,
             headers: vec![],
             gateway: None,
             cpu_pid: None,
@@ -394,7 +489,8 @@ async fn run(options: &Options) -> Result<()> {
             name: "pass-through",
             addr: passthrough_addr,
             method: Method::POST,
-            path: "/ledger/acct-1/entries",
+            path: "/ledger/acct-1/entries".to_owned(),
+            spread: 1,
             headers: vec![],
             gateway: None,
             cpu_pid: passthrough_pid,
@@ -405,7 +501,8 @@ async fn run(options: &Options) -> Result<()> {
             name: "nginx",
             addr: *addr,
             method: Method::POST,
-            path: "/ledger/acct-1/entries",
+            path: "/ledger/acct-1/entries".to_owned(),
+            spread: 1,
             headers: vec![],
             gateway: None,
             cpu_pid: None,
@@ -420,7 +517,8 @@ async fn run(options: &Options) -> Result<()> {
             name: name("verify"),
             addr,
             method: Method::POST,
-            path: "/ledger/acct-1/entries",
+            path: "/ledger/acct-1/entries".to_owned(),
+            spread: 1,
             headers: token.clone(),
             gateway: Some(index),
             cpu_pid: gateway_pid(index),
@@ -429,7 +527,8 @@ async fn run(options: &Options) -> Result<()> {
             name: name("stamp"),
             addr,
             method: Method::POST,
-            path: "/bound/acct-2/entries",
+            path: "/bound/acct-2/entries".to_owned(),
+            spread: 1,
             headers: stamp.clone(),
             gateway: Some(index),
             cpu_pid: gateway_pid(index),
@@ -438,7 +537,8 @@ async fn run(options: &Options) -> Result<()> {
             name: name("bound verify"),
             addr,
             method: Method::POST,
-            path: "/bound/acct-3/entries",
+            path: "/bound/acct-3/entries".to_owned(),
+            spread: 1,
             headers: token.clone(),
             gateway: Some(index),
             cpu_pid: gateway_pid(index),
@@ -448,7 +548,8 @@ async fn run(options: &Options) -> Result<()> {
         name: "gw verify, default config",
         addr: gateways[2].proxy,
         method: Method::POST,
-        path: "/ledger/acct-4/entries",
+        path: "/ledger/acct-4/entries".to_owned(),
+        spread: 1,
         headers: token.clone(),
         gateway: Some(2),
         cpu_pid: gateway_pid(2),
@@ -457,7 +558,8 @@ async fn run(options: &Options) -> Result<()> {
         name: "pass-through GET",
         addr: passthrough_addr,
         method: Method::GET,
-        path: "/ledger/acct-1/entries",
+        path: "/ledger/acct-1/entries".to_owned(),
+        spread: 1,
         headers: vec![],
         gateway: None,
         cpu_pid: passthrough_pid,
@@ -466,12 +568,54 @@ async fn run(options: &Options) -> Result<()> {
         name: "gw GET",
         addr: gateways[0].proxy,
         method: Method::GET,
-        path: "/ledger/acct-1/entries",
+        path: "/ledger/acct-1/entries".to_owned(),
+        spread: 1,
         headers: vec![],
         gateway: Some(0),
         cpu_pid: gateway_pid(0),
     });
 
+    // Writes spread over N resources: the gateway with grants on a bound route (its lease's
+    // grant covers them all) and on an unbound one (a grant per resource), and the baselines on
+    // the same paths.
+    for &n in &options.resources {
+        let name = |what: &str| -> &'static str { Box::leak(format!("{what}, N={n}").into_boxed_str()) };
+        let spread = |name: &'static str,
+                      addr,
+                      path: String,
+                      headers: Vec<(String, String)>,
+                      gateway: Option<usize>,
+                      cpu_pid| {
+            Target { name, addr, method: Method::POST, path, spread: n, headers, gateway, cpu_pid }
+        };
+        targets.push(spread(
+            name("pass-through"),
+            passthrough_addr,
+            format!("/ledger/n{n}-{{n}}/entries"),
+            vec![],
+            None,
+            passthrough_pid,
+        ));
+        if let Some((_, addr)) = &nginx {
+            targets.push(spread(name("nginx"), *addr, format!("/ledger/n{n}-{{n}}/entries"), vec![], None, None));
+        }
+        targets.push(spread(
+            name("gw bound, grants"),
+            gateways[1].proxy,
+            format!("/bound/n{n}-{{n}}/entries"),
+            token.clone(),
+            Some(1),
+            gateway_pid(1),
+        ));
+        targets.push(spread(
+            name("gw unbound, grants"),
+            gateways[1].proxy,
+            format!("/ledger/n{n}-{{n}}/entries"),
+            token.clone(),
+            Some(1),
+            gateway_pid(1),
+        ));
+    }
     if !options.only.is_empty() {
         targets.retain(|target| options.only.iter().any(|name| target.name.contains(name.as_str())));
     }
@@ -479,6 +623,19 @@ async fn run(options: &Options) -> Result<()> {
         let pid = gateway.pid().map_or(-1, |pid| pid.as_raw());
         let grants = ["0", "400", "the default"][index];
         eprintln!("bench: gateway {index} (grant_ms {grants}) is pid {pid}");
+    }
+    // A leader that writes to N resources pays one decision per resource and term, once: each
+    // spread target through a gateway is primed (every resource written once, 32 at a time)
+    // before its rounds, and what that took is printed. Its rounds then measure the steady state.
+    for target in targets.iter().filter(|t| t.spread > 1 && t.gateway.is_some()) {
+        let started = Instant::now();
+        let failed = prime(target.addr, &target.path, target.spread, &target.headers).await;
+        println!(
+            "primed {}: {} first writes in {:.1} s ({failed} not answered 2xx)",
+            target.name,
+            target.spread,
+            started.elapsed().as_secs_f64()
+        );
     }
     for &concurrency in &options.concurrency {
         eprintln!(
@@ -497,7 +654,7 @@ async fn run(options: &Options) -> Result<()> {
                 let stats = load(
                     target.addr,
                     target.method.clone(),
-                    target.path,
+                    (&target.path, target.spread),
                     &target.headers,
                     concurrency,
                     options.seconds,
@@ -517,36 +674,75 @@ async fn run(options: &Options) -> Result<()> {
                         tx1 - tx0
                     );
                 }
-                rounds[index].push(Round { stats, transactions: tx1 - tx0, cpu: cpu1.saturating_sub(cpu0) });
+                rounds[index].push(Round {
+                    stats,
+                    transactions: tx1 - tx0,
+                    cpu: cpu1.saturating_sub(cpu0),
+                    rss_kb: rss_kb(pid),
+                });
             }
         }
+        // Ratios to a baseline are the median of the ratios within each round (the rounds are
+        // interleaved, so a round's targets share the machine's state of the moment).
+        let paired = |target: usize, baseline: usize, of: fn(&Stats) -> f64| -> f64 {
+            let mut ratios: Vec<f64> =
+                rounds[target].iter().zip(&rounds[baseline]).map(|(t, b)| of(&t.stats) / of(&b.stats)).collect();
+            ratios.sort_by(f64::total_cmp);
+            ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let rps = |stats: &Stats| stats.rps;
+        let p99 = |stats: &Stats| stats.p99_ms;
         // The median round by req/s, per target.
         let median: Vec<Round> = rounds
+            .clone()
             .into_iter()
             .map(|mut r| {
                 r.sort_by(|a, b| a.stats.rps.total_cmp(&b.stats.rps));
                 r[r.len() / 2]
             })
             .collect();
-        let find = |name: &str| targets.iter().position(|t| t.name == name).map(|i| median[i].stats);
-        let pass = find("pass-through").unwrap_or_default();
-        let pass_get = find("pass-through GET").unwrap_or_default();
-        let nginx_stats = find("nginx");
+        let find = |name: &str| targets.iter().position(|t| t.name == name);
+        // A spread target is compared with the baselines on the same paths.
+        let spread_of = |name: &str| name.rsplit_once(", N=").map(|(_, n)| n.to_owned());
         println!("\n{concurrency} connections (median of {} rounds of {} s):", options.rounds, options.seconds);
         println!(
-            "{:<24} {:>9} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>8} {:>9}",
-            "target", "req/s", "p50 ms", "p99 ms", "errors", "vs pass", "vs nginx", "p99/nginx", "PG tx/w", "CPU us/r"
+            "{:<30} {:>9} {:>8} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8}",
+            "target",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "vs pass",
+            "vs nginx",
+            "p99/pass",
+            "p99/nginx",
+            "PG tx/w",
+            "CPU us/r",
+            "RSS MiB"
         );
-        for (target, round) in targets.iter().zip(&median) {
+        for (index, (target, round)) in targets.iter().zip(&median).enumerate() {
             let stats = round.stats;
-            let baseline = if target.method == Method::GET { pass_get } else { pass };
+            let spread = spread_of(target.name);
+            let baseline = match &spread {
+                Some(n) => find(&format!("pass-through, N={n}")),
+                None if target.method == Method::GET => find("pass-through GET"),
+                None => find("pass-through"),
+            };
+            let nginx = match &spread {
+                Some(n) => find(&format!("nginx, N={n}")),
+                None => find("nginx"),
+            };
+            let ratio = |baseline: Option<usize>, of: fn(&Stats) -> f64| {
+                baseline.map_or_else(|| "-".to_owned(), |b| format!("{:.2}x", paired(index, b, of)))
+            };
             let requests = (stats.requests + stats.errors).max(1) as f64;
             // Warm-up requests count in both totals: transactions and CPU over all requests sent.
             let sent = requests * (options.seconds as f64 + 1.0) / options.seconds as f64;
-            let (vs_nginx, p99_nginx) = match (nginx_stats, target.method == Method::GET) {
-                (Some(n), false) => (format!("{:.2}x", stats.rps / n.rps), format!("{:.2}x", stats.p99_ms / n.p99_ms)),
-                _ => ("-".to_owned(), "-".to_owned()),
+            let (vs_nginx, p99_nginx) = match target.method == Method::GET {
+                false => (ratio(nginx, rps), ratio(nginx, p99)),
+                true => ("-".to_owned(), "-".to_owned()),
             };
+            let (vs_pass, p99_pass) = (ratio(baseline, rps), ratio(baseline, p99));
             let tx = match target.gateway {
                 Some(_) => format!("{:.3}", round.transactions as f64 / sent),
                 None => "-".to_owned(),
@@ -555,18 +751,24 @@ async fn run(options: &Options) -> Result<()> {
                 Some(_) => format!("{:.1}", round.cpu.as_secs_f64() * 1e6 / sent),
                 None => "-".to_owned(),
             };
+            let rss = match target.cpu_pid {
+                Some(_) => format!("{:.1}", round.rss_kb as f64 / 1024.0),
+                None => "-".to_owned(),
+            };
             println!(
-                "{:<24} {:>9.0} {:>8.2} {:>8.2} {:>6} {:>8.2}x {:>9} {:>9} {:>8} {:>9}",
+                "{:<30} {:>9.0} {:>8.2} {:>8.2} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8}",
                 target.name,
                 stats.rps,
                 stats.p50_ms,
                 stats.p99_ms,
                 stats.errors,
-                stats.rps / baseline.rps,
+                vs_pass,
                 vs_nginx,
+                p99_pass,
                 p99_nginx,
                 tx,
-                cpu
+                cpu,
+                rss
             );
         }
     }

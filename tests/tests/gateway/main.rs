@@ -15,6 +15,7 @@ mod faults;
 mod grants;
 mod hygiene;
 mod inspect;
+mod lease_grants;
 mod observability;
 mod outbox;
 mod replicas;
