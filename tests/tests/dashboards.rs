@@ -60,6 +60,7 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         gateway_metrics::CLOCK_DISAGREEMENTS,
         gateway_metrics::GRANTS_HELD,
         gateway_metrics::GRANT_TABLE_BYTES,
+        gateway_metrics::GRANT_COVERED,
         gateway_metrics::GRANT_RENEWALS,
         fencing_election::metrics::CLOCK_DISAGREEMENTS,
         fencing_election::membership::CLOCK_DISAGREEMENTS,

@@ -23,6 +23,12 @@ async fn connect(database_url: &str) -> Result<Client, Error> {
     let database = crate::security::database::Database::parse(database_url).map_err(Error::Setup)?;
     let client = database.connect().await.map_err(Error::Connect)?;
     fencing_schema::check_schema_version(&client).await?;
+    // The admin actions that end a period or change a bound fence decide at READ COMMITTED only
+    // (they must see every grant committed before them): whatever the database's default.
+    client
+        .batch_execute("SET default_transaction_isolation = 'read committed'")
+        .await
+        .map_err(|e| Error::Schema(fencing_schema::Error::Store(e)))?;
     Ok(client)
 }
 

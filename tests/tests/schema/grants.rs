@@ -360,3 +360,78 @@ async fn a_decision_that_skips_a_locked_row_never_hands_out_a_grant_nobody_recor
     let late = store::gate_granted(&granting, "/free/r", 1, FORWARD, None, GRANT).await.unwrap();
     assert_eq!(late.outcome, Outcome::Stale, "{late:?}");
 }
+
+/// Lease grants (schema version 9): a grant given on one resource of a lease covers, at the
+/// gateway, every resource of the lease decided at that term and fence epoch. So an admin change
+/// of another resource of the lease, one whose own row records no grant, must still wait the
+/// grant out, and must move the epoch on: the session that would break it advances and rebinds
+/// such a resource right after a grant was given on its sibling.
+#[tokio::test]
+async fn an_admin_change_of_a_bound_fence_waits_out_the_grants_on_its_leases_other_resources() {
+    let db = TestDb::new().await;
+    let gateway = db.connect().await;
+    let admin = db.connect().await;
+    let term = store::acquire(&gateway, "k", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    for (x, change) in [
+        ("x1", "SELECT fencing.advance_fence('x1', $1::bigint, 'ops', 'test')"),
+        ("x2", "SELECT fencing.rebind('x2', 'other', 'ops', 'test')"),
+    ] {
+        // x: one decision, no grant recorded on its row (a first write gets none).
+        let first = store::gate_granted(&gateway, x, term, FORWARD, Some("k"), GRANT).await.unwrap();
+        assert!(first.is_admitted());
+        assert_eq!(first.grant, Duration::ZERO);
+        let epoch = first.epoch.expect("a bound decision carries the lease's fence epoch");
+        let x_grant: Option<i64> =
+            admin.query_one("SELECT grant_ms FROM fencing.fences WHERE resource = $1", &[&x]).await.unwrap().get(0);
+        assert_eq!(x_grant, None);
+        // y: a grant at the lease's term, which covers x at the gateway.
+        let (asked, lasts) = take_grant(&gateway, "y", term, Some("k")).await;
+        let next = term + 1;
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            if change.contains("$1") { vec![&next] } else { vec![] };
+        admin.query_one(change, &params).await.unwrap();
+        let answered = Instant::now();
+        assert!(answered + SLACK >= asked + lasts, "{change} was answered before the grant on y had ended");
+        // The epoch moved on: the decision on y after the change carries the new one, so a
+        // gateway's lease grant given now covers no decision of x made before.
+        let after = store::gate_granted(&gateway, "y", term, FORWARD, Some("k"), GRANT).await.unwrap();
+        assert!(after.is_admitted(), "{after:?}");
+        assert!(after.epoch > Some(epoch), "{change}: epoch {:?} after, {epoch} before", after.epoch);
+        // x is no longer writable at the lease's term under k (advanced past it, or rebound away).
+        let refused = store::gate_granted(&gateway, x, term, FORWARD, Some("k"), GRANT).await.unwrap();
+        assert!(!refused.is_admitted(), "{refused:?}");
+        assert_eq!(refused.epoch, None);
+    }
+}
+
+/// A grant carries the lease's fence epoch as it stands when the grant is given, and only a
+/// change of a fence bound to the lease moves it on (an advance of an unbound fence and the
+/// first binding of one do not: no gateway can hold a decision of a fence that was not bound).
+#[tokio::test]
+async fn a_grant_carries_the_fence_epoch_it_was_given_at() {
+    let db = TestDb::new().await;
+    let gateway = db.connect().await;
+    let admin = db.connect().await;
+    let term = store::acquire(&gateway, "k", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    for round in 0..3 {
+        take_grant(&gateway, "y", term, Some("k")).await;
+        let epoch: i64 =
+            admin.query_one("SELECT fence_epoch FROM fencing.leases WHERE key = 'k'", &[]).await.unwrap().get(0);
+        let granted = store::gate_granted(&gateway, "y", term, FORWARD, Some("k"), GRANT).await.unwrap();
+        assert!(granted.grant > Duration::ZERO, "{granted:?}");
+        assert_eq!(granted.epoch, Some(epoch), "round {round}");
+        admin
+            .execute("SELECT fencing.advance_fence($1, $2::bigint, 'ops', 'test')", &[&format!("z{round}"), &term])
+            .await
+            .unwrap();
+        admin.execute("SELECT fencing.bind($1, 'k')", &[&format!("w{round}")]).await.unwrap();
+        admin.execute("SELECT fencing.rebind($1, 'k', 'ops', 'test')", &[&format!("w{round}")]).await.unwrap();
+        let moved: i64 =
+            admin.query_one("SELECT fence_epoch FROM fencing.leases WHERE key = 'k'", &[]).await.unwrap().get(0);
+        assert_eq!(
+            moved,
+            epoch + 1,
+            "a rebind of a bound fence moves its lease's epoch on (an unbound advance and a bind do not)"
+        );
+    }
+}
