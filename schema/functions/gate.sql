@@ -85,10 +85,11 @@ BEGIN
     forward_ms_ := ceil(extract(epoch FROM forward_timeout) * 1000)::bigint;
     -- The common case in one indexed read.
     SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
-           l.term, l.expires_at, l.key IS NOT NULL, l.fence_epoch
+           l.term, l.expires_at, l.key IS NOT NULL, fencing.epoch_of(f.lease_key, e.epoch)
       INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
            fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
       FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
+           LEFT JOIN fencing.lease_epochs e ON e.key = f.lease_key
      WHERE f.resource = p_resource;
     IF FOUND AND p_term = fence_.max_term
        AND fence_.lease_key IS NOT DISTINCT FROM coalesce(bind_lease, fence_.lease_key)
@@ -120,10 +121,11 @@ BEGIN
         IF attempt > 1 THEN
             -- Read again: the version read before changed under the decision.
             SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
-                   l.term, l.expires_at, l.key IS NOT NULL, l.fence_epoch
+                   l.term, l.expires_at, l.key IS NOT NULL, fencing.epoch_of(f.lease_key, e.epoch)
               INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
                    fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
               FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
+                   LEFT JOIN fencing.lease_epochs e ON e.key = f.lease_key
              WHERE f.resource = p_resource;
         END IF;
 
@@ -134,8 +136,10 @@ BEGIN
             END IF;
             -- Bound: only the lease's current term while it is held.
             IF bind_lease IS NOT NULL THEN
-                SELECT l.term, l.expires_at, true, l.fence_epoch INTO lease_term_, lease_end_, lease_seen_, epoch_
-                  FROM fencing.leases l WHERE l.key = bind_lease;
+                SELECT l.term, l.expires_at, true, fencing.epoch_of(l.key, e.epoch)
+                  INTO lease_term_, lease_end_, lease_seen_, epoch_
+                  FROM fencing.leases l LEFT JOIN fencing.lease_epochs e ON e.key = l.key
+                 WHERE l.key = bind_lease;
                 IF NOT FOUND OR p_term > lease_term_ THEN
                     RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
                 ELSIF p_term < lease_term_ THEN
@@ -205,10 +209,11 @@ BEGIN
                             coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
                 END IF;
                 PERFORM 1 FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
+                       LEFT JOIN fencing.lease_epochs e ON e.key = f.lease_key
                   WHERE f.resource = p_resource AND f.max_term = p_term
                     AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key AND f.grant_ms >= given_ms_
                     AND (f.lease_key IS NULL OR (l.term = p_term AND l.expires_at > clock_timestamp()
-                                                 AND l.fence_epoch = epoch_));
+                                                 AND fencing.epoch_of(f.lease_key, e.epoch) = epoch_));
                 IF NOT FOUND THEN
                     CONTINUE; -- the fence or its lease moved on (or an operator changed one of its fences): decide again
                 END IF;
@@ -239,8 +244,9 @@ BEGIN
                 IF NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key)) THEN
                     given_ms_ := 0;
                 ELSE
-                    SELECT l.term, l.expires_at, l.fence_epoch INTO lease_term_, lease_end_, epoch_now_
-                      FROM fencing.leases l WHERE l.key = fence_.lease_key;
+                    SELECT l.term, l.expires_at, fencing.epoch_of(l.key, e.epoch) INTO lease_term_, lease_end_, epoch_now_
+                      FROM fencing.leases l LEFT JOIN fencing.lease_epochs e ON e.key = l.key
+                     WHERE l.key = fence_.lease_key;
                     IF NOT FOUND OR lease_term_ <> p_term OR lease_end_ <= clock_timestamp()
                        OR epoch_now_ IS DISTINCT FROM epoch_ THEN
                         CONTINUE; -- the lease moved on, or an operator changed one of its fences: decide again

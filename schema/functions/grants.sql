@@ -170,65 +170,75 @@ $$;
 -- An operator's change of a bound fence at its lease's current term (advance_fence, rebind) must
 -- therefore wait out every grant on the lease's resources at that term, not only the fence's own,
 -- and must stop the decisions made before it from counting for a grant given after it: it bumps
--- the lease's fence_epoch, and a gateway counts a decision for a grant only at the same epoch.
---
--- fencing.lock_for_admin locks a fence for such a change, in the order that cannot deadlock with
--- a new term of the lease (the lease row, then its advisory lock, as fencing.acquire does) nor
--- with a gateway batch that holds the lease's advisory lock shared and waits for the fence row:
--- the lease row FOR NO KEY UPDATE and the lease's advisory lock exclusively first (every grant
--- on the lease given before has committed, none is given until this commits), then the fence row
--- FOR UPDATE. Returns the locked fence row (no row: it does not exist), and the lease row it locked
--- in lease_ (NULL: the fence is unbound, or its lease has no row). The lease's renewals wait for
--- the change to commit: at most the longest grant.
+-- the lease's fence epoch (fencing.lease_epochs), and a gateway counts a decision for a grant
+-- only at the same epoch.
+
+-- A lease's fence epoch as fencing.gate returns it: NULL for an unbound fence, 0 before any
+-- change.
+CREATE OR REPLACE FUNCTION fencing.epoch_of(lease_key text, epoch bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT CASE WHEN lease_key IS NULL THEN NULL ELSE coalesce(epoch, 0) END $$;
+
+-- Locks a fence for an operator's change: its row FOR UPDATE (waiting for the writers that hold
+-- it, as before version 9), then, for a bound fence, its lease's advisory lock exclusively, so
+-- every grant given on the lease's resources has committed and none is given until this commits.
+-- That lock is tried, not queued for: a gateway batch may hold it shared while it waits for this
+-- fence row, and a queued request would also stop every grant on the lease meanwhile. Tried every
+-- 10 ms for 10 s, then SQLSTATE 55P03 (nothing changed: run the action again). The lease row is
+-- neither locked nor written, so the lease's renewals never wait for an operator. Returns the
+-- locked fence row (NULL: it does not exist) and the lease row as it is (NULL: the fence is
+-- unbound, or its lease has no row).
 CREATE OR REPLACE FUNCTION fencing.lock_for_admin(resource text, OUT fence_ fencing.fences, OUT lease_ fencing.leases)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     p_resource ALIAS FOR resource;
-    key_       text;
 BEGIN
-    FOR attempt IN 1..3 LOOP
-        SELECT f.lease_key INTO key_ FROM fencing.fences f WHERE f.resource = p_resource;
+    SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        fence_ := NULL;
         lease_ := NULL;
-        IF key_ IS NOT NULL THEN
-            SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = key_ FOR NO KEY UPDATE;
-            IF FOUND THEN
-                PERFORM pg_advisory_xact_lock(1818583397, fencing.lease_lock_id(key_));
-            ELSE
-                lease_ := NULL;
-            END IF;
+        RETURN;
+    END IF;
+    lease_ := NULL;
+    IF fence_.lease_key IS NULL THEN
+        RETURN;
+    END IF;
+    FOR attempt IN 1..1000 LOOP
+        EXIT WHEN pg_try_advisory_xact_lock(1818583397, fencing.lease_lock_id(fence_.lease_key));
+        IF attempt = 1000 THEN
+            RAISE EXCEPTION 'fencing: grants on the resources of lease "%" kept being given for 10 s; nothing changed, try again',
+                fence_.lease_key
+                USING ERRCODE = '55P03';
         END IF;
-        SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
-        IF NOT FOUND THEN
-            fence_ := NULL;
-            RETURN;
-        END IF;
-        IF fence_.lease_key IS NOT DISTINCT FROM key_ THEN
-            RETURN;
-        END IF;
-        -- Bound or rebound since it was read: lock again (the locks taken stay until commit).
+        PERFORM pg_sleep(0.010);
     END LOOP;
-    RAISE EXCEPTION 'fencing: the binding of "%" kept changing', p_resource USING ERRCODE = '40001';
+    -- Holding the lock, the lease's term cannot change but by an acquire that needs no wait for
+    -- grants (those at its term ended already): read at READ COMMITTED, this is the newest row.
+    SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = fence_.lease_key;
+    IF NOT FOUND THEN
+        lease_ := NULL;
+    END IF;
 END
 $$;
 
 -- Waits until no grant that could cover fence_ at its term lasts, for an operator's change of it
--- (after fencing.lock_for_admin, which locked lease_): a bound fence at its lease's current term
--- waits out the longest grant on the lease's resources at that term (fencing.lease_grant_ms,
--- READ COMMITTED only), and any other, its own grants (fencing.await_grants). A bound fence's
--- lease gets a new fence_epoch, committed with the change.
+-- (after fencing.lock_for_admin): a bound fence at its lease's current term waits out the
+-- longest grant on the lease's resources at that term (fencing.lease_grant_ms, READ COMMITTED
+-- only), and any other, its own grants (fencing.await_grants). A bound fence's lease gets a new
+-- fence epoch, committed with the change.
 CREATE OR REPLACE FUNCTION fencing.await_admin_grants(fence_ fencing.fences, lease_ fencing.leases) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     lease_ms_ bigint := 0;
 BEGIN
-    IF lease_.key IS NULL THEN
+    IF fence_.lease_key IS NULL THEN
         PERFORM fencing.await_grants(fence_);
         RETURN;
     END IF;
-    IF lease_.term = fence_.max_term THEN
+    IF lease_.key IS NOT NULL AND lease_.term = fence_.max_term THEN
         lease_ms_ := fencing.lease_grant_ms(lease_);
     END IF;
-    UPDATE fencing.leases l SET fence_epoch = l.fence_epoch + 1 WHERE l.key = lease_.key;
+    INSERT INTO fencing.lease_epochs AS e (key, epoch) VALUES (fence_.lease_key, 1)
+    ON CONFLICT (key) DO UPDATE SET epoch = e.epoch + 1;
     IF lease_ms_ > 0 THEN
         PERFORM pg_advisory_xact_lock(1718183525, fencing.fence_lock_id(fence_.resource));
         PERFORM fencing.sleep_ms(greatest(lease_ms_, coalesce(fence_.grant_ms, 0)));

@@ -6,10 +6,12 @@
 -- has had one admitted decision for at term t (its creation or raise, its binding, its settle).
 -- The grant is recorded as before on the fence row it was given on, so a new term of the lease
 -- (fencing.lease_grant_ms) waits it out as before. What is new:
---   - leases.fence_epoch: bumped by every operator's change of a fence bound to the lease
---     (advance_fence, rebind), in the same transaction. A gateway counts a decision of a resource
---     for a lease grant only at the epoch both were given at, so no decision made before such a
---     change counts for a grant given after it;
+--   - fencing.lease_epochs: per lease key, the fence epoch, bumped by every operator's change of
+--     a fence bound to the lease (advance_fence, rebind), in the same transaction (a row of its
+--     own, not a column of the lease row, so that the change never holds up the lease's
+--     renewals). A gateway counts a decision of a resource for a lease grant only at the epoch
+--     both were given at, so no decision made before such a change counts for a grant given
+--     after it;
 --   - gate_result.lease_epoch: the epoch a decision was made at (NULL for an unbound fence and for
 --     a refusal);
 --   - those admin actions wait out every grant on the lease's resources at the fence's term, not
@@ -18,10 +20,13 @@
 -- Apply with psql in one transaction together with every file of schema/functions/ in name order
 -- (see the README).
 
-ALTER TABLE fencing.leases ADD COLUMN IF NOT EXISTS fence_epoch bigint NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS fencing.lease_epochs (
+    key   text PRIMARY KEY,
+    epoch bigint NOT NULL CHECK (epoch >= 0)
+);
 
-COMMENT ON COLUMN fencing.leases.fence_epoch IS
-    'Bumped by every admin change of a fence bound to this lease: decisions before it count for no lease grant after it.';
+COMMENT ON TABLE fencing.lease_epochs IS
+    'Per lease key, bumped by every admin change of a fence bound to it: decisions before it count for no lease grant after it (no row: 0).';
 
 DO $$
 BEGIN
