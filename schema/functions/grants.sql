@@ -8,7 +8,8 @@
 -- rebind) first takes the row FOR UPDATE, which stops every renewal (a renewal writes the row),
 -- and then sleeps grant_ms: every grant given before the lock has ended by then, whatever the
 -- wall clock did. A new term of a lease sleeps the longest grant on its bound resources, holding
--- the lease row (every bound grant is given on the lease row held FOR KEY SHARE).
+-- the lease row and the lease's advisory lock (every bound grant is given holding that lock
+-- shared).
 --
 -- Nothing here compares an instant of the wall clock with another: a step of this database's
 -- clock changes no wait (only a backward step can lengthen the slice of a sleep it falls in).
@@ -81,9 +82,10 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- The longest grant given on the resources bound to lease_'s key at its current term, unless a
--- new term already waited for them. The caller holds the lease row FOR UPDATE, so every gateway
--- transaction that granted while it read the lease (FOR KEY SHARE) has committed, and at READ
--- COMMITTED this statement's snapshot sees them all. At other isolation levels the snapshot may
+-- new term already waited for them. This takes the lease's advisory lock exclusively (the caller
+-- holds it already, or the lease row FOR UPDATE, or both), so every gateway transaction that
+-- granted under it shared has committed, and at READ COMMITTED this statement's snapshot sees
+-- them all. At other isolation levels the snapshot may
 -- predate a grant: a new term, a release and a forced release are refused there (SQLSTATE 0A000).
 CREATE OR REPLACE FUNCTION fencing.lease_grant_ms(lease_ fencing.leases) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
@@ -179,18 +181,22 @@ CREATE OR REPLACE FUNCTION fencing.epoch_of(lease_key text, epoch bigint) RETURN
 LANGUAGE sql IMMUTABLE AS $$ SELECT CASE WHEN lease_key IS NULL THEN NULL ELSE coalesce(epoch, 0) END $$;
 
 -- Locks a fence for an operator's change: its row FOR UPDATE (waiting for the writers that hold
--- it, as before version 9), then, for a bound fence, its lease's advisory lock exclusively, so
--- every grant given on the lease's resources has committed and none is given until this commits.
--- That lock is tried, not queued for: a gateway batch may hold it shared while it waits for this
--- fence row, and a queued request would also stop every grant on the lease meanwhile. Tried every
--- 10 ms for 10 s, then SQLSTATE 55P03 (nothing changed: run the action again). The lease row is
--- neither locked nor written, so the lease's renewals never wait for an operator. Returns the
--- locked fence row (NULL: it does not exist) and the lease row as it is (NULL: the fence is
--- unbound, or its lease has no row).
+-- it, as before version 9), then, for a bound fence at or past its lease's term, its lease's
+-- advisory lock exclusively, so every grant given on the lease's resources has committed and
+-- none is given until this commits. A lease already past the fence's term needs no lock: the
+-- grants at the fence's term ended when the lease's new term waited for them, and no decision of
+-- the fence at a later term can be made while this holds its row. The lock is tried for 100 ms
+-- (a gateway batch may hold it shared while it waits for this fence row), then queued for, at
+-- most 10 s (lock_timeout, SQLSTATE 55P03; such a batch and this then deadlock, which Postgres
+-- ends within deadlock_timeout by failing one of them: the batch's writes fail closed, or this
+-- fails having changed nothing). The lease row is neither locked nor written, so the lease's
+-- renewals never wait for an operator. Returns the locked fence row (NULL: it does not exist)
+-- and the lease row as read (NULL: the fence is unbound, or its lease has no row).
 CREATE OR REPLACE FUNCTION fencing.lock_for_admin(resource text, OUT fence_ fencing.fences, OUT lease_ fencing.leases)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     p_resource ALIAS FOR resource;
+    timeout_   text;
 BEGIN
     SELECT * INTO fence_ FROM fencing.fences f WHERE f.resource = p_resource FOR UPDATE;
     IF NOT FOUND THEN
@@ -202,17 +208,25 @@ BEGIN
     IF fence_.lease_key IS NULL THEN
         RETURN;
     END IF;
-    FOR attempt IN 1..1000 LOOP
-        EXIT WHEN pg_try_advisory_xact_lock(1818583397, fencing.lease_lock_id(fence_.lease_key));
-        IF attempt = 1000 THEN
-            RAISE EXCEPTION 'fencing: grants on the resources of lease "%" kept being given for 10 s; nothing changed, try again',
-                fence_.lease_key
-                USING ERRCODE = '55P03';
-        END IF;
-        PERFORM pg_sleep(0.010);
-    END LOOP;
-    -- Holding the lock, the lease's term cannot change but by an acquire that needs no wait for
-    -- grants (those at its term ended already): read at READ COMMITTED, this is the newest row.
+    SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = fence_.lease_key;
+    IF FOUND AND lease_.term > fence_.max_term THEN
+        RETURN; -- a lease's term only grows: fencing.await_admin_grants sees it past the fence too
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(1818583397, fencing.lease_lock_id(fence_.lease_key)) THEN
+        FOR attempt IN 1..10 LOOP
+            PERFORM pg_sleep(0.010);
+            EXIT WHEN pg_try_advisory_xact_lock(1818583397, fencing.lease_lock_id(fence_.lease_key));
+            IF attempt = 10 THEN
+                timeout_ := current_setting('lock_timeout');
+                PERFORM set_config('lock_timeout', '10s', true);
+                PERFORM pg_advisory_xact_lock(1818583397, fencing.lease_lock_id(fence_.lease_key));
+                PERFORM set_config('lock_timeout', timeout_, true);
+            END IF;
+        END LOOP;
+    END IF;
+    -- Holding the lock, the lease's term changes only by an acquire that took it after this
+    -- commits (every new term waits for it in fencing.lease_grant_ms; the first term of a lease
+    -- has no grants): read at READ COMMITTED, this is the newest row.
     SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = fence_.lease_key;
     IF NOT FOUND THEN
         lease_ := NULL;
@@ -224,13 +238,14 @@ $$;
 -- (after fencing.lock_for_admin): a bound fence at its lease's current term waits out the
 -- longest grant on the lease's resources at that term (fencing.lease_grant_ms, READ COMMITTED
 -- only), and any other, its own grants (fencing.await_grants). A bound fence's lease gets a new
--- fence epoch, committed with the change.
+-- fence epoch, committed with the change, unless the lease is past the fence's term.
 CREATE OR REPLACE FUNCTION fencing.await_admin_grants(fence_ fencing.fences, lease_ fencing.leases) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     lease_ms_ bigint := 0;
 BEGIN
-    IF fence_.lease_key IS NULL THEN
+    IF fence_.lease_key IS NULL OR lease_.term > fence_.max_term THEN
+        -- Unbound, or a lease past the fence's term (fencing.lock_for_admin): its own grants.
         PERFORM fencing.await_grants(fence_);
         RETURN;
     END IF;

@@ -16,8 +16,9 @@ BEGIN
     PERFORM fencing.check_ttl(p_ttl);
     PERFORM fencing.commit_durably();
 
-    -- FOR NO KEY UPDATE: a renewal never waits for a gateway that grants on this lease (FOR KEY
-    -- SHARE); a release or a new term does (FOR UPDATE).
+    -- FOR NO KEY UPDATE: a renewal never waits for a gateway that grants on this lease (which
+    -- takes no lock on this row) nor for an operator's change of one of its fences; a release or
+    -- a new term waits for this (FOR UPDATE).
     SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR NO KEY UPDATE;
     now_ := clock_timestamp();
     IF NOT FOUND THEN

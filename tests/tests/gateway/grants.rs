@@ -22,7 +22,7 @@ fn config(upstream: &Upstream, grant_ms: u64) -> String {
     )
 }
 
-async fn counter(gateway: &Gateway, name: &str) -> f64 {
+pub(crate) async fn counter(gateway: &Gateway, name: &str) -> f64 {
     gateway.metric(name).await.unwrap().unwrap_or_else(|| panic!("the gateway does not export {name}"))
 }
 

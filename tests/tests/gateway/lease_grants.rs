@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::grants::counter;
 use fencing_tests::gateway::{Gateway, Upstream, send};
 use fencing_tests::pg::TestDb;
 use http::{Method, StatusCode};
@@ -24,10 +25,6 @@ fn config(upstream: &Upstream) -> String {
          [[routes]]\nprefix = \"/acct\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\nlease = \"ledger\"\n",
         upstream.url()
     )
-}
-
-async fn gauge(gateway: &Gateway, name: &str) -> f64 {
-    gateway.metric(name).await.unwrap().unwrap_or_else(|| panic!("the gateway does not export {name}"))
 }
 
 async fn write(proxy: SocketAddr, resource: &str, term: i64, id: &str) -> StatusCode {
@@ -81,7 +78,7 @@ async fn leader_writing(db: &TestDb, upstream: &Upstream) -> Gateway {
     let warm = Instant::now();
     let mut n = 0;
     while warm.elapsed() < Duration::from_millis(GRANT_MS)
-        || gauge(&gateway, "fencing_granted_writes_total").await < 5.0
+        || counter(&gateway, "fencing_granted_writes_total").await < 5.0
     {
         assert!(warm.elapsed() < Duration::from_secs(5), "no write was admitted under a grant within 5 s");
         assert_eq!(write(gateway.proxy, "warm", 1, &format!("warm-{n}")).await, StatusCode::OK);
@@ -107,9 +104,9 @@ async fn one_lease_grant_covers_every_resource_of_a_bound_route_and_a_new_term_w
     // of transactions is printed, not asserted: it also counts autovacuum's, which 200 new rows
     // set off at times.)
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let granted_before = gauge(&gateway, "fencing_granted_writes_total").await;
-    let decisions_before = gauge(&gateway, "fencing_check_duration_seconds_count").await;
-    let renewals_before = gauge(&gateway, "fencing_grant_renewals_total{result=\"ok\"}").await;
+    let granted_before = counter(&gateway, "fencing_granted_writes_total").await;
+    let decisions_before = counter(&gateway, "fencing_check_duration_seconds_count").await;
+    let renewals_before = counter(&gateway, "fencing_grant_renewals_total{result=\"ok\"}").await;
     let before = transactions(&sql).await;
     let started = Instant::now();
     let mut n = 0;
@@ -118,12 +115,12 @@ async fn one_lease_grant_covers_every_resource_of_a_bound_route_and_a_new_term_w
         assert_eq!(write(gateway.proxy, &resource, 1, &format!("spread-{n}")).await, StatusCode::OK);
         n += 1;
     }
-    let decisions = gauge(&gateway, "fencing_check_duration_seconds_count").await - decisions_before;
+    let decisions = counter(&gateway, "fencing_check_duration_seconds_count").await - decisions_before;
     // Postgres counts a backend's transactions within a second or so (its statistics are flushed
     // at most once a second): both readings are taken after such a pause.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let spent = transactions(&sql).await - before;
-    let granted = gauge(&gateway, "fencing_granted_writes_total").await - granted_before;
+    let granted = counter(&gateway, "fencing_granted_writes_total").await - granted_before;
     println!(
         "{n} writes over {RESOURCES} resources: {granted} under the lease grant, {decisions} decisions asked for, {spent} transactions in 3.1 s"
     );
@@ -131,7 +128,7 @@ async fn one_lease_grant_covers_every_resource_of_a_bound_route_and_a_new_term_w
     assert!(granted >= n as f64 - 5.0, "only {granted} of {n} writes were admitted under the lease grant");
     // Every resource had its decision before: none needs the store.
     assert!(decisions <= 2.0, "{decisions} decisions for {n} writes over {RESOURCES} resources in two seconds");
-    let renewals = gauge(&gateway, "fencing_grant_renewals_total{result=\"ok\"}").await - renewals_before;
+    let renewals = counter(&gateway, "fencing_grant_renewals_total{result=\"ok\"}").await - renewals_before;
     assert!(renewals <= 12.0, "{renewals} renewals in two seconds of a 400 ms grant");
     // The gauges (set every second, while writes flow): one grant, covering every resource.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -144,11 +141,11 @@ async fn one_lease_grant_covers_every_resource_of_a_bound_route_and_a_new_term_w
         if n % 50 != 0 {
             continue;
         }
-        let held = gauge(&gateway, "fencing_grants_held").await;
+        let held = counter(&gateway, "fencing_grants_held").await;
         assert!(held <= 1.0, "{held} grants held for one lease");
-        let covered = gauge(&gateway, "fencing_grant_covered_resources").await;
+        let covered = counter(&gateway, "fencing_grant_covered_resources").await;
         if held == 1.0 && covered >= RESOURCES as f64 {
-            let bytes = gauge(&gateway, "fencing_grant_table_bytes").await;
+            let bytes = counter(&gateway, "fencing_grant_table_bytes").await;
             println!("1 grant held covering {covered} resources: {bytes} bytes");
             break;
         }
@@ -217,10 +214,10 @@ async fn operator_changes_a_bound_fence(change: Change, plant: Option<&str>) -> 
     let gateway = leader_writing(&db, &upstream).await;
     // x's first write creates its fence, with no grant; y's writes get and renew the lease grant.
     assert_eq!(write(gateway.proxy, "x", 1, "x-first").await, StatusCode::OK);
-    let granted_before = gauge(&gateway, "fencing_granted_writes_total").await;
+    let granted_before = counter(&gateway, "fencing_granted_writes_total").await;
     let mut seen = keep_writing(gateway.proxy, "y", "x", Instant::now() + Duration::from_millis(300)).await;
     assert!(
-        gauge(&gateway, "fencing_granted_writes_total").await - granted_before >= 10.0,
+        counter(&gateway, "fencing_granted_writes_total").await - granted_before >= 10.0,
         "x and y were not written under the lease grant"
     );
     // The lease grant was given on whichever of the lease's resources carried a renewal: the

@@ -405,8 +405,9 @@ async fn an_admin_change_of_a_bound_fence_waits_out_the_grants_on_its_leases_oth
 }
 
 /// A grant carries the lease's fence epoch as it stands when the grant is given, and only a
-/// change of a fence bound to the lease moves it on (an advance of an unbound fence and the
-/// first binding of one do not: no gateway can hold a decision of a fence that was not bound).
+/// change of a fence bound to the lease at the lease's term moves it on (an advance of an unbound
+/// fence and the first binding of one do not: no gateway can hold a decision of a fence that was
+/// not bound; nor a change of a fence behind its lease's term: no grant at its term lasts).
 /// The fence epoch of lease k.
 const EPOCH: &str = "SELECT coalesce((SELECT epoch FROM fencing.lease_epochs WHERE key = 'k'), 0)";
 
@@ -426,13 +427,43 @@ async fn a_grant_carries_the_fence_epoch_it_was_given_at() {
             .execute("SELECT fencing.advance_fence($1, $2::bigint, 'ops', 'test')", &[&format!("z{round}"), &term])
             .await
             .unwrap();
+        // Bound, behind the lease's term (0): a rebind needs no new epoch.
         admin.execute("SELECT fencing.bind($1, 'k')", &[&format!("w{round}")]).await.unwrap();
         admin.execute("SELECT fencing.rebind($1, 'k', 'ops', 'test')", &[&format!("w{round}")]).await.unwrap();
+        let unmoved: i64 = admin.query_one(EPOCH, &[]).await.unwrap().get(0);
+        assert_eq!(unmoved, epoch, "an unbound advance, a bind and a rebind behind the lease's term keep the epoch");
+        // Bound, at the lease's term: a rebind moves it on.
+        let at_term = format!("v{round}");
+        assert!(store::gate_granted(&gateway, &at_term, term, FORWARD, Some("k"), GRANT).await.unwrap().is_admitted());
+        admin.execute("SELECT fencing.rebind($1, 'k', 'ops', 'test')", &[&at_term]).await.unwrap();
         let moved: i64 = admin.query_one(EPOCH, &[]).await.unwrap().get(0);
-        assert_eq!(
-            moved,
-            epoch + 1,
-            "a rebind of a bound fence moves its lease's epoch on (an unbound advance and a bind do not)"
-        );
+        assert_eq!(moved, epoch + 1, "a rebind of a bound fence at its lease's term moves the lease's epoch on");
     }
+}
+
+/// An admin change of a bound fence at its lease's term waits for a transaction that holds the
+/// lease's advisory lock shared (one that granted, not yet committed): it tries for 100 ms, then
+/// queues, and goes on once that transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_change_waits_for_a_granting_transaction_to_commit() {
+    let db = TestDb::new().await;
+    let gateway = db.connect().await;
+    let admin = db.connect().await;
+    let mut holder = db.connect().await;
+    let term = store::acquire(&gateway, "k", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    assert!(store::gate_granted(&gateway, "x", term, FORWARD, Some("k"), GRANT).await.unwrap().is_admitted());
+    let granting = holder.transaction().await.unwrap();
+    granting.execute("SELECT pg_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id('k'))", &[]).await.unwrap();
+    let started = Instant::now();
+    let change = tokio::spawn(async move {
+        admin.execute("SELECT fencing.advance_fence('x', $1::bigint, 'ops', 'test')", &[&(term + 1)]).await
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!change.is_finished(), "the change went on while a granting transaction held the lease's lock");
+    granting.commit().await.unwrap();
+    change.await.unwrap().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let max: i64 =
+        gateway.query_one("SELECT max_term FROM fencing.fences WHERE resource = 'x'", &[]).await.unwrap().get(0);
+    assert_eq!(max, term + 1);
 }
