@@ -42,15 +42,7 @@ async fn grants_admit_steady_writes_without_round_trips_and_a_new_term_waits_for
     // Steady writes of term 1 for about two seconds: after the first two, no round trip but one
     // renewal per half grant.
     let sql = db.connect().await;
-    let transactions = async || -> i64 {
-        sql.query_one(
-            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-    };
+    let transactions = async || crate::lease_grants::transactions(&sql).await;
     // Grants are used once the database's clock has agreed with the gateway's over half a grant
     // (fence/clock.rs): a gateway checks that at start-up; writes of that first moment ask.
     let warm = Instant::now();

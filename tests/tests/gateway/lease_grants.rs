@@ -33,7 +33,8 @@ async fn write(proxy: SocketAddr, resource: &str, term: i64, id: &str) -> Status
     send(proxy, Method::POST, &format!("/acct/{resource}/entries"), &headers, "{}").await.unwrap().status
 }
 
-async fn transactions(sql: &tokio_postgres::Client) -> i64 {
+/// This database's committed and rolled-back transactions so far (Postgres's count).
+pub(crate) async fn transactions(sql: &tokio_postgres::Client) -> i64 {
     sql.query_one(
         "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
         &[],
