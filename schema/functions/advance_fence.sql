@@ -35,7 +35,8 @@ BEGIN
         PERFORM fencing.await_admin_grants(old_, lease_);
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_ms = fencing.next_settle(old_), forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
+               settle_ms = fencing.next_settle(old_), settle_id = nextval('fencing.settle_ids'),
+               forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
          WHERE f.resource = p_resource
         RETURNING * INTO new_;
     END IF;

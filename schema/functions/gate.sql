@@ -57,7 +57,7 @@ BEGIN
     IF refusal_.reason IS NULL THEN
         RETURN NULL;
     END IF;
-    RETURN (false, refusal_.reason, presented, max_term, lease_key, refusal_.lease_term, 0, 0, NULL)::fencing.gate_result;
+    RETURN (false, refusal_.reason, presented, max_term, lease_key, refusal_.lease_term, 0, 0, NULL, NULL)::fencing.gate_result;
 END
 $$;
 
@@ -84,10 +84,10 @@ DECLARE
 BEGIN
     forward_ms_ := ceil(extract(epoch FROM forward_timeout) * 1000)::bigint;
     -- The common case in one indexed read.
-    SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
+    SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.settle_id, f.grant_ms,
            l.term, l.expires_at, l.key IS NOT NULL, fencing.epoch_of(f.lease_key, e.epoch)
       INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
-           fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
+           fence_.settle_id, fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
       FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
            LEFT JOIN fencing.lease_epochs e ON e.key = f.lease_key
      WHERE f.resource = p_resource;
@@ -99,7 +99,7 @@ BEGIN
        AND grant_for = interval '0'
        AND current_setting('transaction_isolation') = 'read committed' THEN
         RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
+                coalesce(fence_.settle_ms, 0), 0, epoch_, fence_.settle_id)::fencing.gate_result;
     END IF;
 
     PERFORM fencing.check_name('resource', p_resource);
@@ -120,10 +120,10 @@ BEGIN
     FOR attempt IN 1..3 LOOP
         IF attempt > 1 THEN
             -- Read again: the version read before changed under the decision.
-            SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.grant_ms,
+            SELECT f.resource, f.max_term, f.lease_key, f.forward_ms, f.settle_ms, f.settle_id, f.grant_ms,
                    l.term, l.expires_at, l.key IS NOT NULL, fencing.epoch_of(f.lease_key, e.epoch)
               INTO fence_.resource, fence_.max_term, fence_.lease_key, fence_.forward_ms, fence_.settle_ms,
-                   fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
+                   fence_.settle_id, fence_.grant_ms, lease_term_, lease_end_, lease_seen_, epoch_
               FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
                    LEFT JOIN fencing.lease_epochs e ON e.key = f.lease_key
              WHERE f.resource = p_resource;
@@ -132,7 +132,7 @@ BEGIN
         IF NOT FOUND OR fence_.resource IS NULL THEN
             -- The first write ever. Never to a fence the daemons keep for themselves.
             IF left(p_resource, 16) = 'fencing.daemons/' THEN
-                RETURN (false, 'wrong_lease', p_term, NULL, bind_lease, NULL, 0, 0, NULL)::fencing.gate_result;
+                RETURN (false, 'wrong_lease', p_term, NULL, bind_lease, NULL, 0, 0, NULL, NULL)::fencing.gate_result;
             END IF;
             -- Bound: only the lease's current term while it is held.
             IF bind_lease IS NOT NULL THEN
@@ -141,11 +141,11 @@ BEGIN
                   FROM fencing.leases l LEFT JOIN fencing.lease_epochs e ON e.key = l.key
                  WHERE l.key = bind_lease;
                 IF NOT FOUND OR p_term > lease_term_ THEN
-                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
+                    RETURN (false, 'future_term', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
                 ELSIF p_term < lease_term_ THEN
-                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
+                    RETURN (false, 'stale', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
                 ELSIF lease_end_ <= clock_timestamp() THEN
-                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL)::fencing.gate_result;
+                    RETURN (false, 'not_leader', p_term, NULL, bind_lease, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
                 END IF;
             END IF;
             -- No grant on the first write: the next one asks for it.
@@ -160,32 +160,32 @@ BEGIN
                 IF refused_.outcome IS NOT NULL THEN
                     RETURN refused_;
                 END IF;
-                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0, epoch_)::fencing.gate_result;
+                RETURN (true, 'admitted', p_term, p_term, bind_lease, lease_term_, 0, 0, epoch_, NULL)::fencing.gate_result;
             END IF;
             CONTINUE; -- a concurrent writer created it
         END IF;
 
         -- Refusals: safe on any version, because a maximum never decreases.
         IF fence_.lease_key IS DISTINCT FROM bind_lease AND (bind_lease IS NOT NULL OR fence_.lease_key IS NULL) THEN
-            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
+            RETURN (false, 'wrong_lease', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
         END IF;
         IF p_term < fence_.max_term THEN
-            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
+            RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
         END IF;
         IF fence_.lease_key IS NOT NULL THEN
             IF NOT lease_seen_ OR p_term > lease_term_ THEN
-                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
+                RETURN (false, 'future_term', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
             ELSIF p_term < lease_term_ THEN
-                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
+                RETURN (false, 'stale', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
             ELSIF lease_end_ <= clock_timestamp() THEN
-                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL)::fencing.gate_result;
+                RETURN (false, 'not_leader', p_term, fence_.max_term, fence_.lease_key, lease_term_, 0, 0, NULL, NULL)::fencing.gate_result;
             END IF;
         END IF;
 
         IF p_term = fence_.max_term THEN
             IF fence_.forward_ms >= forward_ms_ AND grant_ms_ = 0 THEN
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                        coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
+                        coalesce(fence_.settle_ms, 0), 0, epoch_, fence_.settle_id)::fencing.gate_result;
             END IF;
             -- A bound resource's grant ends no later than its lease as this clock sees it.
             given_ms_ := CASE WHEN fence_.lease_key IS NULL THEN grant_ms_
@@ -206,7 +206,7 @@ BEGIN
                         RETURN refused_;
                     END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                            coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
+                            coalesce(fence_.settle_ms, 0), 0, epoch_, fence_.settle_id)::fencing.gate_result;
                 END IF;
                 PERFORM 1 FROM fencing.fences f LEFT JOIN fencing.leases l ON l.key = f.lease_key
                        LEFT JOIN fencing.lease_epochs e ON e.key = f.lease_key
@@ -218,7 +218,7 @@ BEGIN
                     CONTINUE; -- the fence or its lease moved on (or an operator changed one of its fences): decide again
                 END IF;
                 RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                        coalesce(fence_.settle_ms, 0), given_ms_, epoch_)::fencing.gate_result;
+                        coalesce(fence_.settle_ms, 0), given_ms_, epoch_, fence_.settle_id)::fencing.gate_result;
             END IF;
             IF fence_.forward_ms >= forward_ms_ THEN
                 -- A longer grant than recorded is asked for. A term change holding the row sleeps
@@ -233,7 +233,7 @@ BEGIN
                         RETURN refused_;
                     END IF;
                     RETURN (true, 'admitted', p_term, fence_.max_term, fence_.lease_key, lease_term_,
-                            coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
+                            coalesce(fence_.settle_ms, 0), 0, epoch_, fence_.settle_id)::fencing.gate_result;
                 END IF;
             END IF;
             IF given_ms_ > 0 AND fence_.lease_key IS NOT NULL THEN
@@ -263,7 +263,7 @@ BEGIN
                    grant_ms = nullif(greatest(coalesce(f.grant_ms, 0), given_ms_), 0)
              WHERE f.resource = p_resource AND f.max_term = p_term
                AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
-            RETURNING f.settle_ms INTO fence_.settle_ms;
+            RETURNING f.settle_ms, f.settle_id INTO fence_.settle_ms, fence_.settle_id;
             IF NOT FOUND THEN
                 CONTINUE; -- a higher term was admitted meanwhile: decide again
             END IF;
@@ -275,7 +275,7 @@ BEGIN
                 RETURN refused_;
             END IF;
             RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                    coalesce(fence_.settle_ms, 0), given_ms_, epoch_)::fencing.gate_result;
+                    coalesce(fence_.settle_ms, 0), given_ms_, epoch_, fence_.settle_id)::fencing.gate_result;
         END IF;
 
         -- A higher term: lock the newest version, wait out the lower term's grants, raise it.
@@ -300,11 +300,12 @@ BEGIN
         PERFORM fencing.commit_durably();
         UPDATE fencing.fences f
            SET max_term = p_term, updated_at = clock_timestamp(),
-               settle_ms = fencing.next_settle(fence_), forward_ms = forward_ms_, grant_ms = NULL, drain_ms = NULL
+               settle_ms = fencing.next_settle(fence_), settle_id = nextval('fencing.settle_ids'),
+               forward_ms = forward_ms_, grant_ms = NULL, drain_ms = NULL
          WHERE f.resource = p_resource
-        RETURNING f.settle_ms INTO fence_.settle_ms;
+        RETURNING f.settle_ms, f.settle_id INTO fence_.settle_ms, fence_.settle_id;
         RETURN (true, 'admitted', p_term, p_term, fence_.lease_key, lease_term_,
-                coalesce(fence_.settle_ms, 0), 0, epoch_)::fencing.gate_result;
+                coalesce(fence_.settle_ms, 0), 0, epoch_, fence_.settle_id)::fencing.gate_result;
     END LOOP;
     RAISE EXCEPTION 'fencing: the fence of "%" kept changing', p_resource USING ERRCODE = '40001';
 END

@@ -21,13 +21,13 @@ BEGIN
     IF bind_lease IS NOT NULL AND bind_lease <> p_lease_key THEN
         RETURN (false, 'wrong_lease', NULL,
                 (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
-                bind_lease, NULL, 0, 0, NULL)::fencing.gate_result;
+                bind_lease, NULL, 0, 0, NULL, NULL)::fencing.gate_result;
     END IF;
     SELECT * INTO lease_ FROM fencing.leases l WHERE l.key = p_lease_key;
     IF NOT FOUND OR lease_.owner <> p_owner OR lease_.expires_at <= clock_timestamp() THEN
         RETURN (false, 'not_leader', NULL,
                 (SELECT f.max_term FROM fencing.fences f WHERE f.resource = p_resource),
-                p_lease_key, lease_.term, 0, 0, NULL)::fencing.gate_result;
+                p_lease_key, lease_.term, 0, 0, NULL, NULL)::fencing.gate_result;
     END IF;
     -- A grant in stamp mode must end with the owner's hold of the lease: only a bound resource's
     -- grant is capped at its lease's expiry and counted when the lease is released, so an

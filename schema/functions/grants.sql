@@ -106,17 +106,23 @@ END
 $$;
 
 -- A gateway says that settle_ms has passed since one of its decisions at term, made while the
--- fence was bound to lease_key and settled for settle_ms: every write of a lower term (or of the
--- previous binding) has passed its deadline, so writes of term need not wait any more. Only
--- gateways call it (grant EXECUTE to the gateway's role only): called early, it would let a
--- write of term overtake a lower-term write still on its way to the upstream.
+-- fence was bound to lease_key and settled for settle_ms, in the settle settle_id: every write of
+-- a lower term (or of the previous binding) has passed its deadline, so writes of term need not
+-- wait any more. Only gateways call it (grant EXECUTE to the gateway's role only): called early,
+-- it would let a write of term overtake a lower-term write still on its way to the upstream.
+--
+-- settle_id names the settle (schema version 10): every change of a fence's term or binding
+-- starts a new one. Term, binding and length alone do not: a rebinding away and back, or a reset
+-- and a raise, can start a settle equal to an older one in all three, and a mark meant for the
+-- older one, sent late, would end the newer one early.
 --
 -- The writes of term decided before this mark still wait settle_ms from their decision and are
 -- then forwarded for up to forward_ms: the row keeps settle_ms as drain_ms, and a term change
 -- settles behind it until a gateway has seen drain_ms plus forward_ms pass since the mark
 -- (fencing.mark_drained). Returns that length, counted from the return of this call, when the
 -- settle is over (marked now or before), else NULL.
-CREATE OR REPLACE FUNCTION fencing.mark_settled(resource text, term bigint, lease_key text, settle_ms bigint)
+CREATE OR REPLACE FUNCTION fencing.mark_settled(resource text, term bigint, lease_key text, settle_ms bigint,
+                                                settle_id bigint)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -124,13 +130,14 @@ DECLARE
     p_term      ALIAS FOR term;
     p_lease_key ALIAS FOR lease_key;
     p_settle_ms ALIAS FOR settle_ms;
+    p_settle_id ALIAS FOR settle_id;
     drain_for   bigint;
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_term(p_term);
     UPDATE fencing.fences f SET settle_ms = NULL, drain_ms = p_settle_ms
      WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
-       AND f.settle_ms = p_settle_ms
+       AND f.settle_ms = p_settle_ms AND f.settle_id = p_settle_id
     RETURNING f.drain_ms + coalesce(f.forward_ms, 0) INTO drain_for;
     IF FOUND THEN
         RETURN drain_for;
@@ -139,7 +146,7 @@ BEGIN
     SELECT f.drain_ms + coalesce(f.forward_ms, 0) INTO drain_for
       FROM fencing.fences f
      WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
-       AND f.settle_ms IS NULL AND f.drain_ms = p_settle_ms;
+       AND f.settle_ms IS NULL AND f.drain_ms = p_settle_ms AND f.settle_id = p_settle_id;
     RETURN drain_for;
 END
 $$;
@@ -148,7 +155,8 @@ $$;
 -- returned: every write of term decided before the settle was marked over has passed its
 -- deadline, so the next term need not settle behind them. Only gateways call it, as
 -- fencing.mark_settled.
-CREATE OR REPLACE FUNCTION fencing.mark_drained(resource text, term bigint, lease_key text, settle_ms bigint)
+CREATE OR REPLACE FUNCTION fencing.mark_drained(resource text, term bigint, lease_key text, settle_ms bigint,
+                                                settle_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -156,12 +164,13 @@ DECLARE
     p_term      ALIAS FOR term;
     p_lease_key ALIAS FOR lease_key;
     p_settle_ms ALIAS FOR settle_ms;
+    p_settle_id ALIAS FOR settle_id;
 BEGIN
     PERFORM fencing.check_name('resource', p_resource);
     PERFORM fencing.check_term(p_term);
     UPDATE fencing.fences f SET drain_ms = NULL
      WHERE f.resource = p_resource AND f.max_term = p_term AND f.lease_key IS NOT DISTINCT FROM p_lease_key
-       AND f.settle_ms IS NULL AND f.drain_ms = p_settle_ms;
+       AND f.settle_ms IS NULL AND f.drain_ms = p_settle_ms AND f.settle_id = p_settle_id;
     RETURN FOUND;
 END
 $$;

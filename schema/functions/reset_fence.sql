@@ -31,7 +31,8 @@ BEGIN
     PERFORM fencing.await_grants(old_);
     UPDATE fencing.fences f
        SET max_term = p_term, updated_at = clock_timestamp(),
-           settle_ms = fencing.next_settle(old_), forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
+           settle_ms = fencing.next_settle(old_), settle_id = nextval('fencing.settle_ids'),
+           forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
      WHERE f.resource = p_resource
     RETURNING * INTO new_;
     INSERT INTO fencing.admin_audit (actor, action, target, reason, before, after)

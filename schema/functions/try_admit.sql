@@ -127,7 +127,8 @@ BEGIN
             PERFORM fencing.commit_durably();
             UPDATE fencing.fences f
                SET max_term = p_term, updated_at = clock_timestamp(),
-                   settle_ms = fencing.next_settle(fence_), forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
+                   settle_ms = fencing.next_settle(fence_), settle_id = nextval('fencing.settle_ids'),
+                   forward_ms = NULL, grant_ms = NULL, drain_ms = NULL
              WHERE f.resource = p_resource;
         END IF;
         RETURN (true, 'admitted', p_term, fence_.lease_key, lease_term_)::fencing.admission;

@@ -281,6 +281,11 @@ pub struct Gate {
     /// refusal). An operator's change of a fence bound to the lease moves it on: a decision counts
     /// for a lease's grant only at the same epoch (schema version 9).
     pub epoch: Option<i64>,
+    /// The settle [`Gate::wait`] belongs to: every change of the fence's term or binding starts
+    /// a new one. A gateway that has seen the wait pass names it to `fencing.mark_settled`, so a
+    /// late mark never ends a later settle of the same term, binding and length (schema version
+    /// 10). `None` for a refusal and for a decision with nothing to settle.
+    pub settle_id: Option<i64>,
 }
 
 impl Gate {
@@ -309,6 +314,7 @@ impl Gate {
             wait: ms(row.try_get::<_, Option<i64>>("wait_ms").map_err(Error::Store)?.unwrap_or(0)),
             grant: ms(row.try_get::<_, Option<i64>>("grant_ms").map_err(Error::Store)?.unwrap_or(0)),
             epoch: row.try_get("lease_epoch").map_err(Error::Store)?,
+            settle_id: row.try_get("settle_id").map_err(Error::Store)?,
         })
     }
 }
@@ -316,19 +322,19 @@ impl Gate {
 /// `fencing.gate(resource, term, forward timeout ms, bind lease, grant ms)`: prepare it once per
 /// connection.
 pub const GATE_SQL: &str =
-    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch, settle_id
     FROM fencing.gate($1, $2, $3::bigint * interval '1 millisecond', $4, $5::bigint * interval '1 millisecond')";
 
 /// `fencing.gate_lease(resource, lease key, owner, forward timeout ms, bind lease, grant ms)`.
 pub const GATE_LEASE_SQL: &str =
-    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch, settle_id
     FROM fencing.gate_lease($1, $2, $3, $4::bigint * interval '1 millisecond', $5,
                             $6::bigint * interval '1 millisecond')";
 
 /// `fencing.gate_many(resources, terms, lease keys, owners, bind leases, forward timeout ms,
 /// grant ms)`: one row per item, in order.
 pub const GATE_MANY_SQL: &str =
-    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch,
+    "SELECT admitted, outcome, term, max_term, lease_key, lease_term, wait_ms, grant_ms, lease_epoch, settle_id,
            extract(epoch FROM clock_timestamp())::float8 AS store_clock
     FROM fencing.gate_many($1, $2, $3, $4, $5, $6::bigint * interval '1 millisecond',
                            $7::bigint * interval '1 millisecond')";

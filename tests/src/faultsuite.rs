@@ -684,10 +684,8 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
         }
         Plant::SqlRaiseSkipsSettle => {
             let try_admit = function("try_admit")?;
-            let planted = try_admit.replace(
-                "settle_ms = fencing.next_settle(fence_), forward_ms = NULL",
-                "settle_ms = NULL, forward_ms = NULL",
-            );
+            let planted =
+                try_admit.replace("settle_ms = fencing.next_settle(fence_), settle_id", "settle_ms = NULL, settle_id");
             if planted == try_admit {
                 bail!("fencing.try_admit no longer records the new term's settle as it did: update the planted bug");
             }

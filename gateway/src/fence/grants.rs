@@ -237,6 +237,8 @@ impl Grants {
             wait,
             grant: deadline.saturating_duration_since(now),
             epoch: grant.epoch,
+            // Its wait is counted from the grant's decision, which named the settle.
+            settle_id: None,
         };
         let decision = Decision {
             gate,
@@ -293,8 +295,7 @@ impl Grants {
                     // Under clocks that disagreed since the renewal was asked, neither its settle
                     // nor its grant is counted; a refusal drops the grant held all the same.
                     if let (true, Some(term), true) = (gate.is_admitted(), gate.term, clocks.holds()) {
-                        let lease_key = gate.lease_key.clone();
-                        gate.wait = settles.wait(&resource, term, lease_key.as_deref(), gate.wait, (answered, &clocks));
+                        gate.wait = settles.wait(&resource, term, &gate, (answered, &clocks));
                     }
                     if !gate.is_admitted() || clocks.holds() {
                         install(

@@ -215,6 +215,7 @@ impl FenceStore {
                 wait: Duration::ZERO,
                 grant: Duration::ZERO,
                 epoch: None,
+                settle_id: None,
             };
             return Ok(Decision {
                 gate,
@@ -267,7 +268,7 @@ impl FenceStore {
             && let (true, Some(term)) = (gate.is_admitted(), gate.term)
         {
             // The settle, as this gateway counts it (`settles`).
-            gate.wait = self.settles.wait(resource, term, gate.lease_key.as_deref(), gate.wait, (answered, &clocks));
+            gate.wait = self.settles.wait(resource, term, gate, (answered, &clocks));
         }
         match &result {
             Ok(gate) => {

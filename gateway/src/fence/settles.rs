@@ -24,6 +24,8 @@ use deadpool_postgres::Pool;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::debug;
 
+use fencing_schema::store::Gate;
+
 use crate::fence::decision::ClockTicket;
 
 /// Beyond this many settling fences the table starts over (a forgotten settle is waited again).
@@ -36,6 +38,9 @@ struct Settle {
     lease_key: Option<String>,
     /// The length the store recorded (what `fencing.mark_settled` names).
     settle_ms: i64,
+    /// The store's name of this settle: a later settle of the same term, binding and length has
+    /// another (a rebinding away and back), and a mark of this one never ends it.
+    settle_id: i64,
     /// The earliest end seen, on this gateway's monotonic clock.
     end: Instant,
     /// The store has been (or is being) told.
@@ -43,6 +48,16 @@ struct Settle {
     /// The clocks' agreement `end` was counted under: an end from before a disagreement is not
     /// used after it.
     generation: u64,
+}
+
+/// What a mark of a settle names (`fencing.mark_settled`, `fencing.mark_drained`).
+#[derive(Debug)]
+struct Mark {
+    resource: String,
+    term: i64,
+    lease_key: Option<String>,
+    settle_ms: i64,
+    settle_id: i64,
 }
 
 /// The fences this gateway has seen settling (cheap to clone: one table).
@@ -75,22 +90,24 @@ impl Settles {
     }
 
     /// The wait of a write whose decision, answered at `answered` under the clocks' agreement
-    /// `clocks`, said `wait` at `term` of `resource` (bound to `lease_key`): until the earliest
-    /// end this gateway has seen for that settle, stretched by the clock-rate allowance. Zero when
-    /// there is nothing to wait for.
+    /// `clocks`, said `gate.wait` at `term` of `resource` (bound to `gate.lease_key`), in the
+    /// settle `gate.settle_id`: until the earliest end this gateway has seen for that settle,
+    /// stretched by the clock-rate allowance. Zero when there is nothing to wait for. A wait
+    /// without a settle's name (a store older than version 10) is waited in full and never marked.
     pub(super) fn wait(
         &self,
         resource: &str,
         term: i64,
-        lease_key: Option<&str>,
-        wait: Duration,
+        gate: &Gate,
         (answered, clocks): (Instant, &ClockTicket),
     ) -> Duration {
+        let (lease_key, wait) = (gate.lease_key.as_deref(), gate.wait);
         if wait.is_zero() {
             return Duration::ZERO;
         }
-        let settle_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let end = answered + wait.mul_f64(self.stretch);
+        let Some(settle_id) = gate.settle_id else { return end.saturating_duration_since(answered) };
+        let settle_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let Ok(mut table) = self.table.lock() else { return end.saturating_duration_since(answered) };
         if table.len() >= CAPACITY && !table.contains_key(resource) {
             table.clear();
@@ -100,10 +117,18 @@ impl Settles {
             held.term == term
                 && held.lease_key.as_deref() == lease_key
                 && held.settle_ms == settle_ms
+                && held.settle_id == settle_id
                 && held.generation == generation
         };
-        let fresh =
-            Settle { term, lease_key: lease_key.map(str::to_owned), settle_ms, end, marking: false, generation };
+        let fresh = Settle {
+            term,
+            lease_key: lease_key.map(str::to_owned),
+            settle_ms,
+            settle_id,
+            end,
+            marking: false,
+            generation,
+        };
         let entry = table.entry(resource.to_owned()).or_insert_with(|| fresh.clone());
         if same(entry) {
             entry.end = entry.end.min(end);
@@ -113,15 +138,15 @@ impl Settles {
         let end = entry.end;
         if !entry.marking {
             entry.marking = true;
-            let mark = (resource.to_owned(), term, entry.lease_key.clone(), settle_ms);
+            let mark =
+                Mark { resource: resource.to_owned(), term, lease_key: entry.lease_key.clone(), settle_ms, settle_id };
             drop(table);
             self.mark_after(end + self.margin, mark, clocks.clone());
         }
         end.saturating_duration_since(answered)
     }
 
-    /// Tells the store, once `at` has passed, that the settle of `(resource, term, lease_key,
-    /// settle_ms)` is over; then, once the length the store answers has passed since, that the
+    /// Tells the store, once `at` has passed, that the settle `mark` is over; then, once the length the store answers has passed since, that the
     /// writes decided before that mark (which still waited the settle) have passed their
     /// deadlines too, so the next term need not settle behind them. A failure costs only waits:
     /// decisions keep saying the length, and this gateway's table still knows its end.
@@ -133,7 +158,7 @@ impl Settles {
     fn mark_after(
         &self,
         at: Instant,
-        (resource, term, lease_key, settle_ms): (String, i64, Option<String>, i64),
+        Mark { resource, term, lease_key, settle_ms, settle_id }: Mark,
         clocks: ClockTicket,
     ) {
         let (pool, check_timeout, table) = (self.pool.clone(), self.check_timeout, Arc::clone(&self.table));
@@ -142,9 +167,9 @@ impl Settles {
             sleep_until(at).await;
             let forget = || {
                 if let Ok(mut table) = table.lock()
-                    && table.get(&resource).is_some_and(|held| {
-                        held.term == term && held.settle_ms == settle_ms && held.generation == clocks.generation()
-                    })
+                    && table
+                        .get(&resource)
+                        .is_some_and(|held| held.settle_id == settle_id && held.generation == clocks.generation())
                 {
                     table.remove(&resource);
                 }
@@ -158,17 +183,17 @@ impl Settles {
                 async move {
                     let client = pool.get().await.map_err(|error| error.to_string())?;
                     client
-                        .query_one(sql, &[&resource, &term, &lease_key, &settle_ms])
+                        .query_one(sql, &[&resource, &term, &lease_key, &settle_ms, &settle_id])
                         .await
                         .map_err(|error| error.to_string())
                 }
             };
-            let marked = timeout(check_timeout, call("SELECT fencing.mark_settled($1, $2, $3, $4)")).await;
+            let marked = timeout(check_timeout, call("SELECT fencing.mark_settled($1, $2, $3, $4, $5)")).await;
             let drain = match marked {
                 // The store says no wait any more: the entry is of no further use.
                 Ok(Ok(row)) => {
                     if let Ok(mut table) = table.lock()
-                        && table.get(&resource).is_some_and(|held| held.term == term && held.settle_ms == settle_ms)
+                        && table.get(&resource).is_some_and(|held| held.settle_id == settle_id)
                     {
                         table.remove(&resource);
                     }
@@ -192,7 +217,7 @@ impl Settles {
             if !clocks.holds() {
                 return;
             }
-            match timeout(check_timeout, call("SELECT fencing.mark_drained($1, $2, $3, $4)")).await {
+            match timeout(check_timeout, call("SELECT fencing.mark_drained($1, $2, $3, $4, $5)")).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(error)) => debug!(%resource, term, %error, "could not mark a settle as drained"),
                 Err(_) => debug!(%resource, term, "marking a settle as drained timed out"),

@@ -258,3 +258,52 @@ async fn s5_no_byte_of_a_trickling_lower_term_body_reaches_the_upstream_after_a_
         assert!(late.is_empty(), "{} bytes of the term-1 write arrived after the term-2 write's head", late.len());
     }
 }
+
+/// A gateway that waited out a settle tells the store, naming the settle (schema version 10), and
+/// then that the writes decided before its mark have drained: the fence row's settle_ms and then
+/// drain_ms go back to NULL, and a later decision waits nothing. Were the gateway to name the settle
+/// wrongly, the store would refuse every mark: each settle would then be waited in full by every
+/// write of its term, and this test would see settle_ms stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_a_gateway_marks_the_settle_it_waited_out_and_then_its_drain() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await.unwrap();
+    let config = format!(
+        "[database]\ngrant_ms = 0\n[upstream]\nforward_timeout_ms = 300\n\
+         [[routes]]\nprefix = \"/r\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\n",
+        upstream.url()
+    );
+    let gateway = Gateway::start(&db.url(), &config).await.unwrap();
+    let client = db.connect().await;
+    let row = "SELECT settle_ms, drain_ms, settle_id FROM fencing.fences WHERE resource = '/r/acct'";
+    for term in ["1", "2"] {
+        let reply = send(gateway.proxy, Method::PUT, "/r/acct/x", &[("fencing-token", term)], "{}").await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.json());
+    }
+    let raised = client.query_one(row, &[]).await.unwrap();
+    // Term 2 settles behind term 1's forward timeout; the term-2 write waited it out before its
+    // answer, so the mark may have come already, but not the drain (that length again after it).
+    let (settle_ms, drain_ms) = (raised.get::<_, Option<i64>>(0), raised.get::<_, Option<i64>>(1));
+    assert_eq!(settle_ms.or(drain_ms), Some(300), "term 2 settles behind term 1's forward timeout");
+    let settle: i64 = raised.get(2);
+    // The mark comes a settle (stretched by the clock-rate allowance) and a margin after the
+    // decision, the drain the same again plus the forward timeout after that: well within 10 s.
+    let started = tokio::time::Instant::now();
+    loop {
+        let now = client.query_one(row, &[]).await.unwrap();
+        let (settle_ms, drain_ms, id) =
+            (now.get::<_, Option<i64>>(0), now.get::<_, Option<i64>>(1), now.get::<_, Option<i64>>(2));
+        assert_eq!(id, Some(settle), "no other settle began");
+        if settle_ms.is_none() && drain_ms.is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the gateway did not mark the settle and its drain: settle_ms {settle_ms:?}, drain_ms {drain_ms:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The store now says no wait to the next decision of term 2.
+    let next = fencing_schema::store::gate(&client, "/r/acct", 2, Duration::from_millis(300), None).await.unwrap();
+    assert_eq!((next.outcome, next.wait), (fencing_schema::store::Outcome::Admitted, Duration::ZERO));
+}

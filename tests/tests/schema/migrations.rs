@@ -190,3 +190,52 @@ async fn files_applied_by_hand_with_psql_are_the_same_schema_and_known_to_the_ru
     assert!(report.applied.is_empty(), "the runner re-applied {:?}", report.applied);
     assert_eq!(snapshot(&client).await, reference_snapshot().await);
 }
+
+/// Version 10 names settles. A database at version 9 with a settle and a drain pending gets names
+/// for both, so the next decisions of upgraded gateways can mark them, and the four-argument
+/// marks, which named a settle only by its term, binding and length, are gone.
+#[tokio::test]
+async fn version_10_names_the_settles_pending_at_version_9_and_drops_the_unnamed_marks() {
+    let db = TestDb::empty().await;
+    let client = db.connect().await;
+    for migration in MIGRATIONS.iter().filter(|m| m.version <= 9) {
+        client.batch_execute(migration.sql).await.unwrap_or_else(|error| panic!("{}: {error}", migration.name));
+    }
+    // Version 9's function files made the four-argument marks (stand-ins here).
+    for name in ["mark_settled", "mark_drained"] {
+        let stand_in = format!(
+            "CREATE FUNCTION fencing.{name}(resource text, term bigint, lease_key text, settle_ms bigint)
+             RETURNS bigint LANGUAGE sql AS 'SELECT NULL::bigint'"
+        );
+        client.batch_execute(&stand_in).await.unwrap();
+    }
+    let unnamed = "SELECT to_regprocedure('fencing.mark_settled(text, bigint, text, bigint)') IS NOT NULL
+                       OR to_regprocedure('fencing.mark_drained(text, bigint, text, bigint)') IS NOT NULL";
+    client
+        .batch_execute(
+            "INSERT INTO fencing.fences (resource, max_term, updated_at, settle_ms) VALUES ('settling', 2, now(), 500);
+             INSERT INTO fencing.fences (resource, max_term, updated_at, drain_ms) VALUES ('draining', 3, now(), 700);
+             INSERT INTO fencing.fences (resource, max_term, updated_at) VALUES ('quiet', 1, now());",
+        )
+        .await
+        .unwrap();
+    let ten = MIGRATIONS.iter().find(|m| m.version == 10).expect("migration 10");
+    client.batch_execute(ten.sql).await.unwrap();
+    let rows = client.query("SELECT resource, settle_id FROM fencing.fences ORDER BY resource", &[]).await.unwrap();
+    let named: Vec<(String, bool)> =
+        rows.iter().map(|row| (row.get(0), row.get::<_, Option<i64>>(1).is_some())).collect();
+    assert_eq!(
+        named,
+        [("draining".to_owned(), true), ("quiet".to_owned(), false), ("settling".to_owned(), true)],
+        "every pending settle or drain is named"
+    );
+    let gone: bool = client.query_one(unnamed, &[]).await.unwrap().get(0);
+    assert!(!gone, "the unnamed marks are dropped");
+    // The rest of the schema, as migrate leaves it: a decision names the pending settle.
+    let mut client = client;
+    migrate(&mut client).await.unwrap();
+    let gate =
+        fencing_schema::store::gate(&client, "settling", 2, std::time::Duration::from_secs(1), None).await.unwrap();
+    assert_eq!(gate.wait, std::time::Duration::from_millis(500));
+    assert!(gate.settle_id.is_some());
+}

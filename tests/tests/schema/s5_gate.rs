@@ -205,18 +205,21 @@ async fn s5_writes_that_waited_before_a_settle_was_marked_over_still_hold_back_t
     store::gate(&client, "r", 1, FORWARD, None).await.unwrap();
     let raised = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
     assert_eq!(raised.wait, FORWARD, "term 2 settles behind term 1's forward timeout");
+    let settle = raised.settle_id.expect("a settle has a name");
     // A term-2 write decided before the mark: it waits the settle, then has FORWARD to be sent.
     let before_mark = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
-    assert_eq!(before_mark.wait, FORWARD);
+    assert_eq!((before_mark.wait, before_mark.settle_id), (FORWARD, Some(settle)));
 
     // The mark answers how long those writes may still be on their way, counted from now.
-    let mark = "SELECT fencing.mark_settled('r', 2, NULL, $1)";
-    let drain: Option<i64> = client.query_one(mark, &[&ms(FORWARD)]).await.unwrap().get(0);
+    let mark = "SELECT fencing.mark_settled('r', 2, NULL, $1, $2)";
+    let wrong: Option<i64> = client.query_one(mark, &[&ms(FORWARD), &(settle + 1)]).await.unwrap().get(0);
+    assert_eq!(wrong, None, "a mark of another settle changes nothing");
+    let drain: Option<i64> = client.query_one(mark, &[&ms(FORWARD), &settle]).await.unwrap().get(0);
     assert_eq!(drain, Some(ms(FORWARD) * 2));
     // Marked again (another gateway), the same answer; a mark of another length or term, none.
-    let again: Option<i64> = client.query_one(mark, &[&ms(FORWARD)]).await.unwrap().get(0);
+    let again: Option<i64> = client.query_one(mark, &[&ms(FORWARD), &settle]).await.unwrap().get(0);
     assert_eq!(again, Some(ms(FORWARD) * 2));
-    let wrong: Option<i64> = client.query_one(mark, &[&1_i64]).await.unwrap().get(0);
+    let wrong: Option<i64> = client.query_one(mark, &[&1_i64, &settle]).await.unwrap().get(0);
     assert_eq!(wrong, None);
     let after_mark = store::gate(&client, "r", 2, FORWARD, None).await.unwrap();
     assert_eq!(after_mark.wait, Duration::ZERO, "decisions after the mark wait no more");
@@ -224,16 +227,98 @@ async fn s5_writes_that_waited_before_a_settle_was_marked_over_still_hold_back_t
     // Term 3, raised right after the mark: behind term 2's forward timeout and its drain.
     let third = store::gate(&client, "r", 3, FORWARD, None).await.unwrap();
     assert_eq!(third.wait, FORWARD * 2, "term 3 must settle behind the writes that waited before the mark");
+    let third_settle = third.settle_id.expect("a settle has a name");
+    assert_ne!(third_settle, settle);
 
     // Once drained (a gateway saw that length pass since the mark), the next term settles behind
     // the forward timeout alone: a settle never grows from term to term.
-    let settled: Option<i64> =
-        client.query_one("SELECT fencing.mark_settled('r', 3, NULL, $1)", &[&ms(FORWARD * 2)]).await.unwrap().get(0);
+    let mark3 = "SELECT fencing.mark_settled('r', 3, NULL, $1, $2)";
+    let settled: Option<i64> = client.query_one(mark3, &[&ms(FORWARD * 2), &third_settle]).await.unwrap().get(0);
     assert_eq!(settled, Some(ms(FORWARD) * 3));
-    let drain = "SELECT fencing.mark_drained('r', 3, NULL, $1)";
-    let other: bool = client.query_one(drain, &[&1_i64]).await.unwrap().get(0);
+    let drain = "SELECT fencing.mark_drained('r', 3, NULL, $1, $2)";
+    let other: bool = client.query_one(drain, &[&1_i64, &third_settle]).await.unwrap().get(0);
     assert!(!other, "a drain of another length changes nothing");
-    let drained: bool = client.query_one(drain, &[&ms(FORWARD * 2)]).await.unwrap().get(0);
+    let other: bool = client.query_one(drain, &[&ms(FORWARD * 2), &settle]).await.unwrap().get(0);
+    assert!(!other, "a drain of another settle changes nothing");
+    let drained: bool = client.query_one(drain, &[&ms(FORWARD * 2), &third_settle]).await.unwrap().get(0);
     assert!(drained);
     assert_eq!(store::gate(&client, "r", 4, FORWARD, None).await.unwrap().wait, FORWARD, "behind FORWARD alone");
+}
+
+/// A settle is named (`settle_id`, schema version 10), not only by its fence's term, binding and
+/// length: a rebinding away and back at one term starts a settle equal to an older one in all
+/// three. A gateway whose decision in the older settle was answered late marks it late; before
+/// the name, that mark ended the newer settle at once, and a write of the newer binding could be
+/// sent while a write of the previous binding, decided just before the rebinding, was still on
+/// its way to the upstream (S5). Found by an adversarial review; this is that SQL session.
+#[tokio::test]
+async fn s5_a_late_mark_of_an_older_settle_never_ends_a_newer_one_of_the_same_term_binding_and_length() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap();
+    let rebind = |to: &'static str| format!("SELECT (fencing.rebind('r', '{to}', 'ops', 'test')).settle_ms");
+    let settle_of = "SELECT settle_ms, drain_ms, settle_id FROM fencing.fences WHERE resource = 'r'";
+    store::acquire(&client, "a", "x", Duration::from_secs(60)).await.unwrap();
+    store::acquire(&client, "b", "y", Duration::from_secs(60)).await.unwrap();
+    // r is created bound to a at term 1 (a's term), then rebound to b: b's writes settle behind
+    // a's forward timeout.
+    assert!(store::gate(&client, "r", 1, FORWARD, Some("a")).await.unwrap().is_admitted());
+    let first: Option<i64> = client.query_one(&rebind("b"), &[]).await.unwrap().get(0);
+    assert_eq!(first, Some(ms(FORWARD)));
+    // The late gateway's decision in that settle: it will mark (r, 1, b, FORWARD, older) late.
+    let late = store::gate(&client, "r", 1, FORWARD, Some("b")).await.unwrap();
+    assert!(late.is_admitted());
+    assert_eq!(late.wait, FORWARD);
+    let older = late.settle_id.expect("a settle has a name");
+    // Another gateway marks it over and drained in time.
+    let marked: Option<i64> = client
+        .query_one("SELECT fencing.mark_settled('r', 1, 'b', $1, $2)", &[&ms(FORWARD), &older])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(marked.is_some());
+    let drained: bool = client
+        .query_one("SELECT fencing.mark_drained('r', 1, 'b', $1, $2)", &[&ms(FORWARD), &older])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(drained);
+    // Away to a and straight back to b at the same term: b's writes again settle for FORWARD,
+    // behind b's own writes decided before the first of these rebindings (a's settle, carried).
+    // Same term, binding and length as the older settle.
+    assert_eq!(client.query_one(&rebind("a"), &[]).await.unwrap().get::<_, Option<i64>>(0), Some(ms(FORWARD)));
+    assert_eq!(client.query_one(&rebind("b"), &[]).await.unwrap().get::<_, Option<i64>>(0), Some(ms(FORWARD)));
+    let row = client.query_one(settle_of, &[]).await.unwrap();
+    let newer: i64 = row.get(2);
+    assert_ne!(newer, older, "every rebinding starts a settle of its own");
+
+    // The late mark of the older settle arrives now: it must end nothing.
+    let stale: Option<i64> = client
+        .query_one("SELECT fencing.mark_settled('r', 1, 'b', $1, $2)", &[&ms(FORWARD), &older])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stale, None, "a mark of an older settle is no mark of this one");
+    let stale_drain: bool = client
+        .query_one("SELECT fencing.mark_drained('r', 1, 'b', $1, $2)", &[&ms(FORWARD), &older])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!stale_drain);
+    let row = client.query_one(settle_of, &[]).await.unwrap();
+    assert_eq!(
+        (row.get::<_, Option<i64>>(0), row.get::<_, Option<i64>>(1)),
+        (Some(ms(FORWARD)), None),
+        "the newer settle goes on"
+    );
+    let decided = store::gate(&client, "r", 1, FORWARD, Some("b")).await.unwrap();
+    assert_eq!((decided.wait, decided.settle_id), (FORWARD, Some(newer)), "b's next write still waits out a's");
+    // Its own mark ends it.
+    let own: Option<i64> = client
+        .query_one("SELECT fencing.mark_settled('r', 1, 'b', $1, $2)", &[&ms(FORWARD), &newer])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(own.is_some());
+    assert_eq!(store::gate(&client, "r", 1, FORWARD, Some("b")).await.unwrap().wait, Duration::ZERO);
 }
