@@ -78,7 +78,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::clock::BootInstant;
 use crate::config::Elector;
@@ -260,8 +260,77 @@ impl Daemons {
             runner.margin,
             Arc::clone(&runner.watchdog_stop),
         );
-        let task = tokio::spawn(runner.run(stop.clone()));
+        let give_up = GiveUp {
+            elector: elector.stop_token(),
+            membership: membership.stop_token(),
+            node: membership.config().clone(),
+            watched: Arc::clone(&runner.watched),
+            watchdog_stop: Arc::clone(&runner.watchdog_stop),
+            running: runner.running.clone(),
+        };
+        let runner = tokio::spawn(runner.run(stop.clone()));
+        // A panic of the runner itself must not leave the elector leading with no leader pass,
+        // nor daemons running unwatched: it ends leadership, the daemons and the node.
+        let task = tokio::spawn(async move {
+            match runner.await {
+                Ok(runner) => Some(runner),
+                Err(error) if error.is_panic() => {
+                    give_up.now(&panic_message(error.into_panic())).await;
+                    None
+                }
+                Err(_) => None,
+            }
+        });
         DaemonsHandle { membership: Some(membership), elector: Some(elector), running, stop, task: Some(task) }
+    }
+}
+
+/// What a panic of the daemons' runner stops: it leaves no leader without a leader pass and no
+/// daemon without its runner.
+struct GiveUp {
+    /// The elector's: cancelled, it cancels its leader work and releases the lease.
+    elector: CancellationToken,
+    /// The node's heartbeats: cancelled, they stop.
+    membership: CancellationToken,
+    /// To leave the cluster at once rather than expire.
+    node: Membership,
+    watched: Arc<Mutex<Vec<Watched>>>,
+    watchdog_stop: Arc<AtomicBool>,
+    /// What [`DaemonsHandle::running`] says: nothing, once they are cancelled.
+    running: watch::Sender<Vec<(String, i64)>>,
+}
+
+impl GiveUp {
+    async fn now(self, why: &str) {
+        error!(
+            cluster = %self.node.cluster(),
+            node_id = %self.node.node_id(),
+            panic = %why,
+            "the daemons' runner panicked: this node gives up leadership (the lease is released), \
+             cancels every daemon running here and leaves the cluster; restart the process to rejoin"
+        );
+        self.elector.cancel();
+        for instance in self.watched.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter() {
+            instance.cancel.cancel();
+        }
+        self.watchdog_stop.store(true, Ordering::Release);
+        self.running.send_replace(Vec::new());
+        metrics::gauge!(RUNNING, "cluster" => self.node.cluster().to_owned()).set(0.0);
+        self.membership.cancel();
+        match self.node.leave().await {
+            Ok(_) => {}
+            Err(error) => warn!(%error, "could not leave the cluster; the node expires after its ttl"),
+        }
+    }
+}
+
+/// The text of a panic's payload, when it has one.
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(text) => *text,
+        Err(payload) => {
+            payload.downcast_ref::<&str>().map_or_else(|| "(no message)".to_owned(), |text| (*text).to_owned())
+        }
     }
 }
 
@@ -352,7 +421,8 @@ pub struct DaemonsHandle {
     elector: Option<ElectorHandle>,
     running: watch::Receiver<Vec<(String, i64)>>,
     stop: CancellationToken,
-    task: Option<JoinHandle<Runner>>,
+    /// The runner, under a task that ends leadership and the node if it panics (then `None`).
+    task: Option<JoinHandle<Option<Runner>>>,
 }
 
 impl DaemonsHandle {
@@ -383,7 +453,7 @@ impl DaemonsHandle {
     pub async fn shutdown(mut self) {
         self.stop.cancel();
         let runner = match self.task.take() {
-            Some(task) => task.await.ok(),
+            Some(task) => task.await.ok().flatten(),
             None => None,
         };
         if let Some(elector) = self.elector.take() {
@@ -558,6 +628,7 @@ impl Runner {
     async fn run(mut self, stop: CancellationToken) -> Runner {
         loop {
             let started = Instant::now();
+            planted_runner_panic(self.node.cluster());
             self.reap().await;
             self.leader_pass().await;
             self.node_pass().await;
@@ -816,4 +887,17 @@ impl Runner {
         }
         self.publish();
     }
+}
+
+/// The planted bug of the tests (`daemons-runner-panic`, failpoints builds only): the runner
+/// panics at the start of a pass when the failpoint returns this node's cluster.
+fn planted_runner_panic(cluster: &str) {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("daemons-runner-panic", |planted: Option<String>| {
+        if planted.as_deref() == Some(cluster) {
+            panic!("planted: the daemons' runner panics (failpoint daemons-runner-panic)");
+        }
+    });
+    #[cfg(not(feature = "failpoints"))]
+    let _ = cluster;
 }

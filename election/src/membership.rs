@@ -248,7 +248,7 @@ impl Membership {
         self.call(async |client| store::members(client, &self.cluster).await).await
     }
 
-    async fn leave(&self) -> Result<bool, String> {
+    pub(crate) async fn leave(&self) -> Result<bool, String> {
         self.call(async |client| store::leave(client, &self.cluster, &self.node_id, &self.incarnation).await).await
     }
 
@@ -432,6 +432,11 @@ impl MembershipHandle {
     /// The running node's configuration, its incarnation included.
     pub(crate) fn config(&self) -> &Membership {
         &self.membership
+    }
+
+    /// The token that stops the node's heartbeats (without leaving, as dropping this handle).
+    pub(crate) fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
     }
 
     /// This node's registration: its start in the store and until when, on the boot clock.

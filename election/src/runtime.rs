@@ -201,6 +201,11 @@ impl ElectorHandle {
         leadership.run_send(send(token)).await
     }
 
+    /// The token that stops the elector's task (as dropping this handle does).
+    pub(crate) fn stop_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
     /// Stops the elector: cancels leader work and waits for it (bounded by the shutdown
     /// grace), then releases the lease so a follower takes over at once. Returns true when the
     /// lease was released by this call.

@@ -23,7 +23,8 @@ BEGIN
     IF fence_.lease_key IS NULL THEN
         -- Unbound grants on it admit any writer of its term: they end first.
         PERFORM fencing.await_grants(fence_);
-        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp(), grant_ms = NULL
+        UPDATE fencing.fences f SET lease_key = p_lease_key, updated_at = clock_timestamp(), grant_ms = NULL,
+                                    settle_id = nextval('fencing.settle_ids')
          WHERE f.resource = p_resource;
     ELSIF fence_.lease_key <> p_lease_key THEN
         RAISE EXCEPTION 'fencing: resource "%" is bound to lease "%"; rebinding it to "%" is an audited admin action: fencing.rebind(resource, lease_key, actor, reason)',

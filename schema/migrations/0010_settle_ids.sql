@@ -8,12 +8,13 @@
 -- the check timeout) could end the newer one before its writes of the previous binding or term
 -- had passed their deadlines (S5). Now:
 --   - fencing.settle_ids: a sequence; every change of a fence's term or binding (a raise through
---     fencing.gate or fencing.admit, advance_fence, rebind, reset_fence) takes the next value;
+--     fencing.gate or fencing.admit, advance_fence, bind of an unbound fence, rebind,
+--     reset_fence) takes the next value;
 --   - fences.settle_id: the settle the row's settle_ms and drain_ms belong to;
 --   - gate_result.settle_id: the settle a decision's wait belongs to;
 --   - fencing.mark_settled and fencing.mark_drained take it as a fifth argument and change only
 --     that settle. The four-argument versions are dropped: a gateway of an older version can no
---     longer mark settles, so its writes wait each settle's full length (slower, never unsafe).
+--     longer mark settles (slower, never unsafe: see the README's upgrade note).
 --
 -- Apply with psql in one transaction together with every file of schema/functions/ in name order
 -- (see the README).
@@ -31,8 +32,10 @@ BEGIN
                     WHERE attrelid = 'fencing.gate_result'::regclass AND attname = 'settle_id' AND NOT attisdropped) THEN
         ALTER TYPE fencing.gate_result ADD ATTRIBUTE settle_id bigint;
     END IF;
-    -- A settle or a drain pending from version 9 gets an identity now, which the next decisions
-    -- of gateways of this version name.
+    -- A settle or a drain pending from version 9 gets a name now. The next decisions of gateways
+    -- of this version name a pending settle and can mark it; a pending drain was marked settled
+    -- already, so no decision names it any more: it stays until the next term change, which
+    -- settles behind it once more (a cost, never a shortened wait).
     UPDATE fencing.fences SET settle_id = nextval('fencing.settle_ids')
      WHERE settle_id IS NULL AND (settle_ms IS NOT NULL OR drain_ms IS NOT NULL);
     IF to_regprocedure('fencing.mark_settled(text, bigint, text, bigint)') IS NOT NULL THEN

@@ -76,6 +76,41 @@ pub(super) struct Settles {
     runtime: tokio::runtime::Handle,
 }
 
+/// Remembers `fresh`, a decision's view of `resource`'s settle, in `table`: the earliest end seen
+/// for that very settle (same name, term, binding, length and clocks' agreement), or `fresh`'s own
+/// end when the settle is another one, even one equal in all but its name. Returns the end to
+/// wait for, and the mark to send once it has passed, if none is on its way yet.
+fn remember(table: &mut HashMap<String, Settle>, resource: &str, fresh: Settle) -> (Instant, Option<Mark>) {
+    if table.len() >= CAPACITY && !table.contains_key(resource) {
+        table.clear();
+    }
+    let same = |held: &Settle| {
+        held.settle_id == fresh.settle_id
+            && held.term == fresh.term
+            && held.lease_key == fresh.lease_key
+            && held.settle_ms == fresh.settle_ms
+            && held.generation == fresh.generation
+    };
+    let entry = table.entry(resource.to_owned()).or_insert_with(|| fresh.clone());
+    if same(entry) {
+        entry.end = entry.end.min(fresh.end);
+    } else {
+        *entry = fresh;
+    }
+    if entry.marking {
+        return (entry.end, None);
+    }
+    entry.marking = true;
+    let mark = Mark {
+        resource: resource.to_owned(),
+        term: entry.term,
+        lease_key: entry.lease_key.clone(),
+        settle_ms: entry.settle_ms,
+        settle_id: entry.settle_id,
+    };
+    (entry.end, Some(mark))
+}
+
 impl Settles {
     pub(super) fn new(pool: Pool, margin: Duration, rho: f64, check_timeout: Duration) -> Settles {
         let stretch = (1.0 + rho) / (1.0 - rho);
@@ -92,8 +127,9 @@ impl Settles {
     /// The wait of a write whose decision, answered at `answered` under the clocks' agreement
     /// `clocks`, said `gate.wait` at `term` of `resource` (bound to `gate.lease_key`), in the
     /// settle `gate.settle_id`: until the earliest end this gateway has seen for that settle,
-    /// stretched by the clock-rate allowance. Zero when there is nothing to wait for. A wait
-    /// without a settle's name (a store older than version 10) is waited in full and never marked.
+    /// stretched by the clock-rate allowance. Zero when there is nothing to wait for. (A wait
+    /// without a settle's name cannot come from a store of version 10, which names every settle;
+    /// it would be waited in full and never marked.)
     pub(super) fn wait(
         &self,
         resource: &str,
@@ -109,17 +145,6 @@ impl Settles {
         let Some(settle_id) = gate.settle_id else { return end.saturating_duration_since(answered) };
         let settle_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
         let Ok(mut table) = self.table.lock() else { return end.saturating_duration_since(answered) };
-        if table.len() >= CAPACITY && !table.contains_key(resource) {
-            table.clear();
-        }
-        let generation = clocks.generation();
-        let same = |held: &Settle| {
-            held.term == term
-                && held.lease_key.as_deref() == lease_key
-                && held.settle_ms == settle_ms
-                && held.settle_id == settle_id
-                && held.generation == generation
-        };
         let fresh = Settle {
             term,
             lease_key: lease_key.map(str::to_owned),
@@ -127,20 +152,11 @@ impl Settles {
             settle_id,
             end,
             marking: false,
-            generation,
+            generation: clocks.generation(),
         };
-        let entry = table.entry(resource.to_owned()).or_insert_with(|| fresh.clone());
-        if same(entry) {
-            entry.end = entry.end.min(end);
-        } else {
-            *entry = fresh;
-        }
-        let end = entry.end;
-        if !entry.marking {
-            entry.marking = true;
-            let mark =
-                Mark { resource: resource.to_owned(), term, lease_key: entry.lease_key.clone(), settle_ms, settle_id };
-            drop(table);
+        let (end, mark) = remember(&mut table, resource, fresh);
+        drop(table);
+        if let Some(mark) = mark {
             self.mark_after(end + self.margin, mark, clocks.clone());
         }
         end.saturating_duration_since(answered)
@@ -223,5 +239,57 @@ impl Settles {
                 Err(_) => debug!(%resource, term, "marking a settle as drained timed out"),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{Settle, remember};
+
+    fn settle(settle_id: i64, end: Instant) -> Settle {
+        Settle {
+            term: 7,
+            lease_key: Some("k".to_owned()),
+            settle_ms: 1000,
+            settle_id,
+            end,
+            marking: false,
+            generation: 1,
+        }
+    }
+
+    /// One settle seen twice: the earlier end counts, and one mark is sent.
+    #[test]
+    fn the_earliest_end_of_one_settle_is_kept_and_marked_once() {
+        let mut table = HashMap::new();
+        let now = Instant::now();
+        let (end, mark) = remember(&mut table, "r", settle(1, now + Duration::from_secs(2)));
+        assert_eq!(end, now + Duration::from_secs(2));
+        assert!(mark.is_some_and(|mark| mark.settle_id == 1));
+        let (end, mark) = remember(&mut table, "r", settle(1, now + Duration::from_secs(1)));
+        assert_eq!(end, now + Duration::from_secs(1), "the earlier end of the same settle");
+        assert!(mark.is_none(), "its mark is on its way already");
+        let (end, _) = remember(&mut table, "r", settle(1, now + Duration::from_secs(3)));
+        assert_eq!(end, now + Duration::from_secs(1));
+    }
+
+    /// A settle equal to an older one in term, binding and length but not in name (a rebinding
+    /// away and back at one term): its writes wait its own end, never the older settle's earlier
+    /// one, and it gets its own mark. Before settle names, the older end was kept, and a write of
+    /// the newer binding could be sent while one of the previous binding was still on its way.
+    #[test]
+    fn a_newer_settle_equal_but_for_its_name_never_inherits_an_older_end() {
+        let mut table = HashMap::new();
+        let now = Instant::now();
+        let (_, older_mark) = remember(&mut table, "r", settle(1, now + Duration::from_millis(100)));
+        assert!(older_mark.is_some());
+        let (end, mark) = remember(&mut table, "r", settle(2, now + Duration::from_secs(5)));
+        assert_eq!(end, now + Duration::from_secs(5), "the newer settle's own end");
+        assert!(mark.is_some_and(|mark| mark.settle_id == 2), "the newer settle is marked by its own name");
     }
 }

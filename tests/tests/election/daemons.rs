@@ -609,3 +609,85 @@ fn a_daemon_that_blocks_its_runtime_is_cancelled_before_its_node_expires() {
         "cancelled at {cancelled:?}, after its node expired in the store at {expires_at:?}"
     );
 }
+
+/// A panic of the daemons' runner itself (the planted `daemons-runner-panic`: the failpoint panics
+/// the runner of the cluster it names) ends leadership: the lease is released at once, every
+/// daemon running on the node is cancelled, and the node leaves the cluster, so another node
+/// takes over the leader's pass and the daemons. Before, the elector went on leading (renewing
+/// its lease) with no leader pass, and the daemons ran on with nothing to revoke them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_panic_ends_leadership_the_nodes_daemons_and_its_membership() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use fencing_election::Elector;
+    use fencing_election::daemons::Daemons;
+    use fencing_election::membership::Membership;
+
+    const PANICKY: &str = "panicky";
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let pool = crate::in_process::pool(&db.url());
+    let membership = Membership::builder(pool.clone(), PANICKY)
+        .node_id("p1")
+        .heartbeat_interval(Duration::from_millis(400))
+        .ttl(Duration::from_millis(1600))
+        .query_timeout(Duration::from_millis(190))
+        .build()
+        .unwrap();
+    let elector = Elector::builder(pool, "panicky-leader").ttl(Duration::from_millis(1600)).build().unwrap();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancelled);
+    let daemons = Daemons::builder(membership, elector)
+        .ack_timeout(Duration::from_secs(1))
+        .drain_timeout(Duration::from_secs(1))
+        .daemon("worker", move |daemon| {
+            let flag = Arc::clone(&flag);
+            async move {
+                daemon.cancellation_token().cancelled().await;
+                flag.store(true, Ordering::Release);
+            }
+        })
+        .build()
+        .unwrap()
+        .start();
+    let started = tokio::time::Instant::now();
+    while daemons.elector().and_then(|elector| elector.current_term()).is_none() || daemons.running().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(20), "the node never led and ran its daemon");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term = daemons.elector().and_then(|elector| elector.current_term()).unwrap();
+    // Live node rows, and those that ended before their ttl ran out (left, not expired).
+    let node_rows = "SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()),
+                            count(*) FILTER (WHERE expires_at < heartbeat_at + interval '1400 milliseconds')
+                       FROM fencing.nodes WHERE cluster = $1";
+    let live: i64 = client.query_one(node_rows, &[&PANICKY]).await.unwrap().get(0);
+    assert_eq!(live, 1);
+
+    fail::cfg("daemons-runner-panic", &format!("return({PANICKY})")).unwrap();
+    // The next pass comes within a heartbeat interval; the release and the leave within a query
+    // timeout after it. Well before the lease's ttl (1.6 s) or the node's would end either.
+    let panicked = tokio::time::Instant::now();
+    loop {
+        let lease = store::get_lease(&client, "panicky-leader").await.unwrap().unwrap();
+        let row = client.query_one(node_rows, &[&PANICKY]).await.unwrap();
+        let (live, left): (i64, i64) = (row.get(0), row.get(1));
+        // Released, not expired: its end came well before the renewal's ttl ran out.
+        let released = lease.term == term
+            && lease.remaining.is_zero()
+            && lease.expires_at < lease.renewed_at + Duration::from_millis(1400);
+        if released && live == 0 && left == 1 && cancelled.load(Ordering::Acquire) {
+            break;
+        }
+        assert!(
+            panicked.elapsed() < Duration::from_secs(10),
+            "after the runner panicked: lease {lease:?}, {live} live node rows, {left} left, daemon cancelled: {}",
+            cancelled.load(Ordering::Acquire)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    fail::remove("daemons-runner-panic");
+    assert_eq!(daemons.elector().and_then(|elector| elector.current_term()), None, "no longer leading");
+    assert!(daemons.running().is_empty(), "no daemon runs here: {:?}", daemons.running());
+    daemons.shutdown().await;
+}
