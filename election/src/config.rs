@@ -38,6 +38,8 @@ pub struct Elector {
     pub(crate) acquire_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) clock_rate_tolerance: f64,
+    /// The value attached to the lease at the start of each period (JSON text), if any.
+    pub(crate) value: Option<String>,
 }
 
 impl Elector {
@@ -55,6 +57,7 @@ impl Elector {
             acquire_timeout: None,
             shutdown_grace: None,
             clock_rate_tolerance: None,
+            value: None,
         }
     }
 
@@ -114,9 +117,20 @@ pub struct ElectorBuilder {
     acquire_timeout: Option<Duration>,
     shutdown_grace: Option<Duration>,
     clock_rate_tolerance: Option<f64>,
+    value: Option<String>,
 }
 
 impl ElectorBuilder {
+    /// A small JSON value (at most 4096 bytes as text: its address, its version) attached to
+    /// the lease at the start of each of this process's leadership periods (proclaim), for
+    /// others to find the leader with [`crate::observe`]. A new period starts with no value
+    /// until its holder sets one, so no reader takes the last leader's for the new one's.
+    /// [`crate::ElectorHandle::set_value`] changes it during a period.
+    pub fn value(mut self, value: &serde_json::Value) -> Self {
+        self.value = Some(value.to_string());
+        self
+    }
+
     /// A prefix of the owner identity: the elector appends `#` and a random part of its own,
     /// so two electors configured with one owner (two processes, or one restarted) are still
     /// distinct owners and never share a leadership period (S1). Default: host name and
@@ -198,6 +212,7 @@ impl ElectorBuilder {
             acquire_timeout: self.acquire_timeout.unwrap_or(self.query_timeout.unwrap_or(ttl / 5) + ttl),
             shutdown_grace: self.shutdown_grace.unwrap_or(ttl / 2),
             clock_rate_tolerance: self.clock_rate_tolerance.unwrap_or(DEFAULT_CLOCK_RATE_TOLERANCE),
+            value: self.value,
             renew_interval,
             ttl,
             key: self.key,
@@ -228,6 +243,15 @@ fn check_name(what: &str, value: &str) -> Result<(), Error> {
 fn validate(elector: &Elector) -> Result<(), Error> {
     check_name("lease key", &elector.key)?;
     check_name("owner", &elector.owner)?;
+    if let Some(value) = &elector.value
+        && value.len() > fencing_schema::store::MAX_LEASE_VALUE_BYTES
+    {
+        return invalid(format!(
+            "the lease value is at most {} bytes of JSON, got {}",
+            fencing_schema::store::MAX_LEASE_VALUE_BYTES,
+            value.len()
+        ));
+    }
     let ttl = elector.ttl;
     if ttl < MIN_TTL || ttl > MAX_TTL {
         return invalid(format!("ttl must be between {MIN_TTL:?} and {MAX_TTL:?}, got {ttl:?}"));

@@ -75,8 +75,8 @@ use std::time::{Duration, SystemTime};
 use fencing_schema::store::{self, Assignment};
 use rand::Rng;
 use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, timeout_at};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -242,6 +242,7 @@ impl Daemons {
             wake: Arc::new(Notify::new()),
             margin: membership.config().heartbeat_interval() / 2,
             watched: Arc::new(Mutex::new(Vec::new())),
+            tasks: Arc::new(Mutex::new(Vec::new())),
             watchdog_stop: Arc::new(AtomicBool::new(false)),
             running: running_tx,
             led: false,
@@ -260,11 +261,15 @@ impl Daemons {
             runner.margin,
             Arc::clone(&runner.watchdog_stop),
         );
+        let (membership_stop, membership_done) = membership.stop_tokens();
         let give_up = GiveUp {
             elector: elector.stop_token(),
-            membership: membership.stop_token(),
+            membership: membership_stop,
+            membership_done,
             node: membership.config().clone(),
             watched: Arc::clone(&runner.watched),
+            tasks: Arc::clone(&runner.tasks),
+            drain_timeout: runner.drain_timeout,
             watchdog_stop: Arc::clone(&runner.watchdog_stop),
             running: runner.running.clone(),
         };
@@ -285,6 +290,9 @@ impl Daemons {
     }
 }
 
+/// Every instance's task by daemon name, finished ones pruned as new ones start.
+type InstanceTasks = Arc<Mutex<Vec<(Arc<str>, AbortHandle)>>>;
+
 /// What a panic of the daemons' runner stops: it leaves no leader without a leader pass and no
 /// daemon without its runner.
 struct GiveUp {
@@ -292,9 +300,14 @@ struct GiveUp {
     elector: CancellationToken,
     /// The node's heartbeats: cancelled, they stop.
     membership: CancellationToken,
+    /// Cancelled once the heartbeat task has ended.
+    membership_done: CancellationToken,
     /// To leave the cluster at once rather than expire.
     node: Membership,
     watched: Arc<Mutex<Vec<Watched>>>,
+    /// Every instance's task, to wait for and, past the drain timeout, abort.
+    tasks: InstanceTasks,
+    drain_timeout: Duration,
     watchdog_stop: Arc<AtomicBool>,
     /// What [`DaemonsHandle::running`] says: nothing, once they are cancelled.
     running: watch::Sender<Vec<(String, i64)>>,
@@ -314,9 +327,29 @@ impl GiveUp {
             instance.cancel.cancel();
         }
         self.watchdog_stop.store(true, Ordering::Release);
+        // The node stays registered (its assignments with it) until its daemons have returned,
+        // or were aborted one drain timeout after their cancellation: only then may another node
+        // start them.
+        let tasks = self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let until = Instant::now() + self.drain_timeout;
+        while tasks.iter().any(|(_, task)| !task.is_finished()) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (name, task) in &tasks {
+            if !task.is_finished() {
+                warn!(daemon = %name, "the daemon did not return within the drain timeout of its cancellation: aborted");
+                task.abort();
+            }
+        }
         self.running.send_replace(Vec::new());
         metrics::gauge!(RUNNING, "cluster" => self.node.cluster().to_owned()).set(0.0);
+        // No heartbeat may be in flight when the node leaves: one that committed after the leave
+        // would register the node again.
         self.membership.cancel();
+        let heartbeat_bound = self.node.query_timeout() * 2;
+        if timeout(heartbeat_bound, self.membership_done.cancelled()).await.is_err() {
+            warn!("the heartbeat task did not end; leaving all the same");
+        }
         match self.node.leave().await {
             Ok(_) => {}
             Err(error) => warn!(%error, "could not leave the cluster; the node expires after its ttl"),
@@ -579,6 +612,8 @@ fn spawn_watchdog(
 
 struct Runner {
     node: Membership,
+    /// Every instance's task (for a runner panic: [`GiveUp`]).
+    tasks: InstanceTasks,
     registration: watch::Receiver<Option<Registration>>,
     leadership: watch::Receiver<Option<Leadership>>,
     lease_key: String,
@@ -845,6 +880,11 @@ impl Runner {
             let _wake = wake;
             run(context).await;
         });
+        {
+            let mut tasks = self.tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            tasks.retain(|(_, task)| !task.is_finished());
+            tasks.push((Arc::clone(&name), task.abort_handle()));
+        }
         self.instances
             .insert(name.to_string(), Instance { generation, node_started, cancel, drain, task, drain_deadline });
     }

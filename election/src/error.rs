@@ -14,6 +14,16 @@ pub enum Error {
         key: String,
     },
 
+    /// The store did not answer a call other than the elector's own (a value's, a read's) in
+    /// time, or failed it; the message says which.
+    #[error("lease {key:?}: the store failed: {message}")]
+    Store {
+        /// The lease key.
+        key: String,
+        /// What failed.
+        message: String,
+    },
+
     /// The leadership ended while a fenced send was in flight: it may or may not have reached
     /// its destination. Treat the write as indeterminate.
     #[error("leadership of lease {key:?} ended while a fenced send was in flight; its outcome is unknown")]

@@ -15,7 +15,9 @@
 //!   and [`ElectorHandle::spawn_leader_work`] to run work only while leader;
 //! - the current term for stamping writes, and [`ElectorHandle::write_fenced`], which refuses
 //!   to send while not leader and abandons the send when leadership ends;
-//! - [`ElectorHandle::shutdown`], which stops leader work and releases the lease.
+//! - [`ElectorHandle::shutdown`], which stops leader work and releases the lease;
+//! - a value attached to the lease for each period ([`ElectorBuilder::value`],
+//!   [`ElectorHandle::set_value`]), which anyone reads with [`observe`] to find the leader.
 //!
 //! This crate knows nothing about HTTP: [`FencingToken`] gives the header name and value to put
 //! on a request made with any client.
@@ -79,5 +81,5 @@ pub mod state;
 
 pub use config::{Elector, ElectorBuilder};
 pub use error::Error;
-pub use runtime::ElectorHandle;
+pub use runtime::{ElectorHandle, Leader, observe};
 pub use state::{Event, FencingToken, LeaderState, Leadership, LossReason};

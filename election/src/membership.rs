@@ -187,7 +187,13 @@ impl Membership {
         let (members_tx, members) = watch::channel(Vec::new());
         let (registered_tx, registered) = watch::channel(None);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(node.clone(), events.clone(), members_tx, registered_tx, stop.clone()));
+        let done = CancellationToken::new();
+        let heartbeats = run(node.clone(), events.clone(), members_tx, registered_tx, stop.clone());
+        let ended = done.clone();
+        let task = tokio::spawn(async move {
+            let _ended = ended.drop_guard();
+            heartbeats.await;
+        });
         MembershipHandle {
             membership: node,
             events,
@@ -195,6 +201,7 @@ impl Membership {
             members,
             registered,
             stop,
+            done,
             task: Some(task),
         }
     }
@@ -420,6 +427,8 @@ pub struct MembershipHandle {
     /// clock (sent + remaining).
     registered: watch::Receiver<Option<Registration>>,
     stop: CancellationToken,
+    /// Cancelled when the heartbeat task has ended (no heartbeat of it is in flight any more).
+    done: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
 
@@ -434,9 +443,10 @@ impl MembershipHandle {
         &self.membership
     }
 
-    /// The token that stops the node's heartbeats (without leaving, as dropping this handle).
-    pub(crate) fn stop_token(&self) -> CancellationToken {
-        self.stop.clone()
+    /// The token that stops the node's heartbeats (without leaving, as dropping this handle),
+    /// and the one cancelled once the heartbeat task has ended.
+    pub(crate) fn stop_tokens(&self) -> (CancellationToken, CancellationToken) {
+        (self.stop.clone(), self.done.clone())
     }
 
     /// This node's registration: its start in the store and until when, on the boot clock.

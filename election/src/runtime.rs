@@ -51,6 +51,9 @@ const BACKOFF_BASE: Duration = Duration::from_millis(25);
 #[derive(Debug)]
 pub struct ElectorHandle {
     shared: Arc<Shared>,
+    /// The elector's pool and query timeout, for [`ElectorHandle::set_value`].
+    pool: deadpool_postgres::Pool,
+    query_timeout: Duration,
     /// Cancelled to stop the elector task.
     shutdown: CancellationToken,
     /// The leader work spawned through this handle, waited for (bounded) on shutdown.
@@ -115,8 +118,9 @@ pub(crate) fn start(elector: Elector) -> ElectorHandle {
     metrics::gauge!(names::LEASE_REMAINING_SECONDS, &labels).set(0.0);
     metrics::counter!(names::RENEW_FAILURES, &labels).increment(0);
     metrics::counter!(names::CLOCK_DISAGREEMENTS, &labels).increment(0);
+    let (pool, query_timeout) = (runtime.elector.pool.clone(), runtime.elector.query_timeout);
     let task = tokio::spawn(runtime.run().instrument(span));
-    ElectorHandle { shared, shutdown, leader_work, task: Some(task) }
+    ElectorHandle { shared, pool, query_timeout, shutdown, leader_work, task: Some(task) }
 }
 
 impl ElectorHandle {
@@ -199,6 +203,45 @@ impl ElectorHandle {
         let leadership = self.leadership().ok_or_else(|| Error::NotLeader { key: self.key().to_owned() })?;
         let token = leadership.fencing_token()?;
         leadership.run_send(send(token)).await
+    }
+
+    /// Attaches `value` (at most 4096 bytes of JSON text; JSON null clears it) to the lease for
+    /// this process's current period (proclaim), replacing the one set at its start
+    /// ([`crate::ElectorBuilder::value`]). Checked by the store against this owner and term, so
+    /// a process whose period ended (a zombie) changes nothing: [`Error::NotLeader`]. Bounded by
+    /// the query timeout ([`Error::Store`] past it).
+    pub async fn set_value(&self, value: &serde_json::Value) -> Result<(), Error> {
+        let key = self.key().to_owned();
+        let text = value.to_string();
+        if text.len() > store::MAX_LEASE_VALUE_BYTES {
+            return Err(Error::InvalidSetting(format!(
+                "the lease value is at most {} bytes of JSON, got {}",
+                store::MAX_LEASE_VALUE_BYTES,
+                text.len()
+            )));
+        }
+        let term = self.current_term().ok_or_else(|| Error::NotLeader { key: key.clone() })?;
+        let deadline = Instant::now() + self.query_timeout;
+        let failed = |message: String| Error::Store { key: key.clone(), message };
+        let client = match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
+            Err(_) => return Err(failed("timed out getting a connection".to_owned())),
+        };
+        match timeout_at(deadline, store::set_lease_value(&**client, &key, &self.shared.owner, term, &text)).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(Error::NotLeader { key }),
+            Ok(Err(error)) => {
+                if error.is_store_failure() {
+                    discard(client);
+                }
+                Err(failed(error_chain(&error)))
+            }
+            Err(_) => {
+                discard(client);
+                Err(failed("timed out".to_owned()))
+            }
+        }
     }
 
     /// The token that stops the elector's task (as dropping this handle does).
@@ -647,7 +690,29 @@ impl Runtime {
             LeaseCall::Renew => timeout_at(call_deadline, store::renew(&**client, key, owner, ttl)).await,
         };
         match answer {
-            Ok(Ok(reply)) => Ok(reply),
+            Ok(Ok(reply)) => {
+                // The period's value (proclaim), on the same connection, within the call's time:
+                // not part of the leadership, so a failure only leaves the period without one.
+                if let (LeaseCall::Acquire, true, Some(term), Some(value)) =
+                    (call, reply.ok, reply.term, self.elector.value.as_deref())
+                {
+                    let deadline = call_deadline.min(Instant::now() + self.elector.query_timeout);
+                    match timeout_at(deadline, store::set_lease_value(&**client, key, owner, term, value)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => {
+                            warn!(error = %error_chain(&error), term, "could not attach the lease's value for this period");
+                            if error.is_store_failure() {
+                                discard(client);
+                            }
+                        }
+                        Err(_) => {
+                            warn!(term, "attaching the lease's value for this period timed out");
+                            discard(client);
+                        }
+                    }
+                }
+                Ok(reply)
+            }
             Ok(Err(error)) if server_gave_up(&error) => {
                 // The server's statement or lock timeout, the twin of the client's.
                 discard(client);
@@ -721,4 +786,48 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Who leads `key` now, by the store's clock, and the value its holder attached for its period
+/// (observe): `None` while nobody holds it. Read with one query, bounded by `timeout`.
+pub async fn observe(pool: &deadpool_postgres::Pool, key: &str, timeout: Duration) -> Result<Option<Leader>, Error> {
+    let failed = |message: String| Error::Store { key: key.to_owned(), message };
+    let deadline = Instant::now() + timeout;
+    let client = match timeout_at(deadline, pool.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
+        Err(_) => return Err(failed("timed out getting a connection".to_owned())),
+    };
+    let row = match timeout_at(deadline, store::get_lease(&**client, key)).await {
+        Ok(Ok(row)) => row,
+        Ok(Err(error)) => {
+            if error.is_store_failure() {
+                discard(client);
+            }
+            return Err(failed(error_chain(&error)));
+        }
+        Err(_) => {
+            discard(client);
+            return Err(failed("timed out".to_owned()));
+        }
+    };
+    Ok(row.filter(|row| !row.remaining.is_zero()).map(|row| Leader {
+        value: row.value.as_deref().and_then(|text| serde_json::from_str(text).ok()),
+        owner: row.owner,
+        term: row.term,
+        remaining: row.remaining,
+    }))
+}
+
+/// The holder of a lease as [`observe`] read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Leader {
+    /// The holder's owner identity.
+    pub owner: String,
+    /// Its term.
+    pub term: i64,
+    /// How long it holds the lease by the store's clock (as read, rounded down).
+    pub remaining: Duration,
+    /// The value it attached for this term, if any.
+    pub value: Option<serde_json::Value>,
 }

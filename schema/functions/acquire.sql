@@ -7,7 +7,14 @@
 -- failed or late renewal, a passed deadline) never leads again with the same term (S2). The
 -- election library passes new_period on every acquire. The transaction commits synchronously
 -- whatever the session or database says (S1, S2 across a crash).
-DROP FUNCTION IF EXISTS fencing.acquire(text, text, interval);
+-- The three-argument version of schema version 1 (guarded, so a fresh install prints no NOTICE).
+DO $$
+BEGIN
+    IF to_regprocedure('fencing.acquire(text, text, interval)') IS NOT NULL THEN
+        DROP FUNCTION fencing.acquire(text, text, interval);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION fencing.acquire(key text, owner text, ttl interval, new_period boolean DEFAULT false)
 RETURNS fencing.lease_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -74,14 +74,18 @@ BEGIN
     args_ := CASE WHEN term_column IS NULL THEN format('%L', resource)
                   ELSE format('%L, %L', resource, term_column) END;
     IF NOT is_partition_ THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS fencing_guard ON %s', rel);
+        IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_guard') THEN
+            EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
+        END IF;
         EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION fencing.guard(%s)', rel, args_);
     END IF;
     IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_guard') THEN
         EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencing_guard', rel);
     END IF;
-    EXECUTE format('DROP TRIGGER IF EXISTS fencing_guard_truncate ON %s', rel);
+    IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_guard_truncate') THEN
+        EXECUTE format('DROP TRIGGER fencing_guard_truncate ON %s', rel);
+    END IF;
     EXECUTE format('CREATE TRIGGER fencing_guard_truncate BEFORE TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard(%L)', rel, resource);
     EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencing_guard_truncate', rel);

@@ -1,6 +1,12 @@
 -- Appends refused writes (arrays of one length) and keeps only the newest `keep` rows. The
 -- record is for review, not for decisions: it commits without waiting for the WAL flush.
-DROP FUNCTION IF EXISTS fencing.record_refusals(text[], text[], text[], bigint[], bigint[], text, integer);
+DO $$
+BEGIN
+    IF to_regprocedure('fencing.record_refusals(text[], text[], text[], bigint[], bigint[], text, integer)') IS NOT NULL THEN
+        DROP FUNCTION fencing.record_refusals(text[], text[], text[], bigint[], bigint[], text, integer);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION fencing.record_refusals(resources text[], routes text[], outcomes text[],
                                                    presented_terms bigint[], current_terms bigint[],
                                                    client_addrs text[], request_ids text[],

@@ -6,7 +6,8 @@
 -- nothing, because the guard runs with its owner's rights. Grant applications what they call:
 --   GRANT USAGE ON SCHEMA fencing TO app;
 --   GRANT EXECUTE ON FUNCTION fencing.acquire(text, text, interval, boolean), fencing.renew(text, text, interval),
---       fencing.release(text, text), fencing.admit(text, bigint) TO app;
+--       fencing.release(text, text), fencing.admit(text, bigint),
+--       fencing.set_lease_value(text, text, bigint, jsonb), fencing.read_lease(text) TO app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencing FROM PUBLIC;
 ALTER DEFAULT PRIVILEGES IN SCHEMA fencing REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fencing FROM PUBLIC;
@@ -20,7 +21,9 @@ GRANT EXECUTE ON FUNCTION fencing.protect_tree(regclass, text, text), fencing.pr
 DO $$
 BEGIN
     IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
-        DROP EVENT TRIGGER IF EXISTS fencing_protect_children;
+        IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'fencing_protect_children') THEN
+            DROP EVENT TRIGGER fencing_protect_children;
+        END IF;
         CREATE EVENT TRIGGER fencing_protect_children ON ddl_command_end
             WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
             EXECUTE FUNCTION fencing.protect_children();

@@ -33,9 +33,20 @@ END
 $$;
 
 -- The signatures that gain a grant argument: the new ones are in schema/functions/.
-DROP FUNCTION IF EXISTS fencing.gate_many(text[], bigint[], text[], text[], text[], interval);
-DROP FUNCTION IF EXISTS fencing.gate_lease(text, text, text, interval, text);
-DROP FUNCTION IF EXISTS fencing.gate(text, bigint, interval, text);
+-- Guarded, so a fresh install (where they never existed) prints no NOTICE.
+DO $$
+BEGIN
+    IF to_regprocedure('fencing.gate_many(text[], bigint[], text[], text[], text[], interval)') IS NOT NULL THEN
+        DROP FUNCTION fencing.gate_many(text[], bigint[], text[], text[], text[], interval);
+    END IF;
+    IF to_regprocedure('fencing.gate_lease(text, text, text, interval, text)') IS NOT NULL THEN
+        DROP FUNCTION fencing.gate_lease(text, text, text, interval, text);
+    END IF;
+    IF to_regprocedure('fencing.gate(text, bigint, interval, text)') IS NOT NULL THEN
+        DROP FUNCTION fencing.gate(text, bigint, interval, text);
+    END IF;
+END
+$$;
 
 INSERT INTO fencing.schema_migrations (version, name) VALUES (5, 'grants')
 ON CONFLICT (version) DO NOTHING;

@@ -40,10 +40,23 @@ UPDATE fencing.fences f
  WHERE f.horizon IS NOT NULL OR f.granted_until IS NOT NULL OR f.settle_at IS NOT NULL;
 
 -- The functions that read the instants, and the instants themselves.
-DROP FUNCTION IF EXISTS fencing.grant_left(interval, timestamptz, timestamptz, interval, timestamptz);
-DROP FUNCTION IF EXISTS fencing.grant_outstanding(timestamptz);
-DROP FUNCTION IF EXISTS fencing.await_grant(timestamptz);
-DROP FUNCTION IF EXISTS fencing.lease_grants_end(fencing.leases);
+-- Guarded, so a fresh install (where they never existed) prints no NOTICE.
+DO $$
+BEGIN
+    IF to_regprocedure('fencing.grant_left(interval, timestamptz, timestamptz, interval, timestamptz)') IS NOT NULL THEN
+        DROP FUNCTION fencing.grant_left(interval, timestamptz, timestamptz, interval, timestamptz);
+    END IF;
+    IF to_regprocedure('fencing.grant_outstanding(timestamptz)') IS NOT NULL THEN
+        DROP FUNCTION fencing.grant_outstanding(timestamptz);
+    END IF;
+    IF to_regprocedure('fencing.await_grant(timestamptz)') IS NOT NULL THEN
+        DROP FUNCTION fencing.await_grant(timestamptz);
+    END IF;
+    IF to_regprocedure('fencing.lease_grants_end(fencing.leases)') IS NOT NULL THEN
+        DROP FUNCTION fencing.lease_grants_end(fencing.leases);
+    END IF;
+END
+$$;
 ALTER TABLE fencing.fences DROP COLUMN IF EXISTS horizon;
 ALTER TABLE fencing.fences DROP COLUMN IF EXISTS settle_at;
 ALTER TABLE fencing.fences DROP COLUMN IF EXISTS granted_until;

@@ -114,7 +114,12 @@ impl From<tokio_postgres::Error> for Error {
         let code = db.code();
         if code == &SqlState::from_code(SQLSTATE_REFUSED) {
             Error::Refused { message: db.message().to_owned() }
-        } else if code == &SqlState::from_code(SQLSTATE_INVALID_ARGUMENT) {
+        } else if code == &SqlState::from_code(SQLSTATE_INVALID_ARGUMENT)
+            // Text a caller sent that Postgres cannot read as the type asked for (a lease value
+            // that is no JSON Postgres accepts: a \u0000 in a string): bad input too.
+            || code == &SqlState::INVALID_TEXT_REPRESENTATION
+            || code == &SqlState::UNTRANSLATABLE_CHARACTER
+        {
             Error::InvalidArgument { message: db.message().to_owned() }
         } else {
             Error::Store(error)

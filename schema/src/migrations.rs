@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 8, name: "clock_safe_waits", sql: include_str!("../migrations/0008_clock_safe_waits.sql") },
     Migration { version: 9, name: "lease_grants", sql: include_str!("../migrations/0009_lease_grants.sql") },
     Migration { version: 10, name: "settle_ids", sql: include_str!("../migrations/0010_settle_ids.sql") },
+    Migration { version: 11, name: "lease_values", sql: include_str!("../migrations/0011_lease_values.sql") },
 ];
 
 macro_rules! repeatable {
@@ -67,6 +68,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "gate_many",
     "grants",
     "guard",
+    "lease_value",
     "members",
     "presented_term",
     "probe_newest",
@@ -81,7 +83,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 10;
+pub const LATEST_VERSION: i32 = 11;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -44,6 +44,9 @@ pub struct LeaseRow {
     pub expires_at: SystemTime,
     /// How long the lease has left by the store's clock, rounded down.
     pub remaining: Duration,
+    /// The value the holder of `term` attached (JSON text, as the store prints it; schema
+    /// version 11), or `None`: a value of an earlier term is no value of this one.
+    pub value: Option<String>,
 }
 
 /// A row of `fencing.fences`.
@@ -183,9 +186,8 @@ pub async fn release(client: &impl GenericClient, key: &str, owner: &str) -> Res
 pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<LeaseRow>, Error> {
     let row = client
         .query_opt(
-            "SELECT key, owner, term, acquired_at, renewed_at, expires_at,
-                    fencing.remaining_ms(expires_at, clock_timestamp()) AS remaining_ms
-               FROM fencing.leases WHERE key = $1",
+            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value
+               FROM fencing.read_lease($1)",
             &[&key],
         )
         .await?;
@@ -198,7 +200,28 @@ pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<
         renewed_at: row.try_get("renewed_at").map_err(Error::Store)?,
         expires_at: row.try_get("expires_at").map_err(Error::Store)?,
         remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+        value: row.try_get("value").map_err(Error::Store)?,
     }))
+}
+
+/// The most JSON text a lease's value may have ([`set_lease_value`]).
+pub const MAX_LEASE_VALUE_BYTES: usize = 4096;
+
+/// Calls `fencing.set_lease_value(key, owner, term, value)`: attaches `value` (JSON text; `null`
+/// clears it) to the lease while `owner` holds it at `term`. False when it does not (a zombie's
+/// call with its old term, or after its lease ended), and nothing changed. Invalid JSON or more
+/// than [`MAX_LEASE_VALUE_BYTES`] is an error, nothing changed.
+pub async fn set_lease_value(
+    client: &impl GenericClient,
+    key: &str,
+    owner: &str,
+    term: i64,
+    value: &str,
+) -> Result<bool, Error> {
+    let row = client
+        .query_one("SELECT fencing.set_lease_value($1, $2, $3, $4::text::jsonb)", &[&key, &owner, &term, &value])
+        .await?;
+    row.try_get(0).map_err(Error::Store)
 }
 
 /// Reads one fence row.

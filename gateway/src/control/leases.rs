@@ -39,6 +39,44 @@ impl ControlState {
 struct LeaseRequest {
     owner: String,
     ttl_ms: u64,
+    /// The holder's value, set for the term this call holds (absent: unchanged; a new term
+    /// starts with none; JSON null clears it).
+    #[serde(default, deserialize_with = "present")]
+    value: Option<Value>,
+}
+
+/// A member that is present, even as JSON null (absent is `None` through `default`).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(deserializer).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValueRequest {
+    owner: String,
+    term: i64,
+    /// JSON null clears it.
+    value: Value,
+}
+
+/// The value as the store will keep it: its JSON text, at most [`store::MAX_LEASE_VALUE_BYTES`]
+/// (422 beyond, before anything is asked of the store).
+fn value_text(value: &Value) -> Result<String, Problem> {
+    let text = value.to_string();
+    if text.len() > store::MAX_LEASE_VALUE_BYTES {
+        return Err(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "value-too-large",
+            "Lease value too large",
+            &format!("a lease value is at most {} bytes of JSON, got {}", store::MAX_LEASE_VALUE_BYTES, text.len()),
+        ));
+    }
+    Ok(text)
+}
+
+/// A stored value's JSON text as JSON (the store only keeps valid JSON).
+fn stored_value(text: Option<&str>) -> Value {
+    text.and_then(|text| serde_json::from_str(text).ok()).unwrap_or(Value::Null)
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,27 +149,63 @@ pub(super) async fn lease_call(
             return problem.into_response();
         }
     };
+    let value = match request.value.as_ref().map(value_text).transpose() {
+        Ok(value) => value,
+        Err(problem) => {
+            ControlState::count(op, "invalid");
+            return problem.into_response();
+        }
+    };
     // The store's owner is the client's: another client cannot renew or stamp with it.
     let (call_key, owner) = (key.clone(), caller.store_owner(&request.owner));
     let reply = state
-        .with_client(|client| async move {
-            let result = if op == "acquire" {
-                store::acquire(&**client, &call_key, &owner, ttl).await
-            } else {
-                store::renew(&**client, &call_key, &owner, ttl).await
+        .with_client(|mut client| async move {
+            let result = match value {
+                None => if op == "acquire" {
+                    store::acquire(&**client, &call_key, &owner, ttl).await
+                } else {
+                    store::renew(&**client, &call_key, &owner, ttl).await
+                }
+                .map(|reply| (reply, None)),
+                // The call and the value for the term it holds in one transaction: a value the
+                // store refuses (larger as Postgres prints it, or text Postgres does not take as
+                // JSON) leaves the lease as it was.
+                Some(value) => {
+                    async {
+                        let tx = client.transaction().await?;
+                        let reply = if op == "acquire" {
+                            store::acquire(&*tx, &call_key, &owner, ttl).await?
+                        } else {
+                            store::renew(&*tx, &call_key, &owner, ttl).await?
+                        };
+                        let set = match (reply.ok, reply.term) {
+                            (true, Some(term)) => {
+                                store::set_lease_value(&*tx, &call_key, &owner, term, &value).await?.then_some(value)
+                            }
+                            _ => None,
+                        };
+                        tx.commit().await?;
+                        Ok((reply, set))
+                    }
+                    .await
+                }
             };
             (client, result)
         })
         .await;
     match reply {
-        Ok(reply) if reply.ok => {
+        Ok((reply, set)) if reply.ok => {
             ControlState::count(op, "ok");
             if let Some(term) = reply.term {
                 state.note_grant(&key, term);
             }
-            axum::Json(lease_json(&key, &request.owner, &reply, ttl)).into_response()
+            let mut answer = lease_json(&key, &request.owner, &reply, ttl);
+            if request.value.is_some() {
+                answer["value"] = stored_value(set.as_deref());
+            }
+            axum::Json(answer).into_response()
         }
-        Ok(reply) => {
+        Ok((reply, _)) => {
             ControlState::count(op, "conflict");
             if op == "renew" {
                 let label = if state.named_keys.contains(&key) { key.clone() } else { names::OTHER_KEY.to_owned() };
@@ -216,6 +290,7 @@ pub(super) async fn get_lease(
             "expires_at": rfc3339(row.expires_at),
             "remaining_ms": millis(row.remaining),
             "ttl_ms": millis(row.expires_at.duration_since(row.renewed_at).unwrap_or_default()),
+            "value": stored_value(row.value.as_deref()),
         }))
         .into_response(),
         Ok(None) => {
@@ -224,5 +299,64 @@ pub(super) async fn get_lease(
                 .into_response()
         }
         Err(problem) => problem.into_response(),
+    }
+}
+
+/// `PUT /v1/leases/{key}/value`: the holder attaches a value to its lease at its term (proclaim).
+/// 409 not-holder when the owner does not hold the lease at that term (a zombie's old term, or a
+/// lease that ended), nothing changed.
+pub(super) async fn set_value(
+    State(state): State<ControlState>,
+    Extension(caller): Extension<Caller>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    const OP: &str = "value";
+    if let Err(problem) = may_call(&caller, &key, &headers, OP) {
+        return problem.into_response();
+    }
+    let request: ValueRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(problem) => {
+            ControlState::count(OP, "invalid");
+            return problem.into_response();
+        }
+    };
+    let value = match value_text(&request.value) {
+        Ok(value) => value,
+        Err(problem) => {
+            ControlState::count(OP, "invalid");
+            return problem.into_response();
+        }
+    };
+    let (call_key, owner, term) = (key.clone(), caller.store_owner(&request.owner), request.term);
+    let set = state
+        .with_client(|client| async move {
+            let result = store::set_lease_value(&**client, &call_key, &owner, term, &value).await;
+            (client, result)
+        })
+        .await;
+    match set {
+        Ok(true) => {
+            ControlState::count(OP, "ok");
+            axum::Json(json!({"key": key, "term": term, "value": request.value})).into_response()
+        }
+        Ok(false) => {
+            ControlState::count(OP, "conflict");
+            Problem::new(
+                StatusCode::CONFLICT,
+                "not-holder",
+                "Not the holder",
+                "the owner does not hold this lease at this term (expired, released or taken over): the value is unchanged",
+            )
+            .with("key", json!(key))
+            .with("term", json!(term))
+            .into_response()
+        }
+        Err(problem) => {
+            ControlState::count(OP, "error");
+            problem.into_response()
+        }
     }
 }

@@ -21,7 +21,7 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 
 use crate::config::Config;
 use crate::listener::{Connection, Handler};
@@ -37,6 +37,7 @@ pub fn router(state: ControlState) -> Router {
         .route("/v1/leases/{key}/acquire", post(leases::acquire))
         .route("/v1/leases/{key}/renew", post(leases::renew))
         .route("/v1/leases/{key}/release", post(leases::release))
+        .route("/v1/leases/{key}/value", put(leases::set_value))
         .route("/v1/leases/{key}", get(leases::get_lease))
         .route("/v1/fences/{resource}", get(fences::get_fence))
         .route("/v1/clusters/{cluster}/nodes", get(nodes::list_nodes))

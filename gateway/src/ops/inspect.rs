@@ -38,21 +38,37 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
     let mut out = String::new();
     match what {
         Inspect::Leases => {
-            let _ = writeln!(out, "{:<32} {:<40} {:>8} {:>12}  EXPIRES AT", "KEY", "HOLDER", "TERM", "LEFT");
+            let _ = writeln!(
+                out,
+                "{:<32} {:<40} {:>8} {:>12}  {:<24}  VALUE",
+                "KEY", "HOLDER", "TERM", "LEFT", "EXPIRES AT"
+            );
             for lease in store::list_leases(&client).await? {
                 let (holder, left) = if lease.remaining.is_zero() {
                     (format!("(none; last {})", lease.owner), "expired".to_owned())
                 } else {
                     (lease.owner.clone(), format!("{:.1}s", lease.remaining.as_secs_f64()))
                 };
+                // The value of the lease's term, as its holder set it (cut to one line's worth).
+                let value = lease.value.as_deref().map_or_else(
+                    || "-".to_owned(),
+                    |value| {
+                        let mut shown: String = value.chars().take(80).collect();
+                        if shown.len() < value.len() {
+                            shown.push_str("...");
+                        }
+                        shown
+                    },
+                );
                 let _ = writeln!(
                     out,
-                    "{:<32} {:<40} {:>8} {:>12}  {}",
+                    "{:<32} {:<40} {:>8} {:>12}  {:<24}  {}",
                     lease.key,
                     holder,
                     lease.term,
                     left,
-                    time(lease.expires_at)
+                    time(lease.expires_at),
+                    value
                 );
             }
         }

@@ -637,15 +637,20 @@ async fn a_runner_panic_ends_leadership_the_nodes_daemons_and_its_membership() {
         .unwrap();
     let elector = Elector::builder(pool, "panicky-leader").ttl(Duration::from_millis(1600)).build().unwrap();
     let cancelled = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&cancelled);
+    let returned_at: Arc<std::sync::Mutex<Option<SystemTime>>> = Arc::default();
+    let (flag, returned) = (Arc::clone(&cancelled), Arc::clone(&returned_at));
     let daemons = Daemons::builder(membership, elector)
         .ack_timeout(Duration::from_secs(1))
         .drain_timeout(Duration::from_secs(1))
         .daemon("worker", move |daemon| {
-            let flag = Arc::clone(&flag);
+            let (flag, returned) = (Arc::clone(&flag), Arc::clone(&returned));
             async move {
                 daemon.cancellation_token().cancelled().await;
                 flag.store(true, Ordering::Release);
+                // Finishing the work in hand: the node must not leave (and let another node
+                // start the daemon) before this returns.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                *returned.lock().unwrap() = Some(SystemTime::now());
             }
         })
         .build()
@@ -687,6 +692,11 @@ async fn a_runner_panic_ends_leadership_the_nodes_daemons_and_its_membership() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     fail::remove("daemons-runner-panic");
+    // The store and this process share the host's clock.
+    let left_at: SystemTime =
+        client.query_one("SELECT expires_at FROM fencing.nodes WHERE cluster = $1", &[&PANICKY]).await.unwrap().get(0);
+    let returned = returned_at.lock().unwrap().expect("the daemon returned");
+    assert!(returned <= left_at, "the node left at {left_at:?}, before its daemon returned at {returned:?}");
     assert_eq!(daemons.elector().and_then(|elector| elector.current_term()), None, "no longer leading");
     assert!(daemons.running().is_empty(), "no daemon runs here: {:?}", daemons.running());
     daemons.shutdown().await;

@@ -356,3 +356,67 @@ fn a_renewal_reply_handled_after_the_deadline_does_not_revive_the_period() {
         handle.shutdown().await;
     });
 }
+
+fn elector_with_value(db: &TestDb, key: &str, owner: &str, value: &serde_json::Value) -> ElectorHandle {
+    Elector::builder(pool(&db.url()), key)
+        .owner(owner)
+        .ttl(TTL)
+        .renew_interval(RENEW)
+        .safety_margin(MARGIN)
+        .query_timeout(QUERY_TIMEOUT)
+        .value(value)
+        .build()
+        .unwrap()
+        .start()
+}
+
+/// Proclaim and observe in the library: each period starts with the value its elector was built
+/// with, `set_value` changes it during the period, anyone finds the leader and its value with
+/// `observe`; an elector whose period ended (here by an operator's forced release) gets
+/// `NotLeader` and changes nothing, and the next leader's period shows its own value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_period_carries_its_leaders_value_and_a_lost_leader_cannot_change_the_next_ones() {
+    use fencing_election::observe;
+    use serde_json::json;
+
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let reader = pool(&db.url());
+    let a = elector_with_value(&db, "proclaimed", "a", &json!({"addr": "a:7000"}));
+    let (_, term_a) = sole_leader(std::slice::from_ref(&a)).await;
+    let seen = observe(&reader, "proclaimed", QUERY_TIMEOUT).await.unwrap().expect("a leads");
+    assert_eq!((seen.term, seen.value), (term_a, Some(json!({"addr": "a:7000"}))));
+    assert!(seen.owner.starts_with("a#"), "{}", seen.owner);
+    a.set_value(&json!({"addr": "a:7001"})).await.unwrap();
+    let seen = observe(&reader, "proclaimed", QUERY_TIMEOUT).await.unwrap().expect("a leads");
+    assert_eq!(seen.value, Some(json!({"addr": "a:7001"})));
+    let big = json!("x".repeat(5000));
+    assert!(matches!(a.set_value(&big).await, Err(Error::InvalidSetting(_))));
+
+    // An operator ends a's period; b, waiting, takes over with its own value.
+    let b = elector_with_value(&db, "proclaimed", "b", &json!({"addr": "b:7000"}));
+    store::force_release(&client, "proclaimed", "ops", "test").await.unwrap();
+    let started = tokio::time::Instant::now();
+    let term_b = loop {
+        if let Some(term) = b.current_term() {
+            break term;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "b never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(term_b > term_a);
+    let started = tokio::time::Instant::now();
+    while a.current_term().is_some() {
+        assert!(started.elapsed() < TTL, "a still leads after its lease was released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        matches!(a.set_value(&json!({"addr": "zombie"})).await, Err(Error::NotLeader { .. })),
+        "a lost leader sets nothing"
+    );
+    let seen = observe(&reader, "proclaimed", QUERY_TIMEOUT).await.unwrap().expect("b leads");
+    assert_eq!((seen.term, seen.value), (term_b, Some(json!({"addr": "b:7000"}))));
+    b.shutdown().await;
+    assert_eq!(observe(&reader, "proclaimed", QUERY_TIMEOUT).await.unwrap(), None, "released: nobody leads");
+    a.shutdown().await;
+}

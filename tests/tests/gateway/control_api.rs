@@ -418,3 +418,108 @@ async fn daemons_offer_reconcile_acknowledge_and_stop_through_the_control_api() 
     let state = states.iter().find(|d| d["daemon"] == daemon.as_str()).unwrap();
     assert_eq!((state["state"].as_str(), state["reason"].as_str()), (Some("unassigned"), Some("released")));
 }
+
+/// A leader's value through the control API: set at acquire, read by anyone with `GET`, changed
+/// by its own `PUT .../value`; a zombie (the old holder, with its old term) cannot overwrite the
+/// new leader's, neither by `PUT` nor by a renewal; bad input is 400, 415 or 422 problem+json and
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaders_value_is_the_holders_and_a_zombie_cannot_overwrite_it() {
+    let setup = Setup::new().await;
+    let control = setup.gateway.control;
+    let call = |method: Method, path: &'static str, body: String| async move {
+        send(control, method, path, &[JSON], &body).await.unwrap()
+    };
+    let acquired =
+        call(Method::POST, "/v1/leases/svc/acquire", r#"{"owner":"a","ttl_ms":1000,"value":{"addr":"a:7000"}}"#.into())
+            .await;
+    assert_eq!(acquired.status, StatusCode::OK, "{}", acquired.json());
+    assert_eq!(acquired.json()["value"], serde_json::json!({"addr": "a:7000"}));
+    let term_a = acquired.json()["term"].as_i64().unwrap();
+    let got = call(Method::GET, "/v1/leases/svc", String::new()).await;
+    assert_eq!(got.json()["value"], serde_json::json!({"addr": "a:7000"}));
+    let changed = call(
+        Method::PUT,
+        "/v1/leases/svc/value",
+        format!(r#"{{"owner":"a","term":{term_a},"value":{{"addr":"a:7001","version":"2"}}}}"#),
+    )
+    .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.json());
+    assert_eq!(
+        call(Method::GET, "/v1/leases/svc", String::new()).await.json()["value"],
+        serde_json::json!({"addr": "a:7001", "version": "2"})
+    );
+
+    // a stops renewing (paused); its lease expires and b takes over with its own value.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let b = call(Method::POST, "/v1/leases/svc/acquire", r#"{"owner":"b","ttl_ms":30000}"#.into()).await;
+    assert_eq!(b.status, StatusCode::OK);
+    let term_b = b.json()["term"].as_i64().unwrap();
+    assert!(term_b > term_a);
+    assert_eq!(
+        call(Method::GET, "/v1/leases/svc", String::new()).await.json()["value"],
+        serde_json::Value::Null,
+        "a new term shows no value until its holder sets one, never the last leader's"
+    );
+    let set_b = format!(r#"{{"owner":"b","term":{term_b},"value":{{"addr":"b:7000"}}}}"#);
+    assert_eq!(call(Method::PUT, "/v1/leases/svc/value", set_b).await.status, StatusCode::OK);
+
+    // a resumes as a zombie: its old term's value is refused, and so is a renewal with a value.
+    let zombie = call(
+        Method::PUT,
+        "/v1/leases/svc/value",
+        format!(r#"{{"owner":"a","term":{term_a},"value":{{"addr":"zombie"}}}}"#),
+    )
+    .await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT);
+    assert_eq!(zombie.header("content-type"), Some("application/problem+json"));
+    let renewal =
+        call(Method::POST, "/v1/leases/svc/renew", r#"{"owner":"a","ttl_ms":1000,"value":{"addr":"zombie"}}"#.into())
+            .await;
+    assert_eq!(renewal.status, StatusCode::CONFLICT);
+    assert_eq!(
+        call(Method::GET, "/v1/leases/svc", String::new()).await.json()["value"],
+        serde_json::json!({"addr": "b:7000"}),
+        "the zombie changed nothing"
+    );
+
+    // Bad input: nothing changes.
+    let before = fencing_state(&setup.db.connect().await).await;
+    let big = format!(r#"{{"owner":"b","term":{term_b},"value":"{}"}}"#, "x".repeat(5000));
+    let too_large = call(Method::PUT, "/v1/leases/svc/value", big).await;
+    assert_eq!(
+        (too_large.status, too_large.json()["type"].as_str().map(|t| t.ends_with("value-too-large"))),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some(true)),
+        "{}",
+        too_large.json()
+    );
+    let missing_term = call(Method::PUT, "/v1/leases/svc/value", r#"{"owner":"b","value":1}"#.into()).await;
+    assert_eq!(missing_term.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let malformed = call(Method::PUT, "/v1/leases/svc/value", r#"{"owner":"b","term":"#.into()).await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    let untyped =
+        send(control, Method::PUT, "/v1/leases/svc/value", &[], r#"{"owner":"b","term":2,"value":1}"#).await.unwrap();
+    assert_eq!(untyped.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let acquire_big = format!(r#"{{"owner":"c","ttl_ms":30000,"value":"{}"}}"#, "x".repeat(5000));
+    assert_eq!(
+        call(Method::POST, "/v1/leases/other/acquire", acquire_big).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    // Values the gateway lets through but the store refuses: 3001 bytes as sent, 4499 as
+    // Postgres prints JSON (a space after each comma); a NUL character, which Postgres's JSON
+    // does not take. The acquire they came with is undone: 422, and no lease.
+    let zeros = vec!["0"; 1501].join(",");
+    for value in [format!("[{zeros}]"), r#""\u0000""#.to_owned()] {
+        let body = format!(r#"{{"owner":"c","ttl_ms":30000,"value":{value}}}"#);
+        let refused = call(Method::POST, "/v1/leases/other/acquire", body).await;
+        assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", refused.json());
+        assert_eq!(refused.header("content-type"), Some("application/problem+json"));
+    }
+    assert_eq!(fencing_state(&setup.db.connect().await).await, before, "bad input changed nothing");
+    assert_eq!(call(Method::GET, "/v1/leases/other", String::new()).await.status, StatusCode::NOT_FOUND);
+    // JSON null in a renewal clears the value.
+    let cleared =
+        call(Method::POST, "/v1/leases/svc/renew", r#"{"owner":"b","ttl_ms":30000,"value":null}"#.into()).await;
+    assert_eq!((cleared.status, cleared.json()["value"].clone()), (StatusCode::OK, serde_json::Value::Null));
+    assert_eq!(call(Method::GET, "/v1/leases/svc", String::new()).await.json()["value"], serde_json::Value::Null);
+}

@@ -41,7 +41,7 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
             Method::POST,
             "/v1/leases/ledger-writer/acquire",
             &[JSON],
-            &format!(r#"{{"owner":"{owner}","ttl_ms":600000}}"#),
+            &format!(r#"{{"owner":"{owner}","ttl_ms":600000,"value":{{"addr":"{owner}:7000"}}}}"#),
         )
         .await
         .unwrap()
@@ -59,8 +59,11 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
     let (code, leases) = cli(&url, &["inspect", "leases"], "").await;
     assert_eq!(code, Some(0), "{leases}");
     assert!(
-        leases.lines().any(|l| l.starts_with("ledger-writer") && l.contains("node-a") && l.contains(" 1 ")),
-        "{leases}"
+        leases.lines().any(|l| l.starts_with("ledger-writer")
+            && l.contains("node-a")
+            && l.contains(" 1 ")
+            && l.ends_with(r#"{"addr": "node-a:7000"}"#)),
+        "the holder, its term and its value: {leases}"
     );
     let (code, fence) = cli(&url, &["inspect", "fence", "acct-1"], "").await;
     assert_eq!(code, Some(0));

@@ -18,6 +18,7 @@ mod guard;
 mod guard_coverage;
 mod harness;
 mod isolation;
+mod lease_values;
 mod members;
 mod migrations;
 mod plants;
