@@ -380,11 +380,15 @@ impl Runtime {
                     self.observe_clock(sent.boot, &reply);
                     let seen = (reply.holder.clone(), reply.term);
                     if last_seen.as_ref() != Some(&seen) {
-                        debug!(holder = ?seen.0, term = ?seen.1, "lease held by another owner");
+                        match &seen.0 {
+                            Some(_) => debug!(holder = ?seen.0, term = ?seen.1, "lease held by another owner"),
+                            None => debug!(term = ?seen.1, lock_delay = ?reply.lock_delay, "lease in its lock-delay"),
+                        }
                         self.shared.publish(Event::HolderChanged { holder: seen.0.clone(), term: seen.1 });
                         last_seen = Some(seen);
                     }
-                    self.retry_delay()
+                    // In a lock-delay, the next try comes no earlier than its end.
+                    self.retry_delay().max(reply.lock_delay)
                 }
                 Err(error) => {
                     failures = failures.saturating_add(1);

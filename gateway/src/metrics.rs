@@ -56,6 +56,8 @@ pub const LEASE_HELD: &str = "fencing_lease_held";
 pub const LEASE_TERM: &str = "fencing_lease_term";
 /// Gauge `{key}`: the configured lease's time left, by the store.
 pub const LEASE_REMAINING: &str = "fencing_lease_remaining_seconds";
+/// Gauge, label `key`: what is left of a configured lease's lock-delay (no new term before).
+pub const LEASE_LOCK_DELAY: &str = "fencing_lease_lock_delay_remaining_seconds";
 /// Counter `{key}`: renewals through the control API that were refused (the owner no longer
 /// held the lease): a leader in any language that lost its lease.
 pub const LEASE_RENEW_FAILURES: &str = "fencing_lease_renew_failures_total";
@@ -117,6 +119,11 @@ fn describe() {
     metrics::describe_gauge!(LEASE_HELD, "1 while the configured lease has an unexpired holder, by the store");
     metrics::describe_gauge!(LEASE_TERM, "The configured lease's current term, by the store");
     metrics::describe_gauge!(LEASE_REMAINING, Unit::Seconds, "The configured lease's time left, by the store");
+    metrics::describe_gauge!(
+        LEASE_LOCK_DELAY,
+        Unit::Seconds,
+        "What is left of the configured lease's lock-delay: no new term before it has passed"
+    );
     metrics::describe_counter!(
         LEASE_RENEW_FAILURES,
         "Renewals through the control API refused because the owner no longer held the lease"

@@ -25,6 +25,7 @@ DECLARE
     row_    fencing.leases;
     now_    timestamptz;
     grant_ms_ bigint;
+    delay_ms_ bigint;
 BEGIN
     PERFORM fencing.check_name('lease key', p_key);
     PERFORM fencing.check_name('owner', p_owner);
@@ -43,7 +44,7 @@ BEGIN
             VALUES (p_key, 1, p_owner, now_)
             ON CONFLICT DO NOTHING;
             RETURN (true, p_owner, 1::bigint, row_.expires_at,
-                    fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+                    fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
         END IF;
         -- A concurrent caller created the row first: decide against its row.
         SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
@@ -54,7 +55,7 @@ BEGIN
     now_ := clock_timestamp();
     IF row_.expires_at > now_ AND row_.owner <> p_owner THEN
         RETURN (false, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
     END IF;
 
     IF row_.expires_at > now_ AND NOT coalesce(new_period, false) THEN
@@ -64,7 +65,17 @@ BEGIN
          WHERE l.key = p_key
         RETURNING * INTO row_;
         RETURN (true, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+    END IF;
+
+    -- Lock-delay: after a period that ended without a release, no new term until the key's
+    -- delay has passed since its end (the valid holder asking for a new period ends its own
+    -- period now: none).
+    IF row_.expires_at <= now_ THEN
+        delay_ms_ := fencing.lock_delay_left(row_, now_);
+        IF delay_ms_ > 0 THEN
+            RETURN (false, NULL, row_.term, row_.expires_at, 0, delay_ms_)::fencing.lease_result;
+        END IF;
     END IF;
 
     -- A new leadership period, once every grant on the old term has ended (grants.sql): until
@@ -91,6 +102,6 @@ BEGIN
     VALUES (p_key, row_.term, p_owner, now_)
     ON CONFLICT DO NOTHING;
     RETURN (true, row_.owner, row_.term, row_.expires_at,
-            fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+            fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
 END
 $$;

@@ -32,18 +32,20 @@ CREATE OR REPLACE FUNCTION fencing.lease_value(lease_ fencing.leases) RETURNS js
 LANGUAGE sql IMMUTABLE AS $$ SELECT CASE WHEN lease_.value_term = lease_.term THEN lease_.value END $$;
 
 -- One lease as a reader sees it (observe): its last holder, term and times, the time it has left
--- by the store's clock (0 once it ended), and the value of its term as JSON text. No row for a
+-- by the store's clock (0 once it ended), the value of its term as JSON text, and what is left of
+-- its lock-delay (schema version 12). No row for a
 -- key never acquired. Runs with its owner's rights, so a role granted EXECUTE on it needs no
 -- privilege on the table.
 CREATE OR REPLACE FUNCTION fencing.read_lease(lease_key text)
 RETURNS TABLE (key text, owner text, term bigint, acquired_at timestamptz, renewed_at timestamptz,
-               expires_at timestamptz, remaining_ms bigint, value text)
+               expires_at timestamptz, remaining_ms bigint, value text, lock_delay_ms bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM fencing.check_name('lease key', lease_key);
     RETURN QUERY
         SELECT l.key, l.owner, l.term, l.acquired_at, l.renewed_at, l.expires_at,
-               fencing.remaining_ms(l.expires_at, clock_timestamp()), fencing.lease_value(l)::text
+               fencing.remaining_ms(l.expires_at, clock_timestamp()), fencing.lease_value(l)::text,
+               fencing.lock_delay_left(l, clock_timestamp())
           FROM fencing.leases l WHERE l.key = lease_key;
 END
 $$;

@@ -22,14 +22,14 @@ BEGIN
     SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR NO KEY UPDATE;
     now_ := clock_timestamp();
     IF NOT FOUND THEN
-        RETURN (false, NULL, NULL, NULL, 0)::fencing.lease_result;
+        RETURN (false, NULL, NULL, NULL, 0, 0)::fencing.lease_result;
     END IF;
     IF row_.expires_at <= now_ THEN
-        RETURN (false, NULL, row_.term, row_.expires_at, 0)::fencing.lease_result;
+        RETURN (false, NULL, row_.term, row_.expires_at, 0, 0)::fencing.lease_result;
     END IF;
     IF row_.owner <> p_owner THEN
         RETURN (false, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
     END IF;
 
     -- A grant never outlasts its length, whatever the ttl: a new term waits out the longest
@@ -39,6 +39,6 @@ BEGIN
      WHERE l.key = p_key
     RETURNING * INTO row_;
     RETURN (true, row_.owner, row_.term, row_.expires_at,
-            fencing.remaining_ms(row_.expires_at, now_))::fencing.lease_result;
+            fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
 END
 $$;

@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 9, name: "lease_grants", sql: include_str!("../migrations/0009_lease_grants.sql") },
     Migration { version: 10, name: "settle_ids", sql: include_str!("../migrations/0010_settle_ids.sql") },
     Migration { version: 11, name: "lease_values", sql: include_str!("../migrations/0011_lease_values.sql") },
+    Migration { version: 12, name: "lock_delay", sql: include_str!("../migrations/0012_lock_delay.sql") },
 ];
 
 macro_rules! repeatable {
@@ -69,6 +70,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "grants",
     "guard",
     "lease_value",
+    "lock_delay",
     "members",
     "presented_term",
     "probe_newest",
@@ -83,7 +85,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 11;
+pub const LATEST_VERSION: i32 = 12;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -25,6 +25,9 @@ pub struct LeaseReply {
     /// How long the lease has left by the store's clock, rounded down; zero when nobody holds it.
     /// A holder's deadline is the instant it sent the request plus this, minus its safety margin.
     pub remaining: Duration,
+    /// For an acquire refused because the last period ended without a release: how much of the
+    /// key's lock-delay is left (schema version 12); zero otherwise.
+    pub lock_delay: Duration,
 }
 
 /// A row of `fencing.leases`.
@@ -47,6 +50,8 @@ pub struct LeaseRow {
     /// The value the holder of `term` attached (JSON text, as the store prints it; schema
     /// version 11), or `None`: a value of an earlier term is no value of this one.
     pub value: Option<String>,
+    /// What is left of the key's lock-delay (schema version 12): no new term before it passes.
+    pub lock_delay: Duration,
 }
 
 /// A row of `fencing.fences`.
@@ -131,16 +136,37 @@ fn lease_reply(row: &Row) -> Result<LeaseReply, Error> {
         term: row.try_get("term").map_err(Error::Store)?,
         expires_at: row.try_get("expires_at").map_err(Error::Store)?,
         remaining: ms(row.try_get::<_, Option<i64>>("remaining_ms").map_err(Error::Store)?.unwrap_or(0)),
+        lock_delay: ms(row.try_get::<_, Option<i64>>("lock_delay_ms").map_err(Error::Store)?.unwrap_or(0)),
     })
 }
 
-const ACQUIRE_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
+/// Calls `fencing.set_lock_delay(key, delay, actor, reason)`: the lock-delay of `key`, or with
+/// `None` the default of keys without one (schema version 12); `delay` `None` for a key removes
+/// its own setting. Audited.
+pub async fn set_lock_delay(
+    client: &impl GenericClient,
+    key: Option<&str>,
+    delay: Option<Duration>,
+    actor: &str,
+    reason: &str,
+) -> Result<(), Error> {
+    let delay_ms = delay.map(ttl_ms);
+    client
+        .execute(
+            "SELECT fencing.set_lock_delay($1, $2::bigint * interval '1 millisecond', $3, $4)",
+            &[&key, &delay_ms, &actor, &reason],
+        )
+        .await?;
+    Ok(())
+}
+
+const ACQUIRE_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms
     FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond')";
 
-const ACQUIRE_NEW_PERIOD_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
+const ACQUIRE_NEW_PERIOD_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms
     FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond', true)";
 
-const RENEW_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms
+const RENEW_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms
     FROM fencing.renew($1, $2, $3::bigint * interval '1 millisecond')";
 
 async fn lease_call(
@@ -186,7 +212,7 @@ pub async fn release(client: &impl GenericClient, key: &str, owner: &str) -> Res
 pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<LeaseRow>, Error> {
     let row = client
         .query_opt(
-            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value
+            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value, lock_delay_ms
                FROM fencing.read_lease($1)",
             &[&key],
         )
@@ -201,6 +227,7 @@ pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<
         expires_at: row.try_get("expires_at").map_err(Error::Store)?,
         remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
         value: row.try_get("value").map_err(Error::Store)?,
+        lock_delay: ms(row.try_get::<_, Option<i64>>("lock_delay_ms").map_err(Error::Store)?.unwrap_or(0)),
     }))
 }
 

@@ -28,18 +28,23 @@ pub async fn watch(pool: Pool, keys: BTreeSet<String>, timeout: Duration, shutdo
                 store::get_lease(&**client, key).await.map_err(|error| error.to_string())
             })
             .await;
-            let (held, term, remaining) = match read {
+            // The lock-delay stays at the last value known when the store does not answer.
+            let (held, term, remaining, delay) = match read {
                 Ok(Ok(Some(lease))) => {
                     // Terms stay far below 2^53: exact as a gauge value.
-                    (!lease.remaining.is_zero(), lease.term as f64, lease.remaining.as_secs_f64())
+                    let held = !lease.remaining.is_zero();
+                    (held, lease.term as f64, lease.remaining.as_secs_f64(), Some(lease.lock_delay.as_secs_f64()))
                 }
-                Ok(Ok(None)) => (false, 0.0, 0.0),
+                Ok(Ok(None)) => (false, 0.0, 0.0, Some(0.0)),
                 Ok(Err(error)) => {
                     debug!(%key, %error, "lease view: read failed");
-                    (false, 0.0, 0.0)
+                    (false, 0.0, 0.0, None)
                 }
-                Err(_) => (false, 0.0, 0.0),
+                Err(_) => (false, 0.0, 0.0, None),
             };
+            if let Some(delay) = delay {
+                metrics::gauge!(names::LEASE_LOCK_DELAY, "key" => key.clone()).set(delay);
+            }
             let label = key.clone();
             metrics::gauge!(names::LEASE_HELD, "key" => label.clone()).set(if held { 1.0 } else { 0.0 });
             // The term stays at the last one known when the store does not answer.

@@ -104,6 +104,23 @@ pub(super) fn held_elsewhere(key: &str, reply: &LeaseReply, detail: &str) -> Pro
         .with("expires_at", json!(reply.expires_at.filter(|_| reply.holder.is_some()).map(rfc3339)))
 }
 
+/// 409 for an acquire while the key's lock-delay runs: the last period ended without a release.
+fn in_lock_delay(key: &str, reply: &LeaseReply) -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "lock-delay",
+        "Lease in its lock-delay",
+        "the last period of this lease ended without a release (it expired, or was force-released): no new term \
+         until its lock-delay has passed, so the old holder's last writes to resources that cannot check a token \
+         can land first",
+    )
+    .with("key", json!(key))
+    .with("holder", Value::Null)
+    .with("term", json!(reply.term))
+    .with("lock_delay_remaining_ms", json!(millis(reply.lock_delay)))
+    .retry_after(u32::try_from(reply.lock_delay.as_millis().div_ceil(1000)).unwrap_or(u32::MAX).max(1))
+}
+
 pub(super) async fn acquire(
     State(state): State<ControlState>,
     Extension(caller): Extension<Caller>,
@@ -211,6 +228,9 @@ pub(super) async fn lease_call(
                 let label = if state.named_keys.contains(&key) { key.clone() } else { names::OTHER_KEY.to_owned() };
                 metrics::counter!(names::LEASE_RENEW_FAILURES, "key" => label).increment(1);
             }
+            if op == "acquire" && !reply.lock_delay.is_zero() {
+                return in_lock_delay(&key, &reply).into_response();
+            }
             let detail = if op == "acquire" {
                 "another owner holds this lease"
             } else {
@@ -291,6 +311,7 @@ pub(super) async fn get_lease(
             "remaining_ms": millis(row.remaining),
             "ttl_ms": millis(row.expires_at.duration_since(row.renewed_at).unwrap_or_default()),
             "value": stored_value(row.value.as_deref()),
+            "lock_delay_remaining_ms": millis(row.lock_delay),
         }))
         .into_response(),
         Ok(None) => {

@@ -44,7 +44,9 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
                 "KEY", "HOLDER", "TERM", "LEFT", "EXPIRES AT"
             );
             for lease in store::list_leases(&client).await? {
-                let (holder, left) = if lease.remaining.is_zero() {
+                let (holder, left) = if !lease.lock_delay.is_zero() {
+                    (format!("(none; last {})", lease.owner), format!("delay {:.1}s", lease.lock_delay.as_secs_f64()))
+                } else if lease.remaining.is_zero() {
                     (format!("(none; last {})", lease.owner), "expired".to_owned())
                 } else {
                     (lease.owner.clone(), format!("{:.1}s", lease.remaining.as_secs_f64()))

@@ -457,3 +457,36 @@ async fn member_processes_hear_a_killed_node_leave_and_a_paused_one_come_back_as
     let ids: Vec<&str> = members.iter().map(|member| member.node_id.as_str()).collect();
     assert_eq!(ids, ["n1", "n2"]);
 }
+
+/// Lock-delay with real processes: the leader is SIGKILLed, so its period ends by expiry, not by
+/// a release; the follower gets the next term only once the key's lock-delay has passed since
+/// that expiry (on the store's clock), so the dead leader's last writes to a resource that cannot
+/// check tokens land first. Without the delay it would take over at the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leaders_successor_waits_out_the_keys_lock_delay_after_the_expiry() {
+    const DELAY: Duration = Duration::from_millis(1500);
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    store::set_lock_delay(&client, Some(KEY), Some(DELAY), "ops", "test").await.unwrap();
+    let timing = Timing::FAST;
+    let (a, mut b, term) = leader_and_follower(&db.url(), timing).await;
+
+    a.signal(Signal::SIGKILL).unwrap();
+    b.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
+
+    let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
+    assert!(lease.owner.starts_with("b#"), "{lease:?}");
+    let ended: SystemTime = client
+        .query_one("SELECT ended_at FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
+        .await
+        .unwrap()
+        .get(0);
+    let reason: String = client
+        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reason, "expired");
+    let gap = lease.acquired_at.duration_since(ended).unwrap_or_default();
+    assert!(gap >= DELAY, "the next term began {gap:?} after the dead leader's lease expired, within its lock-delay");
+}

@@ -173,6 +173,7 @@ async fn the_gateway_exports_its_view_of_each_configured_lease() {
     let text = seen.expect("fencing_lease_held{key=\"ledger-writer\"} never became 1");
     assert_eq!(value(&text, "fencing_lease_term"), Some(1.0), "{text}");
     assert!(value(&text, "fencing_lease_remaining_seconds").is_some_and(|s| s > 20.0 && s <= 30.0), "{text}");
+    assert_eq!(value(&text, "fencing_lease_lock_delay_remaining_seconds"), Some(0.0), "held: no delay. {text}");
 
     let refused =
         send(control, Method::POST, "/v1/leases/ledger-writer/renew", &[JSON], r#"{"owner":"b","ttl_ms":30000}"#)
@@ -522,4 +523,36 @@ async fn a_leaders_value_is_the_holders_and_a_zombie_cannot_overwrite_it() {
         call(Method::POST, "/v1/leases/svc/renew", r#"{"owner":"b","ttl_ms":30000,"value":null}"#.into()).await;
     assert_eq!((cleared.status, cleared.json()["value"].clone()), (StatusCode::OK, serde_json::Value::Null));
     assert_eq!(call(Method::GET, "/v1/leases/svc", String::new()).await.json()["value"], serde_json::Value::Null);
+}
+
+/// Lock-delay through the control API: after a period that expired, an acquire is refused with
+/// 409 `lock-delay`, what is left of the delay and `Retry-After`, and `GET` shows it; once it
+/// has passed, the acquire succeeds with the next term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_in_the_lock_delay_after_an_expiry_is_409_with_what_is_left() {
+    let setup = Setup::new().await;
+    let control = setup.gateway.control;
+    let client = setup.db.connect().await;
+    fencing_schema::store::set_lock_delay(&client, Some("svc"), Some(std::time::Duration::from_secs(2)), "ops", "test")
+        .await
+        .unwrap();
+    let call = |method: Method, path: &'static str, body: &'static str| async move {
+        send(control, method, path, &[JSON], body).await.unwrap()
+    };
+    let a = call(Method::POST, "/v1/leases/svc/acquire", r#"{"owner":"a","ttl_ms":1000}"#).await;
+    assert_eq!(a.status, StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let refused = call(Method::POST, "/v1/leases/svc/acquire", r#"{"owner":"b","ttl_ms":30000}"#).await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    let problem = refused.json();
+    assert!(problem["type"].as_str().is_some_and(|t| t.ends_with("lock-delay")), "{problem}");
+    assert_eq!((problem.get("holder"), problem["term"].as_i64()), (Some(&Value::Null), Some(1)), "{problem}");
+    let left = problem["lock_delay_remaining_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 2000, "{problem}");
+    assert!(refused.header("retry-after").is_some_and(|s| s.parse::<u64>().is_ok_and(|s| (1..=2).contains(&s))));
+    let got = call(Method::GET, "/v1/leases/svc", "").await.json();
+    assert!(got["lock_delay_remaining_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 2000), "{got}");
+    tokio::time::sleep(std::time::Duration::from_millis(left + 50)).await;
+    let b = call(Method::POST, "/v1/leases/svc/acquire", r#"{"owner":"b","ttl_ms":30000}"#).await;
+    assert_eq!((b.status, b.json()["term"].as_i64()), (StatusCode::OK, Some(2)), "{}", b.json());
 }

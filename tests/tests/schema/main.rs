@@ -19,6 +19,7 @@ mod guard_coverage;
 mod harness;
 mod isolation;
 mod lease_values;
+mod lock_delay;
 mod members;
 mod migrations;
 mod plants;

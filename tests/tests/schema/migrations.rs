@@ -243,3 +243,30 @@ async fn version_10_names_the_settles_pending_at_version_9_and_drops_the_unnamed
     assert_eq!(gate.wait, std::time::Duration::from_millis(500));
     assert!(gate.settle_id.is_some());
 }
+
+/// Version 12 adds a column to `fencing.read_lease`, which version 11 made: a database at 11
+/// migrates (the function is dropped and made again), and reads leases with their lock-delay.
+#[tokio::test]
+async fn version_12_migrates_a_database_at_11_whose_read_lease_has_no_lock_delay() {
+    let db = TestDb::empty().await;
+    let mut client = db.connect().await;
+    for migration in MIGRATIONS.iter().filter(|m| m.version <= 11) {
+        client.batch_execute(migration.sql).await.unwrap_or_else(|error| panic!("{}: {error}", migration.name));
+    }
+    // Version 11's read_lease (its function file then), without the lock-delay column.
+    client
+        .batch_execute(
+            "CREATE FUNCTION fencing.read_lease(lease_key text)
+             RETURNS TABLE (key text, owner text, term bigint, acquired_at timestamptz, renewed_at timestamptz,
+                            expires_at timestamptz, remaining_ms bigint, value text)
+             LANGUAGE sql AS $$ SELECT NULL::text, NULL::text, NULL::bigint, NULL::timestamptz, NULL::timestamptz,
+                                       NULL::timestamptz, NULL::bigint, NULL::text WHERE false $$",
+        )
+        .await
+        .unwrap();
+    let report = migrate(&mut client).await.unwrap();
+    assert_eq!(report.version, LATEST_VERSION);
+    fencing_schema::store::acquire(&client, "k", "a", std::time::Duration::from_secs(60)).await.unwrap();
+    let lease = fencing_schema::store::get_lease(&client, "k").await.unwrap().unwrap();
+    assert_eq!((lease.term, lease.lock_delay), (1, std::time::Duration::ZERO));
+}
