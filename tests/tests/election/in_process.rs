@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use fencing_election::{Elector, ElectorHandle, Error, Event, LossReason};
+use fencing_election::{Elector, ElectorBuilder, ElectorHandle, Error, Event, LossReason};
 use fencing_schema::store;
 use fencing_tests::pg::TestDb;
 use tokio::sync::broadcast::error::TryRecvError;
@@ -23,16 +23,18 @@ pub(crate) fn pool(url: &str) -> Pool {
     Pool::builder(manager).max_size(2).build().unwrap()
 }
 
-fn elector(db: &TestDb, key: &str, owner: &str) -> ElectorHandle {
+/// The builder of this file's electors: its timings, for `key` and `owner`.
+fn builder(db: &TestDb, key: &str, owner: &str) -> ElectorBuilder {
     Elector::builder(pool(&db.url()), key)
         .owner(owner)
         .ttl(TTL)
         .renew_interval(RENEW)
         .safety_margin(MARGIN)
         .query_timeout(QUERY_TIMEOUT)
-        .build()
-        .unwrap()
-        .start()
+}
+
+fn elector(db: &TestDb, key: &str, owner: &str) -> ElectorHandle {
+    builder(db, key, owner).build().unwrap().start()
 }
 
 /// Waits (bounded) until exactly one of `handles` leads; returns its index and term.
@@ -358,16 +360,7 @@ fn a_renewal_reply_handled_after_the_deadline_does_not_revive_the_period() {
 }
 
 fn elector_with_value(db: &TestDb, key: &str, owner: &str, value: &serde_json::Value) -> ElectorHandle {
-    Elector::builder(pool(&db.url()), key)
-        .owner(owner)
-        .ttl(TTL)
-        .renew_interval(RENEW)
-        .safety_margin(MARGIN)
-        .query_timeout(QUERY_TIMEOUT)
-        .value(value)
-        .build()
-        .unwrap()
-        .start()
+    builder(db, key, owner).value(value).build().unwrap().start()
 }
 
 /// Proclaim and observe in the library: each period starts with the value its elector was built
