@@ -67,6 +67,8 @@
 //!   join and leave ([`membership::Membership`]).
 //! - [`daemons`]: background work units the cluster's leader assigns to live nodes, through
 //!   the fence, with an acknowledged lifecycle ([`daemons::Daemons`]).
+//! - [`watch`]: wait for a lease or a cluster's members to change ([`watch::LeaseWatch`],
+//!   [`watch::MembersWatch`]), woken by Postgres LISTEN/NOTIFY ([`watch::Wakeups`]).
 //! - [`metrics`]: the names of the metrics it records.
 //! - [`Error`]: this crate's one error type.
 
@@ -78,6 +80,7 @@ pub mod membership;
 pub mod metrics;
 mod runtime;
 pub mod state;
+pub mod watch;
 
 pub use config::{Elector, ElectorBuilder};
 pub use error::Error;

@@ -91,6 +91,13 @@ pub async fn run(
     // renewals wait for a pooled connection.
     let control_pool = fence::pool(&database, config.database.control_pool_size, config.database.fence_check_timeout)
         .map_err(Error::Setup)?;
+    // Watches are woken by changes heard on a connection of their own (LISTEN fencing_watch).
+    let wakeups = {
+        let mut listen = database.config.clone();
+        listen.application_name("fencing-gateway watch");
+        fencing_election::watch::Wakeups::listen(listen, database.tls.clone(), shutdown.clone())
+    };
+    tokio::spawn(control::watch::report_listening(wakeups.clone(), shutdown.clone()));
     let control = control::router(ControlState {
         config: Arc::clone(&config),
         fences: Arc::clone(&fences),
@@ -103,6 +110,9 @@ pub async fn run(
         membership_calls: Arc::new(tokio::sync::Semaphore::new(
             config.database.control_pool_size.saturating_sub(1).max(1),
         )),
+        wakeups: wakeups.clone(),
+        watchers: Arc::default(),
+        shutdown: shutdown.clone(),
     });
     let control_handler = control::handler(control, &config);
     let limits = Limits {

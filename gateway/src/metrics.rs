@@ -62,6 +62,14 @@ pub const LEASE_LOCK_DELAY: &str = "fencing_lease_lock_delay_remaining_seconds";
 /// held the lease): a leader in any language that lost its lease.
 pub const LEASE_RENEW_FAILURES: &str = "fencing_lease_renew_failures_total";
 
+/// Gauge: watches (`GET ...?wait=&after=`) waiting for a change on this gateway.
+pub const WATCHERS: &str = "fencing_watchers";
+/// Counter `{limit}`: watches refused with 429 because a cap was reached (`client`, `gateway`).
+pub const WATCH_REFUSALS: &str = "fencing_watch_refusals_total";
+/// Gauge: 1 while this gateway's connection listening for changes (LISTEN fencing_watch) is up;
+/// 0 while watchers fall back to polling every second.
+pub const WATCH_LISTENING: &str = "fencing_watch_listening";
+
 /// Counter `{listener}`: connections answered 503 and closed because the listener was at its cap.
 pub const CONNECTIONS_REFUSED: &str = "fencing_connections_refused_total";
 
@@ -123,6 +131,12 @@ fn describe() {
         LEASE_LOCK_DELAY,
         Unit::Seconds,
         "What is left of the configured lease's lock-delay: no new term before it has passed"
+    );
+    metrics::describe_gauge!(WATCHERS, "Watches waiting for a change on this gateway");
+    metrics::describe_counter!(WATCH_REFUSALS, "Watches refused with 429 because a cap was reached, by cap");
+    metrics::describe_gauge!(
+        WATCH_LISTENING,
+        "1 while the connection listening for changes is up; 0 while watchers poll every second"
     );
     metrics::describe_counter!(
         LEASE_RENEW_FAILURES,
@@ -253,6 +267,11 @@ pub fn register_known(config: &crate::config::Config) {
     metrics::gauge!(GRANTS_HELD).set(0.0);
     metrics::gauge!(GRANT_TABLE_BYTES).set(0.0);
     metrics::gauge!(GRANT_COVERED).set(0.0);
+    metrics::gauge!(WATCHERS).set(0.0);
+    metrics::gauge!(WATCH_LISTENING).set(0.0);
+    for limit in ["client", "gateway"] {
+        metrics::counter!(WATCH_REFUSALS, "limit" => limit).absolute(0);
+    }
     for listener in ["proxy", "control"] {
         metrics::counter!(CONNECTIONS_REFUSED, "listener" => listener).absolute(0);
     }

@@ -7,7 +7,8 @@
 --   GRANT USAGE ON SCHEMA fencing TO app;
 --   GRANT EXECUTE ON FUNCTION fencing.acquire(text, text, interval, boolean), fencing.renew(text, text, interval),
 --       fencing.release(text, text), fencing.admit(text, bigint),
---       fencing.set_lease_value(text, text, bigint, jsonb), fencing.read_lease(text) TO app;
+--       fencing.set_lease_value(text, text, bigint, jsonb), fencing.read_lease(text),
+--       fencing.observe_lease(text) TO app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencing FROM PUBLIC;
 ALTER DEFAULT PRIVILEGES IN SCHEMA fencing REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fencing FROM PUBLIC;

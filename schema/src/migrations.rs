@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 10, name: "settle_ids", sql: include_str!("../migrations/0010_settle_ids.sql") },
     Migration { version: 11, name: "lease_values", sql: include_str!("../migrations/0011_lease_values.sql") },
     Migration { version: 12, name: "lock_delay", sql: include_str!("../migrations/0012_lock_delay.sql") },
+    Migration { version: 13, name: "watch", sql: include_str!("../migrations/0013_watch.sql") },
 ];
 
 macro_rules! repeatable {
@@ -81,11 +82,12 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "renew",
     "reset_fence",
     "try_admit",
+    "watch",
     "zz_install",
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 12;
+pub const LATEST_VERSION: i32 = 13;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -52,6 +52,10 @@ pub struct LeaseRow {
     pub value: Option<String>,
     /// What is left of the key's lock-delay (schema version 12): no new term before it passes.
     pub lock_delay: Duration,
+    /// The revision of this state (schema version 13): it differs from an earlier read's
+    /// exactly when the lease changed between the two (a new term or holder, a value, a
+    /// release, an expiry), never for a renewal alone. Never 0 (a key never acquired).
+    pub revision: i64,
 }
 
 /// A row of `fencing.fences`.
@@ -212,8 +216,8 @@ pub async fn release(client: &impl GenericClient, key: &str, owner: &str) -> Res
 pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<LeaseRow>, Error> {
     let row = client
         .query_opt(
-            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value, lock_delay_ms
-               FROM fencing.read_lease($1)",
+            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value, lock_delay_ms, revision
+               FROM fencing.observe_lease($1)",
             &[&key],
         )
         .await?;
@@ -228,6 +232,7 @@ pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<
         remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
         value: row.try_get("value").map_err(Error::Store)?,
         lock_delay: ms(row.try_get::<_, Option<i64>>("lock_delay_ms").map_err(Error::Store)?.unwrap_or(0)),
+        revision: row.try_get("revision").map_err(Error::Store)?,
     }))
 }
 
@@ -748,6 +753,28 @@ pub async fn members(client: &impl GenericClient, cluster: &str) -> Result<Vec<M
             })
         })
         .collect()
+}
+
+/// The revision of a cluster's members, as `fencing.nodes_revision` gives it (schema version 13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MembersRevision {
+    /// Differs from an earlier read's exactly when a node joined, left, changed or ran out
+    /// between the two; 0 for a cluster never seen.
+    pub revision: i64,
+    /// How long until the next live node runs out by the store's clock: the members change then
+    /// unless it heartbeats. `None` with no live node.
+    pub next_expiry: Option<Duration>,
+}
+
+/// Calls `fencing.nodes_revision(cluster)`: notes the nodes that ran out since the last call
+/// (each a change) and returns the members' revision. Read it before [`members`]: a change
+/// between the two then shows as a later revision, never as a missed one.
+pub async fn nodes_revision(client: &impl GenericClient, cluster: &str) -> Result<MembersRevision, Error> {
+    let row = client.query_one("SELECT revision, next_expiry_ms FROM fencing.nodes_revision($1)", &[&cluster]).await?;
+    Ok(MembersRevision {
+        revision: row.try_get("revision").map_err(Error::Store)?,
+        next_expiry: row.try_get::<_, Option<i64>>("next_expiry_ms").map_err(Error::Store)?.map(ms),
+    })
 }
 
 /// One change a leader's reconcile pass made (`fencing.reconcile_daemons`).

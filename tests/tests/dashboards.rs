@@ -62,6 +62,9 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         gateway_metrics::GRANT_TABLE_BYTES,
         gateway_metrics::GRANT_COVERED,
         gateway_metrics::GRANT_RENEWALS,
+        gateway_metrics::WATCHERS,
+        gateway_metrics::WATCH_REFUSALS,
+        gateway_metrics::WATCH_LISTENING,
         fencing_election::metrics::CLOCK_DISAGREEMENTS,
         fencing_election::membership::CLOCK_DISAGREEMENTS,
         fencing_election::metrics::IS_LEADER,
@@ -126,6 +129,7 @@ fn dashboard_panels_query_only_exported_metrics_through_the_datasource_variable(
         "election_daemons",
         "election_daemon_reassignments_total",
         "election_daemon_assign_seconds",
+        "fencing_watchers",
     ] {
         assert!(used.contains(required), "no panel shows {required}");
     }

@@ -3,12 +3,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::config::checks::Checks;
 use crate::config::model::{
     ControlConfig, DEFAULT_BODY_LIMIT_BYTES, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_CONTROL_LISTEN,
-    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_TTL, DEFAULT_MIN_TTL,
-    DEFAULT_PROXY_LISTEN, DEFAULT_WRITE_TIMEOUT, DatabaseConfig, MAX_PROXY_THREADS, ProxyConfig,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_BYTES, DEFAULT_MAX_TTL,
+    DEFAULT_MAX_WATCHERS, DEFAULT_MAX_WATCHERS_PER_CLIENT, DEFAULT_MIN_TTL, DEFAULT_PROXY_LISTEN,
+    DEFAULT_WATCH_MAX_WAIT, DEFAULT_WRITE_TIMEOUT, DatabaseConfig, MAX_PROXY_THREADS, ProxyConfig,
 };
 use crate::config::raw::{RawControl, RawProxy, RawTls};
 use crate::security::tls::{ListenerTls, server_config};
@@ -110,12 +112,30 @@ pub(super) fn control(raw: RawControl, proxy: &ProxyConfig, checks: &mut Checks)
     if max_ttl > fencing_schema::MAX_TTL {
         checks.push(format!("control.max_ttl_ms: at most {} ms", fencing_schema::MAX_TTL.as_millis()));
     }
+    let watch_max_wait = checks.positive_ms("control.watch_max_wait_ms", raw.watch_max_wait_ms, DEFAULT_WATCH_MAX_WAIT);
+    if watch_max_wait > Duration::from_secs(600) {
+        checks.push("control.watch_max_wait_ms: at most 600000 (10 minutes)".to_owned());
+    }
+    let mut count = |key: &str, value: Option<u64>, default: usize| match value.map(usize::try_from) {
+        None => default,
+        Some(Ok(count)) if (1..=100_000).contains(&count) => count,
+        Some(_) => {
+            checks.push(format!("{key}: must be between 1 and 100000"));
+            default
+        }
+    };
+    let max_watchers = count("control.max_watchers", raw.max_watchers, DEFAULT_MAX_WATCHERS);
+    let max_watchers_per_client =
+        count("control.max_watchers_per_client", raw.max_watchers_per_client, DEFAULT_MAX_WATCHERS_PER_CLIENT);
     ControlConfig {
         listen,
         min_ttl,
         max_ttl,
         hosts: host_names("control.hosts", raw.hosts, checks),
         tls: listener_tls("control.tls", raw.tls, checks),
+        watch_max_wait,
+        max_watchers,
+        max_watchers_per_client,
     }
 }
 

@@ -156,7 +156,20 @@ pub struct ControlConfig {
     pub hosts: Vec<String>,
     /// TLS on this listener.
     pub tls: Option<ListenerTls>,
+    /// The longest `wait` of a watch (`GET ...?wait=&after=`); a longer one is cut to it.
+    pub watch_max_wait: Duration,
+    /// Watches waiting at once on this gateway; past it, 429.
+    pub max_watchers: usize,
+    /// Watches waiting at once per client (per token; all anonymous callers share one count).
+    pub max_watchers_per_client: usize,
 }
+
+/// The default longest `wait` of a watch.
+pub const DEFAULT_WATCH_MAX_WAIT: Duration = Duration::from_secs(60);
+/// The default cap on watches waiting at once on a gateway.
+pub const DEFAULT_MAX_WATCHERS: usize = 1000;
+/// The default cap on watches waiting at once per client.
+pub const DEFAULT_MAX_WATCHERS_PER_CLIENT: usize = 100;
 
 /// See [`Config::database`].
 #[derive(Debug, Clone)]

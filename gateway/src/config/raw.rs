@@ -62,6 +62,9 @@ pub(super) struct RawControl {
     pub(super) max_ttl_ms: Option<u64>,
     pub(super) hosts: Option<Vec<String>>,
     pub(super) tls: Option<RawTls>,
+    pub(super) watch_max_wait_ms: Option<u64>,
+    pub(super) max_watchers: Option<u64>,
+    pub(super) max_watchers_per_client: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -4,16 +4,18 @@
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use fencing_election::watch;
 use fencing_schema::store::{self, LeaseReply};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::control::extract::*;
 use crate::control::state::ControlState;
+use crate::control::watch::{self as control_watch, WatchQuery};
 use crate::metrics as names;
 use crate::problem::Problem;
 use crate::security::auth::Caller;
@@ -287,23 +289,50 @@ pub(super) async fn release(
     }
 }
 
+/// `GET /v1/leases/{key}`, and with `?wait=30s&after=<revision>` a watch: answered as soon as
+/// the lease's revision differs from `after` (control/watch.rs).
 pub(super) async fn get_lease(
     State(state): State<ControlState>,
     Extension(caller): Extension<Caller>,
     Path(key): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Response {
     if let Err(problem) = may_read(&caller) {
         return problem.into_response();
     }
-    let call_key = key.clone();
-    let row = state
-        .with_client(|client| async move {
-            let result = store::get_lease(&**client, &call_key).await;
-            (client, result)
-        })
-        .await;
+    let query = match WatchQuery::parse(query.as_deref()) {
+        Ok(query) => query,
+        Err(problem) => return problem.into_response(),
+    };
+    let _slot = match query.waits().then(|| state.watchers.enter(&caller, &state.config.control)).transpose() {
+        Ok(slot) => slot,
+        Err(problem) => return problem.into_response(),
+    };
+    let read = || {
+        let (state, call_key) = (&state, key.clone());
+        async move {
+            state
+                .with_client(|client| async move {
+                    let result = store::get_lease(&**client, &call_key).await;
+                    (client, result)
+                })
+                .await
+                .map(watch::lease_observed)
+        }
+    };
+    let topic = watch::lease_topic(&key);
+    let until = control_watch::until(&query, &state.config.control);
+    let observed = tokio::select! {
+        observed = watch::wait_for_change(&state.wakeups, &topic, query.after, until, read) => observed,
+        // Stopping: the state as it is now, without waiting.
+        () = state.shutdown.cancelled() => watch::wait_for_change(&state.wakeups, &topic, None, until, read).await,
+    };
+    let (revision, row) = match observed {
+        Ok(observed) => (observed.revision, observed.state),
+        Err(problem) => return problem.into_response(),
+    };
     match row {
-        Ok(Some(row)) => axum::Json(json!({
+        Some(row) => axum::Json(json!({
             "key": row.key,
             "owner": row.owner,
             "term": row.term,
@@ -312,14 +341,13 @@ pub(super) async fn get_lease(
             "ttl_ms": millis(row.expires_at.duration_since(row.renewed_at).unwrap_or_default()),
             "value": stored_value(row.value.as_deref()),
             "lock_delay_remaining_ms": millis(row.lock_delay),
+            "revision": revision,
         }))
         .into_response(),
-        Ok(None) => {
-            Problem::new(StatusCode::NOT_FOUND, "no-such-lease", "No such lease", "nobody ever acquired this key")
-                .with("key", json!(key))
-                .into_response()
-        }
-        Err(problem) => problem.into_response(),
+        None => Problem::new(StatusCode::NOT_FOUND, "no-such-lease", "No such lease", "nobody ever acquired this key")
+            .with("key", json!(key))
+            .with("revision", json!(revision))
+            .into_response(),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod lease_view;
 mod leases;
 mod nodes;
 mod state;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

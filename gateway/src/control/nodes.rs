@@ -4,16 +4,18 @@
 use std::time::Duration;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use fencing_election::watch;
 use fencing_schema::store::{self};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::control::extract::*;
 use crate::control::state::ControlState;
+use crate::control::watch::{self as control_watch, WatchQuery};
 use crate::problem::Problem;
 use crate::security::auth::Caller;
 
@@ -166,18 +168,66 @@ pub(super) async fn leave(
     }
 }
 
+/// `GET /v1/clusters/{cluster}/nodes`: the live nodes and their revision; with
+/// `?wait=30s&after=<revision>` a watch, answered as soon as the revision differs from `after`
+/// (a join, a leave, a change, an expiry; control/watch.rs).
 pub(super) async fn list_nodes(
     State(state): State<ControlState>,
     Extension(caller): Extension<Caller>,
     Path(cluster): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    let members =
-        cluster_read(&state, &caller, &cluster, "list", async |client, cluster| store::members(client, cluster).await);
-    match members.await {
-        Ok(members) => {
-            axum::Json(json!({ "cluster": cluster, "nodes": members.iter().map(member_json).collect::<Vec<_>>() }))
-                .into_response()
+    const OP: &str = "list";
+    if let Err(problem) = may_use_cluster(&caller, &cluster) {
+        return refused(OP, problem);
+    }
+    let query = match WatchQuery::parse(query.as_deref()) {
+        Ok(query) => query,
+        Err(problem) => return refused(OP, problem),
+    };
+    let _slot = match query.waits().then(|| state.watchers.enter(&caller, &state.config.control)).transpose() {
+        Ok(slot) => slot,
+        Err(problem) => return problem.into_response(),
+    };
+    let read = || {
+        let (state, call_cluster) = (&state, cluster.clone());
+        async move {
+            state
+                .member_call(OP, |client| async move {
+                    // The revision first: a change between the two reads shows as a later
+                    // revision, never as a missed one.
+                    let result = async {
+                        let revision = store::nodes_revision(&**client, &call_cluster).await?;
+                        let members = store::members(&**client, &call_cluster).await?;
+                        Ok(watch::Observed {
+                            revision: revision.revision,
+                            next_expiry: revision.next_expiry,
+                            state: members,
+                        })
+                    }
+                    .await;
+                    (client, result)
+                })
+                .await
         }
-        Err(response) => response,
+    };
+    let topic = watch::nodes_topic(&cluster);
+    let until = control_watch::until(&query, &state.config.control);
+    let observed = tokio::select! {
+        observed = watch::wait_for_change(&state.wakeups, &topic, query.after, until, read) => observed,
+        // Stopping: the members as they are now, without waiting.
+        () = state.shutdown.cancelled() => watch::wait_for_change(&state.wakeups, &topic, None, until, read).await,
+    };
+    match observed {
+        Ok(observed) => {
+            count_member(OP, "ok");
+            axum::Json(json!({
+                "cluster": cluster,
+                "nodes": observed.state.iter().map(member_json).collect::<Vec<_>>(),
+                "revision": observed.revision,
+            }))
+            .into_response()
+        }
+        Err(problem) => problem.into_response(),
     }
 }

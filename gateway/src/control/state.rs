@@ -33,6 +33,12 @@ pub struct ControlState {
     /// Membership calls in flight at once: at most all but one of the control pool's
     /// connections, so heartbeats can never take the connection a lease renewal needs.
     pub membership_calls: Arc<tokio::sync::Semaphore>,
+    /// What wakes watches: this gateway's connection listening for changes.
+    pub wakeups: fencing_election::watch::Wakeups,
+    /// The watches waiting now, per client.
+    pub watchers: Arc<crate::control::watch::Watchers>,
+    /// Cancelled when the gateway stops: every waiting watch answers at once.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// A value computed by one caller at a time: callers that arrive while a computation is under

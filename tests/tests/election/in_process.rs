@@ -413,3 +413,70 @@ async fn each_period_carries_its_leaders_value_and_a_lost_leader_cannot_change_t
     assert_eq!(observe(&reader, "proclaimed", QUERY_TIMEOUT).await.unwrap(), None, "released: nobody leads");
     a.shutdown().await;
 }
+
+/// `fencing_election::watch` as streams: a lease watch woken by LISTEN sees each elector's
+/// term with its value, the release at shutdown and the next term, in revision order; a members
+/// watch sees a join and a leave. The first state comes at once; each later one only on a
+/// change (a renewal is none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_see_each_term_release_join_and_leave_in_order() {
+    use fencing_election::watch::{LeaseWatch, MembersWatch, Wakeups};
+    use futures::StreamExt;
+
+    let db = TestDb::new().await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let wakeups = Wakeups::listen(db.url().parse().unwrap(), NoTls, shutdown.clone());
+    for _ in 0..100 {
+        if wakeups.listening() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(wakeups.listening());
+    let mut leases = LeaseWatch::new(pool(&db.url()), "watched", wakeups.clone()).into_stream().boxed();
+    let first = tokio::time::timeout(Duration::from_secs(5), leases.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!((first.revision, first.state), (0, None), "a key never acquired, at once");
+
+    let next = async |leases: &mut futures::stream::BoxStream<'_, _>| {
+        let item: Result<fencing_election::watch::Observed<Option<store::LeaseRow>>, Error> =
+            tokio::time::timeout(Duration::from_secs(5), leases.next()).await.unwrap().unwrap();
+        item.unwrap()
+    };
+    let a = builder(&db, "watched", "a").value(&serde_json::json!({"addr": "a:1"})).build().unwrap().start();
+    let mut seen = vec![];
+    // Held by a, with its value (set right after the acquire: one or two states).
+    loop {
+        let state = next(&mut leases).await;
+        seen.push(state.revision);
+        let row = state.state.unwrap();
+        assert!(row.owner.starts_with("a#") && row.term == 1, "{row:?}");
+        if row.value.is_some() {
+            break;
+        }
+    }
+    // Renewals are no change: nothing for two renew periods.
+    assert!(tokio::time::timeout(RENEW * 2, leases.next()).await.is_err(), "a renewal is no change");
+    a.shutdown().await;
+    let released = next(&mut leases).await;
+    assert!(released.state.as_ref().is_some_and(|row| row.remaining.is_zero() && row.term == 1));
+    seen.push(released.revision);
+    let b = elector(&db, "watched", "b");
+    let taken = next(&mut leases).await;
+    assert!(taken.state.as_ref().is_some_and(|row| row.owner.starts_with("b#") && row.term == 2), "{taken:?}");
+    seen.push(taken.revision);
+    for pair in seen.windows(2) {
+        assert!(pair[1] > pair[0], "revisions only grow: {seen:?}");
+    }
+    b.shutdown().await;
+
+    let client = db.connect().await;
+    let mut members = MembersWatch::new(pool(&db.url()), "crew", wakeups.clone());
+    assert!(members.next().await.unwrap().state.is_empty());
+    assert!(store::heartbeat(&client, ("crew", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    let joined = tokio::time::timeout(Duration::from_secs(5), members.next()).await.unwrap().unwrap();
+    assert_eq!(joined.state.iter().map(|m| m.node_id.as_str()).collect::<Vec<_>>(), ["n1"]);
+    assert!(store::leave(&client, "crew", "n1", "i1").await.unwrap());
+    let left = tokio::time::timeout(Duration::from_secs(5), members.next()).await.unwrap().unwrap();
+    assert!(left.state.is_empty() && left.revision > joined.revision);
+    shutdown.cancel();
+}

@@ -24,6 +24,7 @@ mod security;
 mod shutdown;
 mod tls;
 mod upstream_connections;
+mod watch;
 mod zombie;
 
 use fencing_tests::gateway::{Gateway, Upstream};

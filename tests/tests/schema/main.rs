@@ -28,3 +28,4 @@ mod s2_lease_model;
 mod s3_admitted_terms;
 mod s4_bound_resource;
 mod s5_gate;
+mod watch;

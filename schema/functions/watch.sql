@@ -1,0 +1,153 @@
+-- Watch (schema version 13): the revisions of leases and of clusters' members, kept by
+-- triggers, and the wake-up each change sends on channel fencing_watch when it commits
+-- ('lease:<key>', 'nodes:<cluster>'). A watcher reads a state and its revision, and waits for
+-- a wake-up, for the instant the state ends by the store's clock, or for its poll, whichever
+-- comes first: a lost wake-up only delays an answer.
+
+-- Before each insert or update of a lease: a change a reader can see (a new term or holder, a
+-- value, a release or force-release: a held lease that a write ends, or an ended one held again)
+-- takes the next revision; a renewal (another expires_at, held before and after) keeps it. No side effect here: a
+-- BEFORE INSERT trigger also runs for the row of an INSERT ... ON CONFLICT DO NOTHING that
+-- inserts nothing.
+CREATE OR REPLACE FUNCTION fencing.lease_changed() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        NEW.revision := 1;
+    ELSIF (NEW.owner, NEW.term, NEW.value, NEW.value_term) IS DISTINCT FROM (OLD.owner, OLD.term, OLD.value, OLD.value_term)
+          OR (OLD.expires_at > now_) <> (NEW.expires_at > now_) THEN
+        NEW.revision := OLD.revision + 1;
+    ELSE
+        NEW.revision := OLD.revision;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- After a lease row was inserted or took a new revision: wake its watchers when this commits.
+CREATE OR REPLACE FUNCTION fencing.lease_notify() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.revision <> OLD.revision THEN
+        PERFORM pg_notify('fencing_watch', 'lease:' || NEW.key);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Before each insert or update of a node: gone follows expires_at when a statement moves it
+-- (a heartbeat, a leave); otherwise it is the statement's (fencing.nodes_revision sets it).
+CREATE OR REPLACE FUNCTION fencing.node_gone() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' OR NEW.expires_at IS DISTINCT FROM OLD.expires_at THEN
+        NEW.gone := NEW.expires_at <= clock_timestamp();
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- After each insert, update or delete of a node: a join, a leave, a change of its name,
+-- metadata, incarnation or start, and a noted expiry (gone set) take the cluster's next
+-- revision (kept in the node's row too) and wake the cluster's watchers; a heartbeat that only
+-- extends a live node is no change. The cluster's row is locked after the node's, in every
+-- statement that changes nodes: no two sessions wait for each other.
+CREATE OR REPLACE FUNCTION fencing.node_changed() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    cluster_  text;
+    revision_ bigint;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.gone THEN
+            RETURN NULL;
+        END IF;
+        cluster_ := OLD.cluster;
+    ELSIF TG_OP = 'UPDATE'
+          AND OLD.gone = NEW.gone
+          AND (NEW.incarnation, NEW.name, NEW.metadata, NEW.started_at)
+              IS NOT DISTINCT FROM (OLD.incarnation, OLD.name, OLD.metadata, OLD.started_at) THEN
+        RETURN NULL;
+    ELSE
+        cluster_ := NEW.cluster;
+    END IF;
+    INSERT INTO fencing.clusters AS c (cluster, revision) VALUES (cluster_, 1)
+    ON CONFLICT (cluster) DO UPDATE SET revision = c.revision + 1
+    RETURNING c.revision INTO revision_;
+    PERFORM pg_notify('fencing_watch', 'nodes:' || cluster_);
+    IF TG_OP <> 'DELETE' THEN
+        -- No change by the rules above: this update ends here.
+        UPDATE fencing.nodes n SET revision = revision_ WHERE n.cluster = NEW.cluster AND n.node_id = NEW.node_id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t
+                    WHERE t.tgrelid = 'fencing.leases'::regclass AND t.tgname = 'fencing_lease_changed') THEN
+        CREATE TRIGGER fencing_lease_changed BEFORE INSERT OR UPDATE ON fencing.leases
+            FOR EACH ROW EXECUTE FUNCTION fencing.lease_changed();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t
+                    WHERE t.tgrelid = 'fencing.leases'::regclass AND t.tgname = 'fencing_lease_notify') THEN
+        CREATE TRIGGER fencing_lease_notify AFTER INSERT OR UPDATE ON fencing.leases
+            FOR EACH ROW EXECUTE FUNCTION fencing.lease_notify();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t
+                    WHERE t.tgrelid = 'fencing.nodes'::regclass AND t.tgname = 'fencing_node_gone') THEN
+        CREATE TRIGGER fencing_node_gone BEFORE INSERT OR UPDATE ON fencing.nodes
+            FOR EACH ROW EXECUTE FUNCTION fencing.node_gone();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger t
+                    WHERE t.tgrelid = 'fencing.nodes'::regclass AND t.tgname = 'fencing_node_changed') THEN
+        CREATE TRIGGER fencing_node_changed AFTER INSERT OR UPDATE OR DELETE ON fencing.nodes
+            FOR EACH ROW EXECUTE FUNCTION fencing.node_changed();
+    END IF;
+END
+$$;
+
+-- One lease as a watcher sees it: fencing.read_lease's columns and the revision of this
+-- state, 2 * the row's revision, plus 1 once the lease has ended by the store's clock (its
+-- expiry writes nothing, yet is a change). No row for a key never acquired (revision 0).
+CREATE OR REPLACE FUNCTION fencing.observe_lease(lease_key text)
+RETURNS TABLE (key text, owner text, term bigint, acquired_at timestamptz, renewed_at timestamptz,
+               expires_at timestamptz, remaining_ms bigint, value text, lock_delay_ms bigint, revision bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_ timestamptz := clock_timestamp();
+BEGIN
+    PERFORM fencing.check_name('lease key', lease_key);
+    RETURN QUERY
+        SELECT l.key, l.owner, l.term, l.acquired_at, l.renewed_at, l.expires_at,
+               fencing.remaining_ms(l.expires_at, now_), fencing.lease_value(l)::text,
+               fencing.lock_delay_left(l, now_),
+               2 * l.revision + CASE WHEN l.expires_at <= now_ THEN 1 ELSE 0 END
+          FROM fencing.leases l WHERE l.key = lease_key;
+END
+$$;
+
+-- The revision of `cluster_`'s members (0 for a cluster never seen), after noting the nodes
+-- whose registration has run out since (each a change), and how long until the next live node
+-- runs out by the store's clock (NULL with none). Read it before the members: a change between
+-- the two then shows as a later revision, never as a missed one. A node row that another
+-- session holds is noted by that session's change or by a later call.
+CREATE OR REPLACE FUNCTION fencing.nodes_revision(cluster_ text)
+RETURNS TABLE (revision bigint, next_expiry_ms bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM fencing.check_name('cluster', cluster_);
+    UPDATE fencing.nodes n SET gone = true
+     WHERE (n.cluster, n.node_id) IN (
+               SELECT o.cluster, o.node_id FROM fencing.nodes o
+                WHERE o.cluster = cluster_ AND NOT o.gone AND o.expires_at <= clock_timestamp()
+                  FOR UPDATE SKIP LOCKED);
+    RETURN QUERY
+        SELECT coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0),
+               (SELECT min(fencing.remaining_ms(n.expires_at, clock_timestamp())) FROM fencing.nodes n
+                 WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp());
+END
+$$;

@@ -1,0 +1,159 @@
+//! Watch (schema version 13): every change of a lease or of a cluster's members takes a new
+//! revision and notifies channel fencing_watch when it commits; a renewal and a heartbeat that
+//! only extends are no change; an expiry, which writes nothing, is one; concurrent joins,
+//! leaves and the noting of expiries never deadlock.
+
+use std::time::Duration;
+
+use fencing_schema::store;
+use fencing_tests::pg::TestDb;
+use futures::FutureExt;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+async fn revision(client: &tokio_postgres::Client, key: &str) -> i64 {
+    store::get_lease(client, key).await.unwrap().map_or(0, |row| row.revision)
+}
+
+#[tokio::test]
+async fn every_change_of_a_lease_takes_a_new_revision_and_a_renewal_none() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    assert_eq!(revision(&client, "k").await, 0, "a key never acquired");
+
+    let mut seen = vec![];
+    let a = store::acquire(&client, "k", "a", Duration::from_secs(60)).await.unwrap();
+    seen.push(revision(&client, "k").await);
+    assert!(store::renew(&client, "k", "a", Duration::from_secs(60)).await.unwrap().ok);
+    assert!(store::acquire(&client, "k", "a", Duration::from_secs(60)).await.unwrap().ok);
+    assert!(store::renew(&client, "k", "a", Duration::from_secs(30)).await.unwrap().ok);
+    assert_eq!(
+        revision(&client, "k").await,
+        seen[0],
+        "a renewal (a shorter one too), or the holder acquiring again, is no change"
+    );
+    assert!(store::set_lease_value(&client, "k", "a", a.term.unwrap(), r#"{"addr":"x"}"#).await.unwrap());
+    seen.push(revision(&client, "k").await);
+    assert!(store::set_lease_value(&client, "k", "a", a.term.unwrap(), r#"{"addr":"x"}"#).await.unwrap());
+    assert_eq!(revision(&client, "k").await, seen[1], "the same value again is no change");
+    assert!(store::release(&client, "k", "a").await.unwrap());
+    seen.push(revision(&client, "k").await);
+    assert!(store::acquire(&client, "k", "b", Duration::from_millis(300)).await.unwrap().ok);
+    seen.push(revision(&client, "k").await);
+    // The expiry writes nothing, yet the revision moves when it passes.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    seen.push(revision(&client, "k").await);
+    assert!(store::acquire(&client, "k", "c", Duration::from_secs(60)).await.unwrap().ok);
+    seen.push(revision(&client, "k").await);
+    client.execute("SELECT fencing.force_release('k', 'op', 'test')", &[]).await.unwrap();
+    seen.push(revision(&client, "k").await);
+    for pair in seen.windows(2) {
+        assert!(pair[1] > pair[0], "every change takes a later revision: {seen:?}");
+    }
+    // An ended lease is odd, a held one even: the expiry's revision is its row's, plus one.
+    assert_eq!(seen.iter().map(|r| r % 2).collect::<Vec<_>>(), [0, 0, 1, 0, 1, 0, 1], "{seen:?}");
+}
+
+#[tokio::test]
+async fn changes_notify_when_they_commit_and_never_when_rolled_back() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let (listener, mut connection) = tokio_postgres::connect(&db.url(), NoTls).await.unwrap();
+    let (sender, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let AsyncMessage::Notification(notification) = message {
+                let _ = sender.send((notification.channel().to_owned(), notification.payload().to_owned()));
+            }
+        }
+    });
+    listener.batch_execute("LISTEN fencing_watch").await.unwrap();
+    let next = async |heard: &mut tokio::sync::mpsc::UnboundedReceiver<(String, String)>| {
+        tokio::time::timeout(Duration::from_secs(5), heard.recv()).await.ok().flatten()
+    };
+
+    store::acquire(&client, "k", "a", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(next(&mut heard).await, Some(("fencing_watch".to_owned(), "lease:k".to_owned())));
+    // A renewal is no change: nothing is sent (the heartbeat below is the next message).
+    store::renew(&client, "k", "a", Duration::from_secs(60)).await.unwrap();
+    let beat = ("c", "n1", "i1");
+    assert!(store::heartbeat(&client, beat, "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert_eq!(next(&mut heard).await.map(|(_, payload)| payload).as_deref(), Some("nodes:c"));
+    assert!(store::heartbeat(&client, beat, "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    // A change rolled back sends nothing; the leave after it is heard.
+    let mut tx_client = db.connect().await;
+    let tx = tx_client.transaction().await.unwrap();
+    store::release(&tx, "k", "a").await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(store::leave(&client, "c", "n1", "i1").await.unwrap());
+    assert_eq!(next(&mut heard).await.map(|(_, payload)| payload).as_deref(), Some("nodes:c"));
+    assert_eq!(heard.recv().now_or_never(), None, "nothing else was sent");
+}
+
+#[tokio::test]
+async fn members_take_a_revision_per_join_leave_change_and_noted_expiry() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let rev = async || store::nodes_revision(&client, "c").await.unwrap();
+    assert_eq!(rev().await, store::MembersRevision { revision: 0, next_expiry: None });
+    let mut seen = vec![];
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    seen.push(rev().await.revision);
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert_eq!(rev().await.revision, seen[0], "a heartbeat that only extends is no change");
+    assert!(
+        store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), r#"{"v":2}"#).await.unwrap().ok
+    );
+    seen.push(rev().await.revision);
+    assert!(store::heartbeat(&client, ("c", "n2", "i2"), "n2", Duration::from_millis(300), "{}").await.unwrap().ok);
+    let joined = rev().await;
+    seen.push(joined.revision);
+    assert!(joined.next_expiry.is_some_and(|left| left <= Duration::from_millis(300)), "{joined:?}");
+    // n2 runs out: noted as a change by the next read, once.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    seen.push(rev().await.revision);
+    assert_eq!(rev().await.revision, seen[3], "an expiry is noted once");
+    assert!(store::leave(&client, "c", "n1", "i1").await.unwrap());
+    seen.push(rev().await.revision);
+    // n2 comes back: a join.
+    assert!(store::heartbeat(&client, ("c", "n2", "i3"), "n2", Duration::from_secs(60), "{}").await.unwrap().ok);
+    seen.push(rev().await.revision);
+    for pair in seen.windows(2) {
+        assert!(pair[1] > pair[0], "every change takes a later revision: {seen:?}");
+    }
+    // Another cluster's changes are not this one's.
+    assert!(store::heartbeat(&client, ("other", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert_eq!(rev().await.revision, *seen.last().unwrap());
+}
+
+/// Many nodes joining, leaving and running out at once, while readers note expiries: every
+/// call completes (no deadlock between a heartbeat's row lock and the cluster's revision), and
+/// the revision at the end is above every revision a reader saw.
+#[tokio::test]
+async fn concurrent_joins_leaves_and_noted_expiries_never_deadlock() {
+    let db = TestDb::new().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let client = db.connect().await;
+        tasks.spawn(async move {
+            let mut seen = 0;
+            for round in 0..40 {
+                let node = format!("n{}", (worker * 7 + round) % 12);
+                let incarnation = format!("i{worker}");
+                let ttl = Duration::from_millis(if round % 3 == 0 { 50 } else { 5_000 });
+                store::heartbeat(&client, ("c", node.as_str(), incarnation.as_str()), &node, ttl, "{}").await?;
+                if round % 4 == 1 {
+                    store::leave(&client, "c", &node, &incarnation).await?;
+                }
+                seen = seen.max(store::nodes_revision(&client, "c").await?.revision);
+            }
+            Ok::<_, fencing_schema::Error>(seen)
+        });
+    }
+    let mut highest = 0;
+    while let Some(done) = tasks.join_next().await {
+        highest = highest.max(done.unwrap().unwrap());
+    }
+    let client = db.connect().await;
+    let end = store::nodes_revision(&client, "c").await.unwrap().revision;
+    assert!(end >= highest && highest > 0, "end {end}, highest seen {highest}");
+}
