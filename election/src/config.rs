@@ -40,6 +40,8 @@ pub struct Elector {
     pub(crate) clock_rate_tolerance: f64,
     /// The value attached to the lease at the start of each period (JSON text), if any.
     pub(crate) value: Option<String>,
+    /// What wakes the elector when its lease changes (a release, a handover request), if any.
+    pub(crate) wakeups: Option<crate::watch::Wakeups>,
 }
 
 impl Elector {
@@ -58,6 +60,7 @@ impl Elector {
             shutdown_grace: None,
             clock_rate_tolerance: None,
             value: None,
+            wakeups: None,
         }
     }
 
@@ -118,6 +121,7 @@ pub struct ElectorBuilder {
     shutdown_grace: Option<Duration>,
     clock_rate_tolerance: Option<f64>,
     value: Option<String>,
+    wakeups: Option<crate::watch::Wakeups>,
 }
 
 impl ElectorBuilder {
@@ -128,6 +132,15 @@ impl ElectorBuilder {
     /// [`crate::ElectorHandle::set_value`] changes it during a period.
     pub fn value(mut self, value: &serde_json::Value) -> Self {
         self.value = Some(value.to_string());
+        self
+    }
+
+    /// Wake-ups of changes of the lease ([`crate::watch::Wakeups::listen`]): a follower then
+    /// tries to acquire as soon as the lease is released or handed over to it, instead of at
+    /// its next retry, and a leader renews at once when a handover is requested of it, instead
+    /// of at its next renewal. Without them both wait for their timers.
+    pub fn wakeups(mut self, wakeups: crate::watch::Wakeups) -> Self {
+        self.wakeups = Some(wakeups);
         self
     }
 
@@ -213,6 +226,7 @@ impl ElectorBuilder {
             shutdown_grace: self.shutdown_grace.unwrap_or(ttl / 2),
             clock_rate_tolerance: self.clock_rate_tolerance.unwrap_or(DEFAULT_CLOCK_RATE_TOLERANCE),
             value: self.value,
+            wakeups: self.wakeups,
             renew_interval,
             ttl,
             key: self.key,

@@ -8,6 +8,9 @@ pub const IS_LEADER: &str = "election_is_leader";
 pub const TERM: &str = "election_term";
 /// Counter: renewals that failed, errored, timed out or were refused.
 pub const RENEW_FAILURES: &str = "election_renew_failures_total";
+/// Counter: leadership periods this process ended because a handover was requested of them
+/// (it drained and released: no failure).
+pub const RESIGNATIONS: &str = "election_resignations_total";
 /// Gauge: seconds left until this process's local deadline, as of the last acquire or renew.
 pub const LEASE_REMAINING_SECONDS: &str = "election_lease_remaining_seconds";
 
@@ -21,6 +24,7 @@ pub fn describe() {
     metrics::describe_gauge!(IS_LEADER, "1 while this process leads the lease key, else 0");
     metrics::describe_gauge!(TERM, "The term this process leads with (the fencing token), 0 while a follower");
     metrics::describe_counter!(RENEW_FAILURES, "Lease renewals that failed, errored, timed out or were refused");
+    metrics::describe_counter!(RESIGNATIONS, "Leadership periods ended because a handover was requested of them");
     metrics::describe_counter!(
         CLOCK_DISAGREEMENTS,
         "Round trips in which the store's clock and this host's boot clock disagreed (the elector stepped down)"

@@ -117,6 +117,7 @@ pub(crate) fn start(elector: Elector) -> ElectorHandle {
     metrics::gauge!(names::TERM, &labels).set(0.0);
     metrics::gauge!(names::LEASE_REMAINING_SECONDS, &labels).set(0.0);
     metrics::counter!(names::RENEW_FAILURES, &labels).increment(0);
+    metrics::counter!(names::RESIGNATIONS, &labels).increment(0);
     metrics::counter!(names::CLOCK_DISAGREEMENTS, &labels).increment(0);
     let (pool, query_timeout) = (runtime.elector.pool.clone(), runtime.elector.query_timeout);
     let task = tokio::spawn(runtime.run().instrument(span));
@@ -328,10 +329,13 @@ impl Runtime {
     async fn acquire(&self) -> Option<(LeaseReply, Sent)> {
         let mut failures: u32 = 0;
         let mut last_seen: Option<(Option<String>, Option<i64>)> = None;
+        let topic = crate::watch::lease_topic(&self.elector.key);
         loop {
             if self.shutdown.is_cancelled() {
                 return None;
             }
+            // Before the call: a release heard after it wakes the wait below.
+            let mut wakes = self.elector.wakeups.as_ref().map(crate::watch::Wakeups::subscribe);
             // Lead only with a clock that agrees with the store's (a leader's deadline is counted
             // on it): two probes a moment apart, unless acquires have shown it already.
             if !self.clock_agreed.load(std::sync::atomic::Ordering::Acquire) && !self.probe_clock().await {
@@ -402,6 +406,8 @@ impl Runtime {
             tokio::select! {
                 () = self.shutdown.cancelled() => return None,
                 () = sleep(delay) => {}
+                // The lease changed (released, handed over): try again now.
+                () = crate::watch::changed(wakes.as_mut(), &topic) => {}
             }
         }
     }
@@ -418,7 +424,9 @@ impl Runtime {
         // The period ends at its deadline even when this runtime is too busy to notice: a thread
         // of its own cancels the period's token then (S7).
         let watchdog = spawn_watchdog(token.clone(), deadline_rx.clone());
-        let leadership = Leadership::new(Arc::clone(&self.shared.key), term, token.clone(), deadline_rx);
+        let period_work = tokio_util::task::TaskTracker::new();
+        let leadership =
+            Leadership::new(Arc::clone(&self.shared.key), term, token.clone(), deadline_rx, period_work.clone());
         self.shared.leadership.send_replace(Some(leadership));
         self.shared.state.send_replace(LeaderState::Leader { term, deadline: deadline.wake });
         self.shared.publish(Event::Elected { term });
@@ -428,6 +436,8 @@ impl Runtime {
         info!(term, "elected");
 
         let mut last_sent = sent;
+        let topic = crate::watch::lease_topic(&self.elector.key);
+        let mut wakes = self.elector.wakeups.as_ref().map(crate::watch::Wakeups::subscribe);
         let reason = loop {
             let next_renew = last_sent.wake + self.jittered_renew_interval();
             tokio::select! {
@@ -436,6 +446,8 @@ impl Runtime {
                 () = sleep_until(deadline.wake) => break LossReason::DeadlinePassed,
                 () = self.shutdown.cancelled() => break LossReason::Shutdown,
                 () = sleep_until(next_renew) => {}
+                // The lease changed (a handover requested): renew now to hear of it.
+                () = crate::watch::changed(wakes.as_mut(), &topic) => {}
             }
             let sent = Sent::now();
             if sent.boot >= deadline.boot || token.is_cancelled() {
@@ -461,6 +473,9 @@ impl Runtime {
                     deadline_tx.send_replace(deadline);
                     self.shared.state.send_replace(LeaderState::Leader { term, deadline: deadline.wake });
                     self.record_remaining(deadline);
+                    if reply.resign_requested {
+                        break LossReason::Resigned;
+                    }
                 }
                 Ok(reply) => {
                     break LossReason::RenewRefused { holder: reply.holder };
@@ -481,7 +496,7 @@ impl Runtime {
         drop(deadline_tx);
         self.shared.leadership.send_replace(None);
         self.shared.state.send_replace(LeaderState::Follower);
-        if reason != LossReason::Shutdown {
+        if !matches!(reason, LossReason::Shutdown | LossReason::Resigned) {
             metrics::counter!(names::RENEW_FAILURES, &self.metric_labels).increment(1);
         }
         metrics::gauge!(names::IS_LEADER, &self.metric_labels).set(0.0);
@@ -489,9 +504,14 @@ impl Runtime {
         metrics::gauge!(names::LEASE_REMAINING_SECONDS, &self.metric_labels).set(0.0);
         match &reason {
             LossReason::Shutdown => info!(term, "stepped down for shutdown"),
+            LossReason::Resigned => info!(term, "stepped down: a handover was requested"),
             other => warn!(term, reason = other.as_label(), detail = ?other, "lost leadership"),
         }
         self.shared.publish(Event::Lost { term, reason: reason.clone() });
+        if reason == LossReason::Resigned {
+            metrics::counter!(names::RESIGNATIONS, &self.metric_labels).increment(1);
+            self.finish_resigning(&period_work).await;
+        }
         reason
     }
 
@@ -508,6 +528,27 @@ impl Runtime {
             return false;
         }
         self.release().await
+    }
+
+    /// After stepping down for a handover: waits for the period's work and sends to stop
+    /// (bounded by the shutdown grace), releases (only when they stopped in time: otherwise the
+    /// lease expires, so no successor starts beside them), then waits a ttl before trying to
+    /// lead again, so another owner takes over.
+    async fn finish_resigning(&self, period_work: &tokio_util::task::TaskTracker) {
+        period_work.close();
+        let drained = tokio::time::timeout(self.elector.shutdown_grace, period_work.wait()).await.is_ok();
+        if drained {
+            self.release().await;
+        } else {
+            warn!(
+                grace = ?self.elector.shutdown_grace,
+                "leader work did not stop within the shutdown grace; not releasing the lease, it will expire"
+            );
+        }
+        tokio::select! {
+            () = self.shutdown.cancelled() => {}
+            () = sleep(self.elector.ttl) => {}
+        }
     }
 
     /// Releases the lease (bounded by the query timeout); true when it was released.

@@ -70,6 +70,10 @@ pub enum LossReason {
     ClockDisagreement,
     /// The elector was shut down.
     Shutdown,
+    /// A handover was requested of this term (`fencing.request_resign`, `admin handover`,
+    /// `POST /v1/leases/{key}/resign-request`): the elector stopped leader work, drained it and
+    /// released the lease, and waits a ttl before it tries to lead again.
+    Resigned,
 }
 
 impl LossReason {
@@ -80,6 +84,7 @@ impl LossReason {
             LossReason::RenewFailed { .. } => "renew_failed",
             LossReason::RenewTimedOut => "renew_timed_out",
             LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::Resigned => "resigned",
             LossReason::ClockDisagreement => "clock_disagreement",
             LossReason::Shutdown => "shutdown",
         }
@@ -141,11 +146,20 @@ pub struct Leadership {
     term: i64,
     token: CancellationToken,
     deadline: watch::Receiver<Deadline>,
+    /// The period's work and sends under way ([`Leadership::run`], [`Leadership::run_send`]):
+    /// a handover waits for them to stop before it releases.
+    work: tokio_util::task::TaskTracker,
 }
 
 impl Leadership {
-    pub(crate) fn new(key: Arc<str>, term: i64, token: CancellationToken, deadline: watch::Receiver<Deadline>) -> Self {
-        Leadership { key, term, token, deadline }
+    pub(crate) fn new(
+        key: Arc<str>,
+        term: i64,
+        token: CancellationToken,
+        deadline: watch::Receiver<Deadline>,
+        work: tokio_util::task::TaskTracker,
+    ) -> Self {
+        Leadership { key, term, token, deadline, work }
     }
 
     /// The term of this period: the fencing token.
@@ -238,11 +252,16 @@ impl Leadership {
             started.store(true, Ordering::Relaxed);
             work.as_mut().poll(cx).map(Ok)
         });
-        let outcome = tokio::select! {
-            biased;
-            () = self.ended() => Err(()),
-            output = guarded => output,
-        };
+        let outcome = self
+            .work
+            .track_future(async {
+                tokio::select! {
+                    biased;
+                    () = self.ended() => Err(()),
+                    output = guarded => output,
+                }
+            })
+            .await;
         outcome.map_err(|()| if started.load(Ordering::Relaxed) { after_start(self) } else { self.not_leader() })
     }
 
@@ -279,7 +298,7 @@ mod tests {
                 boot: BootInstant::now() + Duration::from_millis(50),
             };
             let (_sender, receiver) = watch::channel(deadline);
-            let leadership = Leadership::new(Arc::from("k"), 1, CancellationToken::new(), receiver);
+            let leadership = Leadership::new(Arc::from("k"), 1, CancellationToken::new(), receiver, Default::default());
             assert!(leadership.is_valid());
             std::thread::sleep(Duration::from_millis(80));
             assert!(!leadership.is_valid(), "still valid by the timer clock after the boot-clock deadline");

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use fencing_schema::store::{self, LeaseRow, Member};
+use fencing_schema::store::{self, LeaseState, Member};
 use tokio::sync::broadcast;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -53,8 +53,9 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// host) is found within this plus [`LISTEN_TIMEOUT`].
 const PROBE_EVERY: Duration = Duration::from_secs(10);
 
-/// A margin past a store-clock expiry before reading again: the store rounds the time left down.
-const EXPIRY_MARGIN: Duration = Duration::from_millis(2);
+/// A margin past a store-clock expiry before reading again: the store rounds the time left down,
+/// and watchers of one state spread their reads over up to twice this.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(10);
 
 /// What wakes watchers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +135,9 @@ where
             ended = listen_once(&config, tls.clone(), &wakeups) => ended,
         };
         wakeups.listening.store(false, Ordering::SeqCst);
-        if ended.heard {
+        // Only a connection that lived a while resets the backoff: one that dies at once (a
+        // proxy that drops it, an idle timeout) is retried ever more slowly, not every 200 ms.
+        if ended.lasted >= PROBE_EVERY {
             failures = 0;
         }
         failures = failures.saturating_add(1);
@@ -149,8 +152,8 @@ where
 }
 
 struct Ended {
-    /// Whether it listened at all (a working connection resets the backoff).
-    heard: bool,
+    /// How long it listened.
+    lasted: Duration,
     reason: String,
 }
 
@@ -161,7 +164,9 @@ where
     T::TlsConnect: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    let ended = |heard: bool, reason: String| Ended { heard, reason };
+    let started = Instant::now();
+    let ended =
+        |heard: bool, reason: String| Ended { lasted: if heard { started.elapsed() } else { Duration::ZERO }, reason };
     let (client, mut connection) = match timeout(LISTEN_TIMEOUT, config.connect(tls)).await {
         Ok(Ok(pair)) => pair,
         Ok(Err(error)) => return ended(false, format!("connect: {error}")),
@@ -220,6 +225,21 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Returns when `receiver` hears a change of `topic` (or may have missed one); never without a
+/// receiver, or once its sender is gone.
+pub(crate) async fn changed(receiver: Option<&mut broadcast::Receiver<Wake>>, topic: &str) {
+    let Some(receiver) = receiver else {
+        return std::future::pending().await;
+    };
+    loop {
+        match receiver.recv().await {
+            Ok(Wake::Topic(changed)) if &*changed != topic => {}
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => return std::future::pending().await,
+        }
+    }
+}
+
 /// A state read with its revision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed<T> {
@@ -252,9 +272,11 @@ where
         if after != Some(observed.revision) || now >= until {
             return Ok(observed);
         }
-        let mut wake_at = until.min(now + wakeups.poll_interval());
+        // Watchers of one state do not all read at the same instant.
+        let spread = EXPIRY_MARGIN.mul_f64(rand::random::<f64>());
+        let mut wake_at = until.min(now + wakeups.poll_interval() + spread);
         if let Some(expiry) = observed.next_expiry {
-            wake_at = wake_at.min(now + expiry + EXPIRY_MARGIN);
+            wake_at = wake_at.min(now + expiry + EXPIRY_MARGIN + spread);
         }
         let mut closed = false;
         loop {
@@ -273,7 +295,7 @@ where
 
 /// Reads a lease's state and revision through `pool` within `limit`. A connection whose read
 /// failed or timed out leaves the pool.
-pub async fn read_lease(pool: &Pool, key: &str, limit: Duration) -> Result<Observed<Option<LeaseRow>>, Error> {
+pub async fn read_lease(pool: &Pool, key: &str, limit: Duration) -> Result<Observed<Option<LeaseState>>, Error> {
     let failed = |message: String| Error::Store { key: key.to_owned(), message };
     let deadline = Instant::now() + limit;
     let client = match timeout_at(deadline, pool.get()).await {
@@ -281,7 +303,7 @@ pub async fn read_lease(pool: &Pool, key: &str, limit: Duration) -> Result<Obser
         Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {error}"))),
         Err(_) => return Err(failed("timed out getting a connection".to_owned())),
     };
-    match timeout_at(deadline, store::get_lease(&**client, key)).await {
+    match timeout_at(deadline, store::observe_lease(&**client, key)).await {
         Ok(Ok(row)) => Ok(lease_observed(row)),
         Ok(Err(error)) => {
             if error.is_store_failure() {
@@ -298,9 +320,9 @@ pub async fn read_lease(pool: &Pool, key: &str, limit: Duration) -> Result<Obser
 
 /// A lease row as a watcher sees it: revision 0 for a key never acquired; the next expiry while
 /// it is held.
-pub fn lease_observed(row: Option<LeaseRow>) -> Observed<Option<LeaseRow>> {
+pub fn lease_observed(row: Option<LeaseState>) -> Observed<Option<LeaseState>> {
     let revision = row.as_ref().map_or(0, |row| row.revision);
-    let next_expiry = row.as_ref().map(|row| row.remaining).filter(|remaining| !remaining.is_zero());
+    let next_expiry = row.as_ref().map(|row| row.lease.remaining).filter(|remaining| !remaining.is_zero());
     // A lease with under a millisecond left reads as 0 ms left yet not ended: read again soon.
     let next_expiry = match (&row, next_expiry) {
         (Some(row), None) if row.revision % 2 == 0 => Some(Duration::ZERO),
@@ -354,7 +376,7 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// use fencing_election::watch::{LeaseWatch, Wakeups};
 /// let mut watch = LeaseWatch::new(pool, "billing-reconciler", Wakeups::polling());
 /// while let Ok(state) = watch.next().await {
-///     match state.state {
+///     match state.state.map(|state| state.lease) {
 ///         Some(lease) if !lease.remaining.is_zero() => println!("term {} led by {}", lease.term, lease.owner),
 ///         _ => println!("nobody leads"),
 ///     }
@@ -406,7 +428,7 @@ impl LeaseWatch {
     /// The current state the first time, then the next state that differs from the last one
     /// returned. An error (the store failed or did not answer) is returned once; the call after
     /// it waits a second and reads again, still from the last state returned.
-    pub async fn next(&mut self) -> Result<Observed<Option<LeaseRow>>, Error> {
+    pub async fn next(&mut self) -> Result<Observed<Option<LeaseState>>, Error> {
         if std::mem::take(&mut self.failed) {
             tokio::time::sleep(RETRY_AFTER_ERROR).await;
         }
@@ -428,7 +450,7 @@ impl LeaseWatch {
     }
 
     /// The same as a stream.
-    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Observed<Option<LeaseRow>>, Error>> {
+    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Observed<Option<LeaseState>>, Error>> {
         futures::stream::unfold(self, |mut watch| async move {
             let item = watch.next().await;
             Some((item, watch))

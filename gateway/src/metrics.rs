@@ -243,7 +243,7 @@ pub fn register_known(config: &crate::config::Config) {
     for kind in ["timeout", "error", "clock"] {
         metrics::counter!(STORE_ERRORS, "kind" => kind).absolute(0);
     }
-    for op in ["acquire", "renew", "release", "value"] {
+    for op in ["acquire", "renew", "release", "value", "resign"] {
         for result in ["ok", "conflict", "invalid", "forbidden", "error"] {
             metrics::counter!(LEASE_OPERATIONS, "op" => op, "result" => result).absolute(0);
         }

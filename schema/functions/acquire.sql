@@ -44,7 +44,7 @@ BEGIN
             VALUES (p_key, 1, p_owner, now_)
             ON CONFLICT DO NOTHING;
             RETURN (true, p_owner, 1::bigint, row_.expires_at,
-                    fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+                    fencing.remaining_ms(row_.expires_at, now_), 0, false)::fencing.lease_result;
         END IF;
         -- A concurrent caller created the row first: decide against its row.
         SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR UPDATE;
@@ -55,7 +55,7 @@ BEGIN
     now_ := clock_timestamp();
     IF row_.expires_at > now_ AND row_.owner <> p_owner THEN
         RETURN (false, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0, false)::fencing.lease_result;
     END IF;
 
     IF row_.expires_at > now_ AND NOT coalesce(new_period, false) THEN
@@ -65,7 +65,25 @@ BEGIN
          WHERE l.key = p_key
         RETURNING * INTO row_;
         RETURN (true, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0,
+                coalesce(row_.resign_term = row_.term, false))::fencing.lease_result;
+    END IF;
+
+    -- The valid holder asking for a new period while a handover is requested of its term: the
+    -- period ends here as a handover, as its release would (a new term of its own would drop
+    -- the request), and the caller is refused; it may try again once no successor comes first.
+    IF row_.expires_at > now_ AND row_.resign_term = row_.term THEN
+        PERFORM fencing.lease_grant_ms(row_);
+        UPDATE fencing.lease_history h SET ended_at = now_, end_reason = 'handed_over'
+         WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
+        UPDATE fencing.leases l
+           SET expires_at = now_,
+               reserved_for = (SELECT r.reserved_for FROM fencing.reserve_for(row_, now_) r),
+               reserved_until = (SELECT r.reserved_until FROM fencing.reserve_for(row_, now_) r)
+         WHERE l.key = p_key
+        RETURNING * INTO row_;
+        RETURN (false, row_.reserved_for, row_.term, coalesce(row_.reserved_until, row_.expires_at),
+                fencing.remaining_ms(coalesce(row_.reserved_until, row_.expires_at), now_), 0, true)::fencing.lease_result;
     END IF;
 
     -- Lock-delay: after a period that ended without a release, no new term until the key's
@@ -74,8 +92,16 @@ BEGIN
     IF row_.expires_at <= now_ THEN
         delay_ms_ := fencing.lock_delay_left(row_, now_);
         IF delay_ms_ > 0 THEN
-            RETURN (false, NULL, row_.term, row_.expires_at, 0, delay_ms_)::fencing.lease_result;
+            RETURN (false, NULL, row_.term, row_.expires_at, 0, delay_ms_, false)::fencing.lease_result;
         END IF;
+    END IF;
+
+    -- A handover to a named successor: until it acquires, or its reservation ends, the next
+    -- term is its alone (fencing.release); anyone else is answered as if it held the lease.
+    IF row_.expires_at <= now_ AND row_.reserved_for IS NOT NULL AND row_.reserved_until > now_
+       AND NOT fencing.is_successor(p_owner, row_.reserved_for) THEN
+        RETURN (false, row_.reserved_for, row_.term, row_.reserved_until,
+                fencing.remaining_ms(row_.reserved_until, now_), 0, false)::fencing.lease_result;
     END IF;
 
     -- A new leadership period, once every grant on the old term has ended (grants.sql): until
@@ -95,13 +121,15 @@ BEGIN
     UPDATE fencing.leases l
        SET owner = p_owner, term = l.term + 1,
            acquired_at = now_, renewed_at = now_, expires_at = now_ + p_ttl,
-           grants_ended_term = CASE WHEN grant_ms_ > 0 THEN l.term ELSE l.grants_ended_term END
+           grants_ended_term = CASE WHEN grant_ms_ > 0 THEN l.term ELSE l.grants_ended_term END,
+           resign_term = NULL, resign_successor = NULL, resign_requested_at = NULL,
+           reserved_for = NULL, reserved_until = NULL
      WHERE l.key = p_key
     RETURNING * INTO row_;
     INSERT INTO fencing.lease_history (key, term, owner, granted_at)
     VALUES (p_key, row_.term, p_owner, now_)
     ON CONFLICT DO NOTHING;
     RETURN (true, row_.owner, row_.term, row_.expires_at,
-            fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+            fencing.remaining_ms(row_.expires_at, now_), 0, false)::fencing.lease_result;
 END
 $$;

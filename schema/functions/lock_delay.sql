@@ -1,7 +1,7 @@
 -- Lock-delay (schema version 12). How much of a lease's lock-delay is left at now_ (ms, 0 when
 -- none): after a period that ended without a release (it expired, or was force-released), no new
 -- term starts until the key's delay has passed since the period's end, on the store's clock. A
--- lease held, released by its holder, or never acquired has none.
+-- lease held, released by its holder (handed over included), or never acquired has none.
 CREATE OR REPLACE FUNCTION fencing.lock_delay_left(lease_ fencing.leases, now_ timestamptz) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -11,7 +11,8 @@ BEGIN
         RETURN 0;
     END IF;
     IF EXISTS (SELECT 1 FROM fencing.lease_history h
-                WHERE h.key = lease_.key AND h.term = lease_.term AND h.end_reason = 'released') THEN
+                WHERE h.key = lease_.key AND h.term = lease_.term
+                  AND h.end_reason IN ('released', 'handed_over')) THEN
         RETURN 0;
     END IF;
     SELECT coalesce((SELECT s.lock_delay_ms FROM fencing.lease_settings s WHERE s.key = lease_.key),

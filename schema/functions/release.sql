@@ -22,8 +22,16 @@ BEGIN
     -- Grants on the lease's resources outlive the release: the next term waits for them
     -- (fencing.lease_grant_ms; called here too, so a release decides at READ COMMITTED only).
     PERFORM fencing.lease_grant_ms(row_);
-    UPDATE fencing.leases l SET expires_at = now_ WHERE l.key = p_key;
-    UPDATE fencing.lease_history h SET ended_at = now_, end_reason = 'released'
+    -- After a handover was requested of this term: 'handed_over', and a named successor has
+    -- the next term to itself for a while (fencing.reserve_for).
+    UPDATE fencing.leases l
+       SET expires_at = now_,
+           reserved_for = (SELECT r.reserved_for FROM fencing.reserve_for(row_, now_) r),
+           reserved_until = (SELECT r.reserved_until FROM fencing.reserve_for(row_, now_) r)
+     WHERE l.key = p_key;
+    UPDATE fencing.lease_history h
+       SET ended_at = now_,
+           end_reason = CASE WHEN row_.resign_term = row_.term THEN 'handed_over' ELSE 'released' END
      WHERE h.key = p_key AND h.term = row_.term AND h.ended_at IS NULL;
     RETURN true;
 END

@@ -22,14 +22,14 @@ BEGIN
     SELECT * INTO row_ FROM fencing.leases l WHERE l.key = p_key FOR NO KEY UPDATE;
     now_ := clock_timestamp();
     IF NOT FOUND THEN
-        RETURN (false, NULL, NULL, NULL, 0, 0)::fencing.lease_result;
+        RETURN (false, NULL, NULL, NULL, 0, 0, false)::fencing.lease_result;
     END IF;
     IF row_.expires_at <= now_ THEN
-        RETURN (false, NULL, row_.term, row_.expires_at, 0, 0)::fencing.lease_result;
+        RETURN (false, NULL, row_.term, row_.expires_at, 0, 0, false)::fencing.lease_result;
     END IF;
     IF row_.owner <> p_owner THEN
         RETURN (false, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0, false)::fencing.lease_result;
     END IF;
 
     -- A grant never outlasts its length, whatever the ttl: a new term waits out the longest
@@ -38,7 +38,9 @@ BEGIN
        SET renewed_at = now_, expires_at = now_ + p_ttl
      WHERE l.key = p_key
     RETURNING * INTO row_;
+    -- A handover requested of this term: the holder is asked to step down (schema version 14).
     RETURN (true, row_.owner, row_.term, row_.expires_at,
-            fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+            fencing.remaining_ms(row_.expires_at, now_), 0,
+            coalesce(row_.resign_term = row_.term, false))::fencing.lease_result;
 END
 $$;

@@ -5,7 +5,8 @@
 -- comes first: a lost wake-up only delays an answer.
 
 -- Before each insert or update of a lease: a change a reader can see (a new term or holder, a
--- value, a release or force-release: a held lease that a write ends, or an ended one held again)
+-- value, a handover request, a release or force-release: a held lease that a write ends, or an
+-- ended one held again)
 -- takes the next revision; a renewal (another expires_at, held before and after) keeps it. No side effect here: a
 -- BEFORE INSERT trigger also runs for the row of an INSERT ... ON CONFLICT DO NOTHING that
 -- inserts nothing.
@@ -16,7 +17,8 @@ DECLARE
 BEGIN
     IF TG_OP = 'INSERT' THEN
         NEW.revision := 1;
-    ELSIF (NEW.owner, NEW.term, NEW.value, NEW.value_term) IS DISTINCT FROM (OLD.owner, OLD.term, OLD.value, OLD.value_term)
+    ELSIF (NEW.owner, NEW.term, NEW.value, NEW.value_term, NEW.resign_term, NEW.resign_successor, NEW.reserved_for)
+          IS DISTINCT FROM (OLD.owner, OLD.term, OLD.value, OLD.value_term, OLD.resign_term, OLD.resign_successor, OLD.reserved_for)
           OR (OLD.expires_at > now_) <> (NEW.expires_at > now_) THEN
         NEW.revision := OLD.revision + 1;
     ELSE
@@ -26,19 +28,21 @@ BEGIN
 END
 $$;
 
--- After a lease row was inserted or took a new revision: wake its watchers when this commits.
+-- After a lease row was inserted or took a new revision: wake its watchers when this commits,
+-- and commit durably (a revision a watcher saw is never given to another state after a crash).
 CREATE OR REPLACE FUNCTION fencing.lease_notify() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' OR NEW.revision <> OLD.revision THEN
+        PERFORM fencing.commit_durably();
         PERFORM pg_notify('fencing_watch', 'lease:' || NEW.key);
     END IF;
     RETURN NULL;
 END
 $$;
 
--- Before each insert or update of a node: gone follows expires_at when a statement moves it
--- (a heartbeat, a leave); otherwise it is the statement's (fencing.nodes_revision sets it).
+-- Before each insert or update of a node: gone (it left) follows expires_at when a statement
+-- moves it (a heartbeat, a leave).
 CREATE OR REPLACE FUNCTION fencing.node_gone() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -50,21 +54,29 @@ END
 $$;
 
 -- After each insert, update or delete of a node: a join, a leave, a change of its name,
--- metadata, incarnation or start, and a noted expiry (gone set) take the cluster's next
--- revision (kept in the node's row too) and wake the cluster's watchers; a heartbeat that only
--- extends a live node is no change. The cluster's row is locked after the node's, in every
+-- metadata, incarnation or start move the cluster's revision and wake its watchers; a heartbeat
+-- that only extends a live node does not. The members' revision (fencing.nodes_revision) is
+-- this count plus the nodes that ran out without a leave, counted when read, so an expiry is a
+-- change without a write. A node that ran out and comes back (or whose row is removed) leaves
+-- that second count: it moves the count here by two (or one), so the sum still moves exactly
+-- when the live members change. The cluster's row is locked after the node's, in every
 -- statement that changes nodes: no two sessions wait for each other.
 CREATE OR REPLACE FUNCTION fencing.node_changed() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    cluster_  text;
-    revision_ bigint;
+    cluster_ text;
+    step_    bigint := 1;
+    now_     timestamptz := clock_timestamp();
 BEGIN
     IF TG_OP = 'DELETE' THEN
         IF OLD.gone THEN
             RETURN NULL;
         END IF;
         cluster_ := OLD.cluster;
+    ELSIF TG_OP = 'UPDATE' AND NOT OLD.gone AND OLD.expires_at <= now_ AND NEW.expires_at > now_ THEN
+        -- A node that ran out without a leave is live again: it leaves the second count.
+        cluster_ := NEW.cluster;
+        step_ := 2;
     ELSIF TG_OP = 'UPDATE'
           AND OLD.gone = NEW.gone
           AND (NEW.incarnation, NEW.name, NEW.metadata, NEW.started_at)
@@ -73,14 +85,10 @@ BEGIN
     ELSE
         cluster_ := NEW.cluster;
     END IF;
-    INSERT INTO fencing.clusters AS c (cluster, revision) VALUES (cluster_, 1)
-    ON CONFLICT (cluster) DO UPDATE SET revision = c.revision + 1
-    RETURNING c.revision INTO revision_;
+    PERFORM fencing.commit_durably();
+    INSERT INTO fencing.clusters AS c (cluster, revision) VALUES (cluster_, step_)
+    ON CONFLICT (cluster) DO UPDATE SET revision = c.revision + step_;
     PERFORM pg_notify('fencing_watch', 'nodes:' || cluster_);
-    IF TG_OP <> 'DELETE' THEN
-        -- No change by the rules above: this update ends here.
-        UPDATE fencing.nodes n SET revision = revision_ WHERE n.cluster = NEW.cluster AND n.node_id = NEW.node_id;
-    END IF;
     RETURN NULL;
 END
 $$;
@@ -109,13 +117,22 @@ BEGIN
     END IF;
 END
 $$;
+-- Also in a session replaying changes (session_replication_role = replica), like the guard.
+ALTER TABLE fencing.leases ENABLE ALWAYS TRIGGER fencing_lease_changed;
+ALTER TABLE fencing.leases ENABLE ALWAYS TRIGGER fencing_lease_notify;
+ALTER TABLE fencing.nodes ENABLE ALWAYS TRIGGER fencing_node_gone;
+ALTER TABLE fencing.nodes ENABLE ALWAYS TRIGGER fencing_node_changed;
 
 -- One lease as a watcher sees it: fencing.read_lease's columns and the revision of this
 -- state, 2 * the row's revision, plus 1 once the lease has ended by the store's clock (its
 -- expiry writes nothing, yet is a change). No row for a key never acquired (revision 0).
+-- Schema version 14 adds the handover: resign_requested (asked of the current term while held),
+-- successor (the one named in that request, or the one the next term is reserved for) and
+-- reserved_ms (what is left of that reservation).
 CREATE OR REPLACE FUNCTION fencing.observe_lease(lease_key text)
 RETURNS TABLE (key text, owner text, term bigint, acquired_at timestamptz, renewed_at timestamptz,
-               expires_at timestamptz, remaining_ms bigint, value text, lock_delay_ms bigint, revision bigint)
+               expires_at timestamptz, remaining_ms bigint, value text, lock_delay_ms bigint, revision bigint,
+               resign_requested boolean, successor text, reserved_ms bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     now_ timestamptz := clock_timestamp();
@@ -125,28 +142,38 @@ BEGIN
         SELECT l.key, l.owner, l.term, l.acquired_at, l.renewed_at, l.expires_at,
                fencing.remaining_ms(l.expires_at, now_), fencing.lease_value(l)::text,
                fencing.lock_delay_left(l, now_),
-               2 * l.revision + CASE WHEN l.expires_at <= now_ THEN 1 ELSE 0 END
+               2 * l.revision + CASE WHEN l.expires_at <= now_ THEN 1 ELSE 0 END,
+               coalesce(l.resign_term = l.term AND l.expires_at > now_, false),
+               -- Kept once the reservation lapsed (reserved_ms 0): its end writes nothing.
+               CASE WHEN l.expires_at > now_ AND l.resign_term = l.term THEN l.resign_successor
+                    WHEN l.expires_at <= now_ THEN l.reserved_for END,
+               CASE WHEN l.expires_at <= now_ AND l.reserved_until > now_
+                    THEN fencing.remaining_ms(l.reserved_until, now_) ELSE 0 END
           FROM fencing.leases l WHERE l.key = lease_key;
 END
 $$;
 
--- The revision of `cluster_`'s members (0 for a cluster never seen), after noting the nodes
--- whose registration has run out since (each a change), and how long until the next live node
--- runs out by the store's clock (NULL with none). Read it before the members: a change between
--- the two then shows as a later revision, never as a missed one. A node row that another
--- session holds is noted by that session's change or by a later call.
+-- The revision of `cluster_`'s members (0 for a cluster never seen): the cluster's count of
+-- changes (fencing.node_changed) plus its nodes that ran out without a leave, so it moves when
+-- a node runs out though nothing is written then; and how long until the next live node runs
+-- out by the store's clock (NULL with none). Read it before the members, and a change between
+-- the two shows as a later revision, never as a missed one. The nodes that ran out are counted
+-- under a share lock, so a heartbeat of one of them that is committing is waited for and seen
+-- (it may have left the cluster's count unchanged, having begun before the node ran out).
 CREATE OR REPLACE FUNCTION fencing.nodes_revision(cluster_ text)
 RETURNS TABLE (revision bigint, next_expiry_ms bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_     timestamptz := clock_timestamp();
+    ran_out_ bigint;
 BEGIN
     PERFORM fencing.check_name('cluster', cluster_);
-    UPDATE fencing.nodes n SET gone = true
-     WHERE (n.cluster, n.node_id) IN (
-               SELECT o.cluster, o.node_id FROM fencing.nodes o
-                WHERE o.cluster = cluster_ AND NOT o.gone AND o.expires_at <= clock_timestamp()
-                  FOR UPDATE SKIP LOCKED);
+    SELECT count(*) INTO ran_out_
+      FROM (SELECT 1 FROM fencing.nodes n
+             WHERE n.cluster = cluster_ AND NOT n.gone AND n.expires_at <= now_
+               FOR SHARE) ran_out;
     RETURN QUERY
-        SELECT coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0),
+        SELECT coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0) + ran_out_,
                (SELECT min(fencing.remaining_ms(n.expires_at, clock_timestamp())) FROM fencing.nodes n
                  WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp());
 END

@@ -8,10 +8,10 @@
 --     again); a renewal is no change. The revision a watcher sees (fencing.observe_lease) is
 --     2 * revision, plus 1 once the lease has ended by the store's clock: an expiry, which
 --     writes nothing, is a change too;
---   - fencing.clusters.revision: grows by one with each join, leave, change of a node's name,
---     metadata or incarnation, and each expiry of a node, which fencing.nodes_revision notes
---     (fencing.nodes.gone) when a watcher asks; fencing.nodes.revision is the cluster's revision
---     at the node's last change;
+--   - fencing.clusters.revision: grows with each join, leave, change of a node's name, metadata
+--     or incarnation; the members' revision a watcher sees (fencing.nodes_revision) is it plus
+--     the cluster's nodes that ran out without a leave (fencing.nodes.gone: it left), so it
+--     moves when a node runs out, though nothing is written then;
 --   - each change notifies channel fencing_watch with 'lease:<key>' or 'nodes:<cluster>' when
 --     it commits, to wake watchers at once on every gateway (polling stays the fallback).
 -- The triggers that keep the revisions are made by schema/functions/watch.sql.
@@ -26,22 +26,18 @@ CREATE TABLE IF NOT EXISTS fencing.clusters (
     revision bigint NOT NULL DEFAULT 0 CHECK (revision >= 0)
 );
 
-ALTER TABLE fencing.nodes ADD COLUMN IF NOT EXISTS revision bigint NOT NULL DEFAULT 0;
 ALTER TABLE fencing.nodes ADD COLUMN IF NOT EXISTS gone boolean NOT NULL DEFAULT false;
 UPDATE fencing.nodes n SET gone = true WHERE n.expires_at <= clock_timestamp() AND NOT n.gone;
 INSERT INTO fencing.clusters (cluster, revision)
 SELECT DISTINCT n.cluster, 1 FROM fencing.nodes n
 ON CONFLICT (cluster) DO NOTHING;
-UPDATE fencing.nodes n SET revision = 1 WHERE n.revision = 0;
 
 COMMENT ON COLUMN fencing.leases.revision IS
     'Grows by one with each change a reader can see (not a renewal); watchers see 2 * revision + 1 once the lease ended.';
 COMMENT ON TABLE fencing.clusters IS
-    'One row per cluster: revision grows by one with each join, leave, change or noted expiry of its nodes.';
+    'One row per cluster: revision grows with each join, leave or change of its nodes (fencing.node_changed).';
 COMMENT ON COLUMN fencing.nodes.gone IS
-    'The node''s leave or expiry has been counted in its cluster''s revision.';
-COMMENT ON COLUMN fencing.nodes.revision IS
-    'The cluster''s revision at this node''s last change.';
+    'The node left (fencing.leave, or ran out before version 13): its end is counted in its cluster''s revision.';
 
 INSERT INTO fencing.schema_migrations (version, name) VALUES (13, 'watch')
 ON CONFLICT (version) DO NOTHING;

@@ -48,6 +48,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 11, name: "lease_values", sql: include_str!("../migrations/0011_lease_values.sql") },
     Migration { version: 12, name: "lock_delay", sql: include_str!("../migrations/0012_lock_delay.sql") },
     Migration { version: 13, name: "watch", sql: include_str!("../migrations/0013_watch.sql") },
+    Migration { version: 14, name: "handover", sql: include_str!("../migrations/0014_handover.sql") },
 ];
 
 macro_rules! repeatable {
@@ -70,6 +71,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "gate_many",
     "grants",
     "guard",
+    "handover",
     "lease_value",
     "lock_delay",
     "members",
@@ -87,7 +89,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 13;
+pub const LATEST_VERSION: i32 = 14;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

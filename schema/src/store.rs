@@ -28,6 +28,9 @@ pub struct LeaseReply {
     /// For an acquire refused because the last period ended without a release: how much of the
     /// key's lock-delay is left (schema version 12); zero otherwise.
     pub lock_delay: Duration,
+    /// For a successful renewal: a handover was requested of this term (schema version 14,
+    /// [`request_resign`]): stop leader work, drain, release.
+    pub resign_requested: bool,
 }
 
 /// A row of `fencing.leases`.
@@ -52,10 +55,25 @@ pub struct LeaseRow {
     pub value: Option<String>,
     /// What is left of the key's lock-delay (schema version 12): no new term before it passes.
     pub lock_delay: Duration,
-    /// The revision of this state (schema version 13): it differs from an earlier read's
-    /// exactly when the lease changed between the two (a new term or holder, a value, a
-    /// release, an expiry), never for a renewal alone. Never 0 (a key never acquired).
+}
+
+/// A lease as a watcher sees it (`fencing.observe_lease`, schema versions 13 and 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The row, as [`get_lease`] reads it.
+    pub lease: LeaseRow,
+    /// The revision of this state: it differs from an earlier read's exactly when the lease
+    /// changed between the two (a new term or holder, a value, a handover request, a release,
+    /// an expiry), never for a renewal alone. Never 0 (a key never acquired). Compare with
+    /// `!=`: a step back of the store's clock can bring an ended lease back, and its revision.
     pub revision: i64,
+    /// A handover was requested of the current term, while held (schema version 14).
+    pub resign_requested: bool,
+    /// The successor named in that request, or, once the holder released, the owner the next
+    /// term is reserved for.
+    pub successor: Option<String>,
+    /// What is left of that reservation; zero without one.
+    pub reserved: Duration,
 }
 
 /// A row of `fencing.fences`.
@@ -141,7 +159,43 @@ fn lease_reply(row: &Row) -> Result<LeaseReply, Error> {
         expires_at: row.try_get("expires_at").map_err(Error::Store)?,
         remaining: ms(row.try_get::<_, Option<i64>>("remaining_ms").map_err(Error::Store)?.unwrap_or(0)),
         lock_delay: ms(row.try_get::<_, Option<i64>>("lock_delay_ms").map_err(Error::Store)?.unwrap_or(0)),
+        resign_requested: row.try_get::<_, Option<bool>>("resign_requested").map_err(Error::Store)?.unwrap_or(false),
     })
+}
+
+/// Calls `fencing.request_resign(key, actor, reason, successor, holder_prefix)`: asks the holder
+/// of `key` to step down, naming the owner that should lead next, if any (schema version 14);
+/// with `holder_prefix`, only a holder whose owner starts with it. Returns the term asked to step
+/// down, or `None` (nothing changed) when nobody (or no such owner) holds the lease. Audited.
+pub async fn request_resign(
+    client: &impl GenericClient,
+    key: &str,
+    (actor, reason): (&str, &str),
+    successor: Option<&str>,
+    holder_prefix: Option<&str>,
+) -> Result<Option<i64>, Error> {
+    let row = client
+        .query_one(
+            "SELECT fencing.request_resign($1, $2, $3, $4, $5)",
+            &[&key, &actor, &reason, &successor, &holder_prefix],
+        )
+        .await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
+/// Calls `fencing.force_handover(key, term, actor, reason)`: ends the period of `term` now if it
+/// still holds the lease (a holder that did not step down in time), never a later term's.
+/// Whether it ended one. Audited as a force-release.
+pub async fn force_handover(
+    client: &impl GenericClient,
+    key: &str,
+    term: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<bool, Error> {
+    let row =
+        client.query_one("SELECT fencing.force_handover($1, $2, $3, $4)", &[&key, &term, &actor, &reason]).await?;
+    row.try_get(0).map_err(Error::Store)
 }
 
 /// Calls `fencing.set_lock_delay(key, delay, actor, reason)`: the lock-delay of `key`, or with
@@ -164,13 +218,14 @@ pub async fn set_lock_delay(
     Ok(())
 }
 
-const ACQUIRE_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms
+const ACQUIRE_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms, resign_requested
     FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond')";
 
-const ACQUIRE_NEW_PERIOD_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms
+const ACQUIRE_NEW_PERIOD_SQL: &str =
+    "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms, resign_requested
     FROM fencing.acquire($1, $2, $3::bigint * interval '1 millisecond', true)";
 
-const RENEW_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms
+const RENEW_SQL: &str = "SELECT ok, holder, term, expires_at, remaining_ms, lock_delay_ms, resign_requested
     FROM fencing.renew($1, $2, $3::bigint * interval '1 millisecond')";
 
 async fn lease_call(
@@ -216,13 +271,37 @@ pub async fn release(client: &impl GenericClient, key: &str, owner: &str) -> Res
 pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<LeaseRow>, Error> {
     let row = client
         .query_opt(
-            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value, lock_delay_ms, revision
+            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value, lock_delay_ms
+               FROM fencing.read_lease($1)",
+            &[&key],
+        )
+        .await?;
+    row.as_ref().map(lease_row).transpose()
+}
+
+/// Reads one lease as a watcher sees it, with its revision and handover (`fencing.observe_lease`,
+/// schema version 14); `None` for a key never acquired.
+pub async fn observe_lease(client: &impl GenericClient, key: &str) -> Result<Option<LeaseState>, Error> {
+    let row = client
+        .query_opt(
+            "SELECT key, owner, term, acquired_at, renewed_at, expires_at, remaining_ms, value, lock_delay_ms, revision,
+                    resign_requested, successor, reserved_ms
                FROM fencing.observe_lease($1)",
             &[&key],
         )
         .await?;
     let Some(row) = row else { return Ok(None) };
-    Ok(Some(LeaseRow {
+    Ok(Some(LeaseState {
+        lease: lease_row(&row)?,
+        revision: row.try_get("revision").map_err(Error::Store)?,
+        resign_requested: row.try_get("resign_requested").map_err(Error::Store)?,
+        successor: row.try_get("successor").map_err(Error::Store)?,
+        reserved: ms(row.try_get("reserved_ms").map_err(Error::Store)?),
+    }))
+}
+
+fn lease_row(row: &Row) -> Result<LeaseRow, Error> {
+    Ok(LeaseRow {
         key: row.try_get("key").map_err(Error::Store)?,
         owner: row.try_get("owner").map_err(Error::Store)?,
         term: row.try_get("term").map_err(Error::Store)?,
@@ -232,8 +311,7 @@ pub async fn get_lease(client: &impl GenericClient, key: &str) -> Result<Option<
         remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
         value: row.try_get("value").map_err(Error::Store)?,
         lock_delay: ms(row.try_get::<_, Option<i64>>("lock_delay_ms").map_err(Error::Store)?.unwrap_or(0)),
-        revision: row.try_get("revision").map_err(Error::Store)?,
-    }))
+    })
 }
 
 /// The most JSON text a lease's value may have ([`set_lease_value`]).

@@ -630,7 +630,7 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             &function("renew")?,
             "    IF row_.owner <> p_owner THEN
         RETURN (false, row_.owner, row_.term, row_.expires_at,
-                fencing.remaining_ms(row_.expires_at, now_), 0)::fencing.lease_result;
+                fencing.remaining_ms(row_.expires_at, now_), 0, false)::fencing.lease_result;
     END IF;
 ",
             "renewal's owner check",
@@ -638,7 +638,7 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
         Plant::RenewExpired => remove_block(
             &function("renew")?,
             "    IF row_.expires_at <= now_ THEN
-        RETURN (false, NULL, row_.term, row_.expires_at, 0, 0)::fencing.lease_result;
+        RETURN (false, NULL, row_.term, row_.expires_at, 0, 0, false)::fencing.lease_result;
     END IF;
 ",
             "renewal's expiry check",

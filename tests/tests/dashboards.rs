@@ -70,6 +70,7 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         fencing_election::metrics::IS_LEADER,
         fencing_election::metrics::TERM,
         fencing_election::metrics::RENEW_FAILURES,
+        fencing_election::metrics::RESIGNATIONS,
         fencing_election::metrics::LEASE_REMAINING_SECONDS,
         gateway_metrics::MEMBER_OPERATIONS,
         fencing_election::membership::LIVE_NODES,
@@ -130,6 +131,7 @@ fn dashboard_panels_query_only_exported_metrics_through_the_datasource_variable(
         "election_daemon_reassignments_total",
         "election_daemon_assign_seconds",
         "fencing_watchers",
+        "election_resignations_total",
     ] {
         assert!(used.contains(required), "no panel shows {required}");
     }

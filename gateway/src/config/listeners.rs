@@ -124,9 +124,17 @@ pub(super) fn control(raw: RawControl, proxy: &ProxyConfig, checks: &mut Checks)
             default
         }
     };
-    let max_watchers = count("control.max_watchers", raw.max_watchers, DEFAULT_MAX_WATCHERS);
+    let max_watchers =
+        count("control.max_watchers", raw.max_watchers, DEFAULT_MAX_WATCHERS.min(proxy.max_connections / 2));
     let max_watchers_per_client =
         count("control.max_watchers_per_client", raw.max_watchers_per_client, DEFAULT_MAX_WATCHERS_PER_CLIENT);
+    if max_watchers > proxy.max_connections / 2 {
+        checks.push(format!(
+            "control.max_watchers: at most half of proxy.max_connections ({}): each waiting watch holds a \
+             connection of the control listener, and the rest stay for renewals and heartbeats",
+            proxy.max_connections
+        ));
+    }
     ControlConfig {
         listen,
         min_ttl,

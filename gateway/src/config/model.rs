@@ -166,8 +166,9 @@ pub struct ControlConfig {
 
 /// The default longest `wait` of a watch.
 pub const DEFAULT_WATCH_MAX_WAIT: Duration = Duration::from_secs(60);
-/// The default cap on watches waiting at once on a gateway.
-pub const DEFAULT_MAX_WATCHERS: usize = 1000;
+/// The default cap on watches waiting at once on a gateway (each holds a connection of the
+/// control listener, which has `proxy.max_connections`: at most half of them).
+pub const DEFAULT_MAX_WATCHERS: usize = 500;
 /// The default cap on watches waiting at once per client.
 pub const DEFAULT_MAX_WATCHERS_PER_CLIENT: usize = 100;
 

@@ -169,6 +169,22 @@ impl ControlState {
         }
     }
 
+    /// A call that is no lease call (membership, a watch's reads): at most all but one of the
+    /// control pool's connections at once (`membership_calls`), so they can never take the
+    /// connection a lease renewal needs; 503 when none is free within the check timeout.
+    pub(super) async fn side_call<T, F, Fut>(&self, call: F) -> Result<T, Problem>
+    where
+        F: FnOnce(Object) -> Fut,
+        Fut: Future<Output = (Object, Result<T, fencing_schema::Error>)>,
+    {
+        let wait = self.config.database.fence_check_timeout;
+        let Ok(Ok(_permit)) = tokio::time::timeout(wait, Arc::clone(&self.membership_calls).acquire_owned()).await
+        else {
+            return Err(unavailable("too many membership calls and watch reads at once; retry"));
+        };
+        self.with_client(call).await
+    }
+
     pub(super) fn check_ttl(&self, ttl_ms: u64) -> Result<Duration, Problem> {
         let ttl = Duration::from_millis(ttl_ms);
         let (min, max) = (self.config.control.min_ttl, self.config.control.max_ttl);
@@ -194,13 +210,7 @@ impl ControlState {
         F: FnOnce(Object) -> Fut,
         Fut: Future<Output = (Object, Result<T, fencing_schema::Error>)>,
     {
-        let wait = self.config.database.fence_check_timeout;
-        let Ok(Ok(_permit)) = tokio::time::timeout(wait, Arc::clone(&self.membership_calls).acquire_owned()).await
-        else {
-            count_member(op, "error");
-            return Err(unavailable("too many membership calls at once; retry"));
-        };
-        let answer = self.with_client(call).await;
+        let answer = self.side_call(call).await;
         match &answer {
             Ok(_) => {}
             Err(problem) if problem.status() == StatusCode::UNPROCESSABLE_ENTITY => count_member(op, "invalid"),

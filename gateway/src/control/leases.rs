@@ -95,6 +95,7 @@ pub(super) fn lease_json(key: &str, owner: &str, reply: &LeaseReply, ttl: Durati
         "expires_at": reply.expires_at.map(rfc3339),
         "remaining_ms": millis(reply.remaining),
         "ttl_ms": millis(ttl),
+        "resign_requested": reply.resign_requested,
     })
 }
 
@@ -308,16 +309,18 @@ pub(super) async fn get_lease(
         Ok(slot) => slot,
         Err(problem) => return problem.into_response(),
     };
+    // A watch's reads share the budget of membership calls: they never take the connection a
+    // renewal needs.
+    let waits = query.waits();
     let read = || {
         let (state, call_key) = (&state, key.clone());
         async move {
-            state
-                .with_client(|client| async move {
-                    let result = store::get_lease(&**client, &call_key).await;
-                    (client, result)
-                })
-                .await
-                .map(watch::lease_observed)
+            let call = |client: deadpool_postgres::Object| async move {
+                let result = store::observe_lease(&**client, &call_key).await;
+                (client, result)
+            };
+            let read = if waits { state.side_call(call).await } else { state.with_client(call).await };
+            read.map(watch::lease_observed)
         }
     };
     let topic = watch::lease_topic(&key);
@@ -332,7 +335,9 @@ pub(super) async fn get_lease(
         Err(problem) => return problem.into_response(),
     };
     match row {
-        Some(row) => axum::Json(json!({
+        Some(observed) => {
+            let row = &observed.lease;
+            axum::Json(json!({
             "key": row.key,
             "owner": row.owner,
             "term": row.term,
@@ -342,8 +347,12 @@ pub(super) async fn get_lease(
             "value": stored_value(row.value.as_deref()),
             "lock_delay_remaining_ms": millis(row.lock_delay),
             "revision": revision,
-        }))
-        .into_response(),
+            "resign_requested": observed.resign_requested,
+            "successor": observed.successor,
+            "reserved_ms": millis(observed.reserved),
+            }))
+            .into_response()
+        }
         None => Problem::new(StatusCode::NOT_FOUND, "no-such-lease", "No such lease", "nobody ever acquired this key")
             .with("key", json!(key))
             .with("revision", json!(revision))

@@ -8,6 +8,7 @@
 mod daemons;
 mod extract;
 mod fences;
+mod handover;
 mod health;
 pub mod lease_view;
 mod leases;
@@ -29,6 +30,7 @@ use crate::listener::{Connection, Handler};
 use crate::security::auth::Caller;
 use crate::security::host::check_host;
 
+pub(crate) use crate::control::handover::forced_reason;
 pub use crate::control::state::{Cached, ControlState};
 
 /// The control API's routes.
@@ -39,6 +41,7 @@ pub fn router(state: ControlState) -> Router {
         .route("/v1/leases/{key}/renew", post(leases::renew))
         .route("/v1/leases/{key}/release", post(leases::release))
         .route("/v1/leases/{key}/value", put(leases::set_value))
+        .route("/v1/leases/{key}/resign-request", post(handover::resign_request))
         .route("/v1/leases/{key}", get(leases::get_lease))
         .route("/v1/fences/{resource}", get(fences::get_fence))
         .route("/v1/clusters/{cluster}/nodes", get(nodes::list_nodes))

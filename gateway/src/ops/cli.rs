@@ -158,6 +158,24 @@ pub enum Admin {
         #[command(flatten)]
         audit: AuditArgs,
     },
+    /// Ask the holder of a lease to step down (it hears it at its next renewal, drains its
+    /// leader work and releases), optionally naming the owner that leads next; with
+    /// `--force-after-ms`, end its period if it has not stepped down by then.
+    Handover {
+        /// The lease key.
+        key: String,
+        /// The owner that should lead next, as `inspect leases` shows owners (an elector's
+        /// `<owner>#<incarnation>` also matches `<owner>`).
+        #[arg(long)]
+        to: Option<String>,
+        /// Wait this long (at most 600000) for the holder to step down, then end its period
+        /// (never a later term's).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+        force_after_ms: Option<u64>,
+        /// Who, why, and whether to ask.
+        #[command(flatten)]
+        audit: AuditArgs,
+    },
     /// Bind a resource to another lease (a write never rebinds). Its maximum stays: the new
     /// lease's leader is refused until its term reaches it.
     Rebind {

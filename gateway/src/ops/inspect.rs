@@ -44,10 +44,27 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
                 "KEY", "HOLDER", "TERM", "LEFT", "EXPIRES AT"
             );
             for lease in store::list_leases(&client).await? {
+                // How the last period ended, when it did: released, handed over, forced, expired
+                // (an expiry is recorded only when the next period starts).
+                let ended = if lease.remaining.is_zero() {
+                    let period = store::list_history(&client, &lease.key, 1).await?.into_iter().next();
+                    match period.filter(|period| period.term == lease.term).and_then(|period| period.end_reason) {
+                        Some(reason) if reason == "force_released" => "forced".to_owned(),
+                        Some(reason) => reason.replace('_', " "),
+                        None => "expired".to_owned(),
+                    }
+                } else {
+                    String::new()
+                };
+                let resigning = store::observe_lease(&client, &lease.key)
+                    .await?
+                    .is_some_and(|state| state.resign_requested && !lease.remaining.is_zero());
                 let (holder, left) = if !lease.lock_delay.is_zero() {
                     (format!("(none; last {})", lease.owner), format!("delay {:.1}s", lease.lock_delay.as_secs_f64()))
                 } else if lease.remaining.is_zero() {
-                    (format!("(none; last {})", lease.owner), "expired".to_owned())
+                    (format!("(none; last {})", lease.owner), ended)
+                } else if resigning {
+                    (lease.owner.clone(), format!("{:.1}s resign", lease.remaining.as_secs_f64()))
                 } else {
                     (lease.owner.clone(), format!("{:.1}s", lease.remaining.as_secs_f64()))
                 };
@@ -181,6 +198,60 @@ pub async fn admin(database_url: &str, action: &Admin, input: &mut dyn BufRead) 
             let actor = audit.actor.clone().unwrap_or_else(default_actor);
             store::force_release(&client, key, &actor, &audit.reason).await?;
             Ok(Some(format!("released lease {key:?}; audited as {actor}\n")))
+        }
+        Admin::Handover { key, to, force_after_ms, audit } => {
+            let Some(lease) = store::get_lease(&client, key).await?.filter(|lease| !lease.remaining.is_zero()) else {
+                return Ok(Some(format!("nobody holds the lease {key:?}: there is nothing to hand over\n")));
+            };
+            let successor = to.as_deref().map_or_else(|| "whoever acquires first".to_owned(), |to| format!("{to:?}"));
+            let prompt = format!(
+                "This asks {:?}, holder of {key:?} with term {}, to step down; the next term goes to {successor}.",
+                lease.owner, lease.term
+            );
+            if !confirm(&prompt, key, audit.yes, input) {
+                return Ok(None);
+            }
+            let actor = audit.actor.clone().unwrap_or_else(default_actor);
+            let Some(term) = store::request_resign(&client, key, (&actor, &audit.reason), to.as_deref(), None).await?
+            else {
+                return Ok(Some(format!("the lease {key:?} ended meanwhile: there is nothing to hand over\n")));
+            };
+            let Some(force_after) = force_after_ms.map(std::time::Duration::from_millis) else {
+                return Ok(Some(format!(
+                    "asked the holder of {key:?} (term {term}) to step down; audited as {actor}\n"
+                )));
+            };
+            let until = tokio::time::Instant::now() + force_after;
+            loop {
+                let now = match tokio::time::timeout(std::time::Duration::from_secs(5), store::get_lease(&client, key))
+                    .await
+                {
+                    Ok(read) => read?,
+                    Err(_) => {
+                        return Ok(Some(format!(
+                            "the store did not answer within 5 s: the request to step down stands (term {term}), \
+                             the holder was not forced\n"
+                        )));
+                    }
+                };
+                if now.is_none_or(|lease| lease.term != term || lease.remaining.is_zero()) {
+                    return Ok(Some(format!("the holder of {key:?} stepped down (term {term}); audited as {actor}\n")));
+                }
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            let reason = crate::control::forced_reason(&audit.reason, force_after);
+            if store::force_handover(&client, key, term, &actor, &reason).await? {
+                Ok(Some(format!(
+                    "the holder of {key:?} did not step down within {} ms: its period (term {term}) was ended; \
+                     audited as {actor}\n",
+                    force_after.as_millis()
+                )))
+            } else {
+                Ok(Some(format!("the holder of {key:?} stepped down (term {term}); audited as {actor}\n")))
+            }
         }
         Admin::AdvanceFence { resource, term, audit } => {
             let current = store::get_fence(&client, resource).await?;

@@ -438,7 +438,7 @@ async fn watch_streams_see_each_term_release_join_and_leave_in_order() {
     assert_eq!((first.revision, first.state), (0, None), "a key never acquired, at once");
 
     let next = async |leases: &mut futures::stream::BoxStream<'_, _>| {
-        let item: Result<fencing_election::watch::Observed<Option<store::LeaseRow>>, Error> =
+        let item: Result<fencing_election::watch::Observed<Option<store::LeaseState>>, Error> =
             tokio::time::timeout(Duration::from_secs(5), leases.next()).await.unwrap().unwrap();
         item.unwrap()
     };
@@ -448,7 +448,7 @@ async fn watch_streams_see_each_term_release_join_and_leave_in_order() {
     loop {
         let state = next(&mut leases).await;
         seen.push(state.revision);
-        let row = state.state.unwrap();
+        let row = state.state.unwrap().lease;
         assert!(row.owner.starts_with("a#") && row.term == 1, "{row:?}");
         if row.value.is_some() {
             break;
@@ -458,11 +458,14 @@ async fn watch_streams_see_each_term_release_join_and_leave_in_order() {
     assert!(tokio::time::timeout(RENEW * 2, leases.next()).await.is_err(), "a renewal is no change");
     a.shutdown().await;
     let released = next(&mut leases).await;
-    assert!(released.state.as_ref().is_some_and(|row| row.remaining.is_zero() && row.term == 1));
+    assert!(released.state.as_ref().is_some_and(|row| row.lease.remaining.is_zero() && row.lease.term == 1));
     seen.push(released.revision);
     let b = elector(&db, "watched", "b");
     let taken = next(&mut leases).await;
-    assert!(taken.state.as_ref().is_some_and(|row| row.owner.starts_with("b#") && row.term == 2), "{taken:?}");
+    assert!(
+        taken.state.as_ref().is_some_and(|row| row.lease.owner.starts_with("b#") && row.lease.term == 2),
+        "{taken:?}"
+    );
     seen.push(taken.revision);
     for pair in seen.windows(2) {
         assert!(pair[1] > pair[0], "revisions only grow: {seen:?}");
@@ -479,4 +482,101 @@ async fn watch_streams_see_each_term_release_join_and_leave_in_order() {
     let left = tokio::time::timeout(Duration::from_secs(5), members.next()).await.unwrap().unwrap();
     assert!(left.state.is_empty() && left.revision > joined.revision);
     shutdown.cancel();
+}
+
+/// How a handover is made in [`handover_gap`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handover {
+    /// `fencing.request_resign` naming the successor (graceful handover).
+    Request,
+    /// `fencing.force_release`, as `admin release-lease` does.
+    ReleaseLease,
+}
+
+/// Two electors, `a` leading and `b` following, each writing a record (term, instant) every
+/// 2 ms while `leadership.check()` passes; the lease is handed over `how`. Returns the time from
+/// a's last record of its term to b's first record of the next, negative (as `Err`) when a
+/// still wrote after b began.
+async fn handover_gap(how: Handover, wakeups: bool) -> (Result<Duration, Duration>, Duration) {
+    use fencing_election::watch::Wakeups;
+    let db = TestDb::new().await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let records = Arc::new(std::sync::Mutex::new(Vec::<(i64, tokio::time::Instant)>::new()));
+    let start = |owner: &str| {
+        let mut builder = builder(&db, "handover", owner).retry_interval(Duration::from_millis(900));
+        if wakeups {
+            builder = builder.wakeups(Wakeups::listen(db.url().parse().unwrap(), NoTls, shutdown.clone()));
+        }
+        let handle = builder.build().unwrap().start();
+        let records = Arc::clone(&records);
+        handle.spawn_leader_work(move |leadership| {
+            let records = Arc::clone(&records);
+            async move {
+                while let Ok(term) = leadership.check() {
+                    records.lock().unwrap().push((term, tokio::time::Instant::now()));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        });
+        handle
+    };
+    let a = start("a");
+    let (_, term) = sole_leader(std::slice::from_ref(&a)).await;
+    let b = start("b");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let client = db.connect().await;
+    let asked = tokio::time::Instant::now();
+    match how {
+        Handover::Request => {
+            assert_eq!(
+                store::request_resign(&client, "handover", ("ops", "deploy"), Some("b"), None).await.unwrap(),
+                Some(term)
+            );
+        }
+        Handover::ReleaseLease => {
+            store::force_release(&client, "handover", "ops", "test").await.unwrap();
+        }
+    }
+    for _ in 0..200 {
+        if records.lock().unwrap().iter().filter(|(t, _)| *t == term + 1).count() >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+    shutdown.cancel();
+    let records = records.lock().unwrap().clone();
+    let last_a = records.iter().filter(|(t, _)| *t == term).map(|(_, at)| *at).max().unwrap();
+    let first_b = records.iter().filter(|(t, _)| *t == term + 1).map(|(_, at)| *at).min().unwrap();
+    let gap = if first_b >= last_a { Ok(first_b - last_a) } else { Err(last_a - first_b) };
+    (gap, first_b.saturating_duration_since(asked))
+}
+
+/// The handover gap, measured: the last write of term t to the first write of term t+1, for a
+/// graceful handover (with and without wake-ups) and for `admin release-lease` today. A
+/// graceful handover never overlaps the two terms (the old leader stops before it releases);
+/// the figures are printed for the README.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handover_gap_graceful_against_release_lease() {
+    let mut report = Vec::new();
+    for (how, wakeups) in [
+        (Handover::Request, true),
+        (Handover::Request, false),
+        (Handover::ReleaseLease, false),
+        (Handover::ReleaseLease, true),
+    ] {
+        let (gap, since_asked) = handover_gap(how, wakeups).await;
+        println!(
+            "handover gap: {how:?}, wake-ups {wakeups}: {gap:?} (Err: the old term still wrote that long after the \
+             new one began); the new term's first write {since_asked:?} after the request"
+        );
+        report.push((how, wakeups, gap));
+    }
+    for (how, wakeups, gap) in report {
+        if how == Handover::Request {
+            let gap = gap.unwrap_or_else(|overlap| panic!("a graceful handover overlapped terms by {overlap:?}"));
+            assert!(gap < TTL, "the successor began {gap:?} after the old leader's last write (wake-ups {wakeups})");
+        }
+    }
 }

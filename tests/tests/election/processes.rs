@@ -400,6 +400,7 @@ async fn a_follower_exports_every_election_series_at_zero_from_start_up() {
         "election_is_leader{key=\"jobs\"} 0",
         "election_term{key=\"jobs\"} 0",
         "election_renew_failures_total{key=\"jobs\"} 0",
+        "election_resignations_total{key=\"jobs\"} 0",
         "election_lease_remaining_seconds{key=\"jobs\"} 0",
     ] {
         assert!(text.lines().any(|l| l == series), "missing {series:?} in:\n{text}");
@@ -489,4 +490,74 @@ async fn a_killed_leaders_successor_waits_out_the_keys_lock_delay_after_the_expi
     assert_eq!(reason, "expired");
     let gap = lease.acquired_at.duration_since(ended).unwrap_or_default();
     assert!(gap >= DELAY, "the next term began {gap:?} after the dead leader's lease expired, within its lock-delay");
+}
+
+/// Graceful handover (schema version 14): a request naming `c` reaches the leader `a` at its
+/// next renewal; `a` reports the loss as `resigned`, drains and releases (history: handed over),
+/// and `c`, not the follower `b` that was there first, leads with the next term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_makes_the_leader_step_down_and_the_named_successor_lead() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let timing = Timing::FAST;
+    let (mut a, mut b, term) = leader_and_follower(&db.url(), timing).await;
+    let mut c = ElectorProcess::spawn(&db.url(), KEY, "c", timing).unwrap();
+    c.wait_for("started", |l| event(l) == "started").await.unwrap();
+
+    assert_eq!(store::request_resign(&client, KEY, ("ops", "deploy"), Some("c"), None).await.unwrap(), Some(term));
+    let lost = a.wait_for("lost", |l| event(l) == "lost").await.unwrap();
+    assert_eq!((int(&lost, "term"), lost["reason"].as_str()), (term, Some("resigned")), "{lost}");
+    c.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
+    let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
+    assert!(lease.owner.starts_with("c#") && lease.term == term + 1, "{lease:?}");
+    let reason: String = client
+        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reason, "handed_over");
+    // b never led: the next term was reserved for c.
+    b.drain();
+    assert!(!b.seen.iter().any(|l| event(l) == "elected"), "b led: {:?}", b.seen);
+}
+
+/// A paused leader cannot hear a handover request: `admin handover --to b --force-after-ms`
+/// waits, then ends its period (never a later term's), and `b` leads with the next term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_that_cannot_hand_over_is_forced_after_the_timeout() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    // A lease long enough that it does not run out by itself while the handover waits.
+    let timing = Timing { ttl_ms: 8000, renew_ms: 2500, margin_ms: 300, query_timeout_ms: 500, tick_ms: 50 };
+    let (a, mut b, term) = leader_and_follower(&db.url(), timing).await;
+    a.signal(Signal::SIGSTOP).unwrap();
+    let output = tokio::process::Command::new(fencing_tests::workspace_bin("fencing-gateway").unwrap())
+        .args(["admin", "handover", KEY, "--to", "b", "--force-after-ms", "1000", "--reason", "deploy", "--yes"])
+        .args(["--database-url", &db.url()])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(text.contains("did not step down within 1000 ms"), "{text}");
+    b.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
+    let reason: String = client
+        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reason, "force_released");
+    let actions: Vec<String> = client
+        .query("SELECT action FROM fencing.admin_audit WHERE target = $1 ORDER BY id", &[&KEY])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(actions, ["request_resign", "force_release"]);
+    // Resumed, the old leader hears its period is over at its next renewal.
+    a.signal(Signal::SIGCONT).unwrap();
+    let mut a = a;
+    let lost = a.wait_for("lost", |l| event(l) == "lost").await.unwrap();
+    assert_eq!(int(&lost, "term"), term, "{lost}");
 }

@@ -98,6 +98,10 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
     )
     .await;
     assert_eq!(code, Some(0), "{text}");
+    // Shown as forced, not as expired (issue 31: a released lease read "expired").
+    let (_, leases) = cli(&url, &["inspect", "leases"], "").await;
+    let line = leases.lines().find(|line| line.starts_with("ledger-writer")).unwrap_or_default();
+    assert!(line.contains("(none; last node-a)") && line.contains("forced"), "{leases}");
     let next = acquire("node-b").await;
     assert_eq!((next.status, next.json()["term"].as_i64()), (StatusCode::OK, Some(2)));
 

@@ -13,6 +13,7 @@ mod embedded;
 mod failover;
 mod faults;
 mod grants;
+mod handover;
 mod hygiene;
 mod inspect;
 mod lease_grants;

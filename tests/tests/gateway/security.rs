@@ -623,3 +623,37 @@ async fn a_clients_assignments_are_its_own_and_its_leader_pass_needs_its_own_lea
     .await;
     assert_eq!(acked.status, StatusCode::OK, "{}", acked.json());
 }
+
+/// Graceful handover with clients: a client that may use a key cannot ask (let alone force)
+/// another client's holder to step down, nor name another client's owner as successor; a
+/// client hands over among its own owners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_hand_over_or_force_another_clients_lease() {
+    let s = secured().await;
+    let control = s.gateway.control;
+    let call = |token: &'static str, path: &'static str, body: &'static str| async move {
+        let auth = bearer(token);
+        send(control, Method::POST, path, &[JSON, ("authorization", auth.as_str())], body).await.unwrap()
+    };
+    let acquired = call(BILLING, "/v1/leases/billing-x/acquire", r#"{"owner":"w1","ttl_ms":30000}"#).await;
+    assert_eq!(acquired.status, StatusCode::OK);
+    let term = acquired.json()["term"].as_i64().unwrap();
+    // "other" may use billing-* keys, but the holder is billing's: nothing asked, nothing forced.
+    let refused = call(
+        OTHER,
+        "/v1/leases/billing-x/resign-request",
+        r#"{"reason":"mine now","successor":"w9","force_after_ms":0}"#,
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.json());
+    let renewed = call(BILLING, "/v1/leases/billing-x/renew", r#"{"owner":"w1","ttl_ms":30000}"#).await;
+    assert_eq!((renewed.status, renewed.json()["resign_requested"].as_bool()), (StatusCode::OK, Some(false)));
+    // billing hands over to its own w2: the successor is billing's, whatever the name says.
+    let asked = call(BILLING, "/v1/leases/billing-x/resign-request", r#"{"reason":"deploy","successor":"w2"}"#).await;
+    assert_eq!((asked.status, asked.json()["successor"].as_str()), (StatusCode::ACCEPTED, Some("billing/w2")));
+    assert_eq!(call(BILLING, "/v1/leases/billing-x/release", r#"{"owner":"w1"}"#).await.status, StatusCode::NO_CONTENT);
+    let other_w2 = call(OTHER, "/v1/leases/billing-x/acquire", r#"{"owner":"w2","ttl_ms":30000}"#).await;
+    assert_eq!(other_w2.status, StatusCode::CONFLICT, "another client's w2 is not the successor");
+    let w2 = call(BILLING, "/v1/leases/billing-x/acquire", r#"{"owner":"w2","ttl_ms":30000}"#).await;
+    assert_eq!((w2.status, w2.json()["term"].as_i64()), (StatusCode::OK, Some(term + 1)));
+}

@@ -16,6 +16,7 @@ mod failover;
 mod grants;
 mod guard;
 mod guard_coverage;
+mod handover;
 mod harness;
 mod isolation;
 mod lease_values;

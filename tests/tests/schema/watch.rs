@@ -11,7 +11,7 @@ use futures::FutureExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 async fn revision(client: &tokio_postgres::Client, key: &str) -> i64 {
-    store::get_lease(client, key).await.unwrap().map_or(0, |row| row.revision)
+    store::observe_lease(client, key).await.unwrap().map_or(0, |state| state.revision)
 }
 
 #[tokio::test]
