@@ -50,6 +50,11 @@ impl Problem {
         Problem { status, body, retry_after: None, current_term: None, bearer_challenge: false }
     }
 
+    /// Its `detail`.
+    pub fn detail(&self) -> Option<&str> {
+        self.body.get("detail").and_then(Value::as_str)
+    }
+
     /// Adds a member.
     pub fn with(mut self, name: &str, value: Value) -> Problem {
         self.body.insert(name.to_owned(), value);

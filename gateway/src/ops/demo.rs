@@ -198,7 +198,9 @@ async fn story(
         field(&lost, "reason")
     ));
     say(&format!(
-        "the upstream received {} writes in all, none of them stale; `fencing-gateway inspect refusals --database-url '{database_url}'` shows the refusal",
+        "the upstream received {} writes during the story, none of them stale (the new leader goes on writing every \
+         0.3 s until you stop the demo, so the counters in /metrics keep growing); `fencing-gateway inspect \
+         refusals --database-url '{database_url}'` shows the refusal",
         received.load(Ordering::SeqCst)
     ));
     say(&format!(

@@ -172,7 +172,8 @@ impl Proxy {
                 Verdict::Admitted(term) => term,
                 Verdict::Unanswered => return Err(Rejection::Unavailable),
                 Verdict::Refused(refusal) => {
-                    let rejection = Rejection::fenced(&refusal, &write.resource, &write.fence);
+                    let stamp = matches!(write.presented, Presented::Lease { .. });
+                    let rejection = Rejection::fenced(&refusal, &write.resource, &write.fence, stamp);
                     self.refusals.record(&Refused {
                         resource: &write.fence,
                         route: &route.prefix,

@@ -70,6 +70,8 @@ pub enum Rejection {
         presented_term: Option<i64>,
         /// The term the writer lost to.
         current_term: Option<i64>,
+        /// Why a write was not the leader's (`NotLeader` only), for its detail.
+        why: NotLeaderWhy,
     },
     /// A fenced write with neither `Fencing-Token` nor `Fencing-Lease`.
     MissingToken,
@@ -98,9 +100,26 @@ pub enum Rejection {
     BadHost(Problem),
 }
 
+/// Why a write was refused as not the leader's: the detail says only what applies to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotLeaderWhy {
+    /// Verify mode: no one holds the lease at the presented term.
+    NotHeld,
+    /// Stamp mode: the owner presented does not hold the lease.
+    OwnerNotHolder,
+    /// The resource is bound to another lease than the route's.
+    OtherLease,
+}
+
 impl Rejection {
-    /// A fence decision's refusal of a write to `resource`, decided on `fence`.
-    pub fn fenced(refusal: &Refusal, resource: &str, fence: &str) -> Rejection {
+    /// A fence decision's refusal of a write to `resource`, decided on `fence`; `stamp` when the
+    /// write presented a lease and owner (stamp mode).
+    pub fn fenced(refusal: &Refusal, resource: &str, fence: &str, stamp: bool) -> Rejection {
+        let why = match (refusal.outcome, stamp) {
+            (StoreOutcome::WrongLease, _) => NotLeaderWhy::OtherLease,
+            (_, true) => NotLeaderWhy::OwnerNotHolder,
+            (_, false) => NotLeaderWhy::NotHeld,
+        };
         let outcome = match refusal.outcome {
             StoreOutcome::Stale | StoreOutcome::Admitted => Outcome::Stale,
             StoreOutcome::FutureTerm => Outcome::FutureTerm,
@@ -112,6 +131,7 @@ impl Rejection {
             fence: fence.to_owned(),
             presented_term: refusal.presented_term,
             current_term: refusal.current_term,
+            why,
         }
     }
 
@@ -160,7 +180,7 @@ impl Rejection {
                 "Method not allowed",
                 "the gateway forwards only to configured upstreams; CONNECT and TRACE are refused",
             ),
-            Rejection::Fenced { outcome, resource, fence, presented_term, current_term } => {
+            Rejection::Fenced { outcome, resource, fence, presented_term, current_term, why } => {
                 let (kind, title, detail) = match outcome {
                     Outcome::FutureTerm => (
                         "future-term",
@@ -172,11 +192,19 @@ impl Rejection {
                     Outcome::NotLeader => (
                         "not-leader",
                         "Not the leader",
-                        format!(
-                            "the lease that resource {resource:?} needs is not held by this writer: its owner does not \
-                             hold it (stamp mode), it has expired or been released, or the resource is bound to another \
-                             lease than this route's"
-                        ),
+                        match why {
+                            NotLeaderWhy::NotHeld => format!(
+                                "resource {resource:?} is bound to a lease that nobody holds at the presented term (it \
+                                 expired or was released): this writer's period is over; it must stop acting as leader"
+                            ),
+                            NotLeaderWhy::OwnerNotHolder => format!(
+                                "the owner presented does not hold the lease that resource {resource:?} needs (it expired, \
+                                 was released or was taken over): it must stop acting as leader"
+                            ),
+                            NotLeaderWhy::OtherLease => {
+                                format!("resource {resource:?} is bound to another lease than this route's")
+                            }
+                        },
                     ),
                     _ => (
                         "stale-term",
@@ -238,5 +266,28 @@ impl Rejection {
             Rejection::Forbidden(detail) => forbidden(detail),
             Rejection::BadHost(problem) => problem.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fencing_schema::store::Outcome;
+
+    use crate::fence::Refusal;
+    use crate::proxy::rejection::Rejection;
+
+    /// Issue 31: a verify-mode write refused as not the leader's was told about stamp mode.
+    #[test]
+    fn not_leader_details_say_only_what_applies_to_the_writes_mode() {
+        let detail = |outcome, stamp| {
+            let refusal = Refusal { outcome, presented_term: Some(3), current_term: Some(4) };
+            Rejection::fenced(&refusal, "acct", "acct", stamp).problem().detail().unwrap_or_default().to_owned()
+        };
+        let verify = detail(Outcome::NotLeader, false);
+        assert!(verify.contains("nobody holds") && !verify.contains("owner") && !verify.contains("stamp"), "{verify}");
+        let stamp = detail(Outcome::NotLeader, true);
+        assert!(stamp.contains("owner presented") && !stamp.contains("stamp"), "{stamp}");
+        let other = detail(Outcome::WrongLease, false);
+        assert!(other.contains("another lease"), "{other}");
     }
 }
