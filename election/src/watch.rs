@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_schema::store::{self, LeaseState, Member};
+use futures::future::BoxFuture;
 use tokio::sync::broadcast;
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
@@ -368,8 +369,12 @@ pub async fn read_members(pool: &Pool, cluster: &str, limit: Duration) -> Result
 /// How long a failed read waits before the next, in the streams.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 
-/// A lease's states, each differing from the one before (a new term, a holder, a value, a
-/// release, an expiry), in revision order.
+/// One read of what a [`Watch`] watches: through `pool`, of the lease key or cluster named,
+/// within the time limit.
+type Reader<T> = for<'a> fn(&'a Pool, &'a str, Duration) -> BoxFuture<'a, Result<Observed<T>, Error>>;
+
+/// States of a lease ([`LeaseWatch`]) or of a cluster's members ([`MembersWatch`]), each
+/// differing from the one before, in revision order.
 ///
 /// ```no_run
 /// # async fn example(pool: deadpool_postgres::Pool) {
@@ -383,44 +388,68 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
-pub struct LeaseWatch {
+pub struct Watch<T> {
     pool: Pool,
-    key: String,
+    name: String,
     topic: String,
     wakeups: Wakeups,
     read_timeout: Duration,
     last: Option<i64>,
     failed: bool,
+    read: Reader<T>,
 }
+
+impl<T> std::fmt::Debug for Watch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("topic", &self.topic).field("last", &self.last).finish_non_exhaustive()
+    }
+}
+
+/// A lease's states, each differing from the one before (a new term, a holder, a value, a
+/// handover request, a release, an expiry).
+pub type LeaseWatch = Watch<Option<LeaseState>>;
+
+/// A cluster's live members, each list differing from the one before (a join, a leave, a
+/// change of a node's name or metadata, an expiry).
+pub type MembersWatch = Watch<Vec<Member>>;
 
 impl LeaseWatch {
     /// Watches `key` through `pool`, woken by `wakeups` ([`Wakeups::polling`] for none); each
     /// read has 5 s.
     pub fn new(pool: Pool, key: impl Into<String>, wakeups: Wakeups) -> LeaseWatch {
         let key = key.into();
-        LeaseWatch {
-            pool,
-            topic: lease_topic(&key),
-            key,
-            wakeups,
-            read_timeout: Duration::from_secs(5),
-            last: None,
-            failed: false,
-        }
+        Watch::with_reader(pool, lease_topic(&key), key, wakeups, |pool, key, limit| {
+            Box::pin(read_lease(pool, key, limit))
+        })
+    }
+}
+
+impl MembersWatch {
+    /// Watches `cluster`'s members through `pool`, woken by `wakeups`; each read has 5 s.
+    pub fn new(pool: Pool, cluster: impl Into<String>, wakeups: Wakeups) -> MembersWatch {
+        let cluster = cluster.into();
+        Watch::with_reader(pool, nodes_topic(&cluster), cluster, wakeups, |pool, cluster, limit| {
+            Box::pin(read_members(pool, cluster, limit))
+        })
+    }
+}
+
+impl<T> Watch<T> {
+    fn with_reader(pool: Pool, topic: String, name: String, wakeups: Wakeups, read: Reader<T>) -> Watch<T> {
+        Watch { pool, name, topic, wakeups, read_timeout: Duration::from_secs(5), last: None, failed: false, read }
     }
 
     /// Each read's time limit.
     #[must_use]
-    pub fn read_timeout(mut self, limit: Duration) -> LeaseWatch {
+    pub fn read_timeout(mut self, limit: Duration) -> Watch<T> {
         self.read_timeout = limit;
         self
     }
 
-    /// Starts after `revision` (a state read before): the first [`LeaseWatch::next`] waits for
-    /// a change since.
+    /// Starts after `revision` (a state read before): the first [`Watch::next`] waits for a
+    /// change since.
     #[must_use]
-    pub fn after(mut self, revision: i64) -> LeaseWatch {
+    pub fn after(mut self, revision: i64) -> Watch<T> {
         self.last = Some(revision);
         self
     }
@@ -428,14 +457,14 @@ impl LeaseWatch {
     /// The current state the first time, then the next state that differs from the last one
     /// returned. An error (the store failed or did not answer) is returned once; the call after
     /// it waits a second and reads again, still from the last state returned.
-    pub async fn next(&mut self) -> Result<Observed<Option<LeaseState>>, Error> {
+    pub async fn next(&mut self) -> Result<Observed<T>, Error> {
         if std::mem::take(&mut self.failed) {
             tokio::time::sleep(RETRY_AFTER_ERROR).await;
         }
-        let (pool, key, limit) = (&self.pool, &self.key, self.read_timeout);
+        let (pool, name, limit, read) = (&self.pool, &self.name, self.read_timeout, self.read);
         loop {
             let until = Instant::now() + Duration::from_secs(3600);
-            match wait_for_change(&self.wakeups, &self.topic, self.last, until, || read_lease(pool, key, limit)).await {
+            match wait_for_change(&self.wakeups, &self.topic, self.last, until, || read(pool, name, limit)).await {
                 Ok(observed) if Some(observed.revision) == self.last => continue,
                 Ok(observed) => {
                     self.last = Some(observed.revision);
@@ -450,83 +479,7 @@ impl LeaseWatch {
     }
 
     /// The same as a stream.
-    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Observed<Option<LeaseState>>, Error>> {
-        futures::stream::unfold(self, |mut watch| async move {
-            let item = watch.next().await;
-            Some((item, watch))
-        })
-    }
-}
-
-/// A cluster's live members, each list differing from the one before (a join, a leave, a
-/// change of a node's name or metadata, an expiry), in revision order.
-#[derive(Debug)]
-pub struct MembersWatch {
-    pool: Pool,
-    cluster: String,
-    topic: String,
-    wakeups: Wakeups,
-    read_timeout: Duration,
-    last: Option<i64>,
-    failed: bool,
-}
-
-impl MembersWatch {
-    /// Watches `cluster`'s members through `pool`, woken by `wakeups`; each read has 5 s.
-    pub fn new(pool: Pool, cluster: impl Into<String>, wakeups: Wakeups) -> MembersWatch {
-        let cluster = cluster.into();
-        MembersWatch {
-            pool,
-            topic: nodes_topic(&cluster),
-            cluster,
-            wakeups,
-            read_timeout: Duration::from_secs(5),
-            last: None,
-            failed: false,
-        }
-    }
-
-    /// Each read's time limit.
-    #[must_use]
-    pub fn read_timeout(mut self, limit: Duration) -> MembersWatch {
-        self.read_timeout = limit;
-        self
-    }
-
-    /// Starts after `revision`: the first [`MembersWatch::next`] waits for a change since.
-    #[must_use]
-    pub fn after(mut self, revision: i64) -> MembersWatch {
-        self.last = Some(revision);
-        self
-    }
-
-    /// The current members the first time, then the next list that differs from the last one
-    /// returned; an error is returned once, as [`LeaseWatch::next`].
-    pub async fn next(&mut self) -> Result<Observed<Vec<Member>>, Error> {
-        if std::mem::take(&mut self.failed) {
-            tokio::time::sleep(RETRY_AFTER_ERROR).await;
-        }
-        let (pool, cluster, limit) = (&self.pool, &self.cluster, self.read_timeout);
-        loop {
-            let until = Instant::now() + Duration::from_secs(3600);
-            match wait_for_change(&self.wakeups, &self.topic, self.last, until, || read_members(pool, cluster, limit))
-                .await
-            {
-                Ok(observed) if Some(observed.revision) == self.last => continue,
-                Ok(observed) => {
-                    self.last = Some(observed.revision);
-                    return Ok(observed);
-                }
-                Err(error) => {
-                    self.failed = true;
-                    return Err(error);
-                }
-            }
-        }
-    }
-
-    /// The same as a stream.
-    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Observed<Vec<Member>>, Error>> {
+    pub fn into_stream(self) -> impl futures::Stream<Item = Result<Observed<T>, Error>> {
         futures::stream::unfold(self, |mut watch| async move {
             let item = watch.next().await;
             Some((item, watch))

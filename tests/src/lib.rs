@@ -101,3 +101,22 @@ pub async fn wait_for_store_clock(client: &tokio_postgres::Client, instant: std:
     }
     panic!("the store's clock did not pass {instant:?} within 30 s");
 }
+
+/// How period `term` of lease `key` ended (`fencing.lease_history.end_reason`), `None` while it
+/// has not (an expiry is recorded when the next period starts).
+pub async fn end_reason(client: &tokio_postgres::Client, key: &str, term: i64) -> Option<String> {
+    let row = client
+        .query_opt("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&key, &term])
+        .await
+        .ok()
+        .flatten()?;
+    row.get(0)
+}
+
+/// The admin actions recorded on `target` (`fencing.admin_audit`), oldest first.
+pub async fn audit_actions(client: &tokio_postgres::Client, target: &str) -> Vec<String> {
+    match client.query("SELECT action FROM fencing.admin_audit WHERE target = $1 ORDER BY id", &[&target]).await {
+        Ok(rows) => rows.iter().map(|row| row.get(0)).collect(),
+        Err(_) => Vec::new(),
+    }
+}

@@ -482,11 +482,7 @@ async fn a_killed_leaders_successor_waits_out_the_keys_lock_delay_after_the_expi
         .await
         .unwrap()
         .get(0);
-    let reason: String = client
-        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = fencing_tests::end_reason(&client, KEY, term).await.unwrap_or_default();
     assert_eq!(reason, "expired");
     let gap = lease.acquired_at.duration_since(ended).unwrap_or_default();
     assert!(gap >= DELAY, "the next term began {gap:?} after the dead leader's lease expired, within its lock-delay");
@@ -510,11 +506,7 @@ async fn a_handover_request_makes_the_leader_step_down_and_the_named_successor_l
     c.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
     let lease = store::get_lease(&client, KEY).await.unwrap().unwrap();
     assert!(lease.owner.starts_with("c#") && lease.term == term + 1, "{lease:?}");
-    let reason: String = client
-        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = fencing_tests::end_reason(&client, KEY, term).await.unwrap_or_default();
     assert_eq!(reason, "handed_over");
     // b never led: the next term was reserved for c.
     b.drain();
@@ -541,19 +533,9 @@ async fn a_paused_leader_that_cannot_hand_over_is_forced_after_the_timeout() {
     assert!(output.status.success(), "{text}{}", String::from_utf8_lossy(&output.stderr));
     assert!(text.contains("did not step down within 1000 ms"), "{text}");
     b.wait_for("elected with term + 1", is_elected_with(term + 1)).await.unwrap();
-    let reason: String = client
-        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = fencing_tests::end_reason(&client, KEY, term).await.unwrap_or_default();
     assert_eq!(reason, "force_released");
-    let actions: Vec<String> = client
-        .query("SELECT action FROM fencing.admin_audit WHERE target = $1 ORDER BY id", &[&KEY])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let actions = fencing_tests::audit_actions(&client, KEY).await;
     assert_eq!(actions, ["request_resign", "force_release"]);
     // Resumed, the old leader hears its period is over at its next renewal.
     a.signal(Signal::SIGCONT).unwrap();

@@ -29,11 +29,7 @@ async fn a_request_reaches_the_holder_and_its_release_reserves_the_next_term_for
     assert!(renewed.ok && renewed.resign_requested, "the holder hears it from its renewal: {renewed:?}");
 
     assert!(store::release(&client, KEY, "a#1").await.unwrap());
-    let reason: String = client
-        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = fencing_tests::end_reason(&client, KEY, term).await.unwrap_or_default();
     assert_eq!(reason, "handed_over");
     let released = store::observe_lease(&client, KEY).await.unwrap().unwrap();
     assert!(!released.resign_requested && released.successor.as_deref() == Some("c"), "{released:?}");
@@ -88,11 +84,7 @@ async fn a_forced_handover_ends_only_the_term_it_names_and_the_successor_still_c
     assert!(store::force_handover(&client, KEY, term, "op", "did not step down").await.unwrap());
     let ended = store::observe_lease(&client, KEY).await.unwrap().unwrap();
     assert!(ended.lease.remaining.is_zero() && ended.successor.as_deref() == Some("c"), "{ended:?}");
-    let reason: String = client
-        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = fencing_tests::end_reason(&client, KEY, term).await.unwrap_or_default();
     assert_eq!(reason, "force_released");
     assert!(!store::acquire(&client, KEY, "b", Duration::from_secs(2)).await.unwrap().ok, "c comes first");
     let c = store::acquire(&client, KEY, "c", Duration::from_secs(2)).await.unwrap();
@@ -100,13 +92,7 @@ async fn a_forced_handover_ends_only_the_term_it_names_and_the_successor_still_c
     // A forced handover of the old term now ends nothing: never the successor's period.
     assert!(!store::force_handover(&client, KEY, term, "op", "late").await.unwrap());
     assert!(store::renew(&client, KEY, "c", Duration::from_secs(2)).await.unwrap().ok);
-    let actions: Vec<String> = client
-        .query("SELECT action FROM fencing.admin_audit WHERE target = $1 ORDER BY id", &[&KEY])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let actions = fencing_tests::audit_actions(&client, KEY).await;
     assert_eq!(actions, ["request_resign", "force_release"]);
 }
 
@@ -151,11 +137,7 @@ async fn a_holder_cannot_drop_a_request_by_starting_a_new_period() {
     assert!(extended.ok && extended.resign_requested, "{extended:?}");
     let again = store::acquire_new_period(&client, KEY, "a#1", Duration::from_secs(5)).await.unwrap();
     assert!(!again.ok && again.holder.as_deref() == Some("b") && again.resign_requested, "{again:?}");
-    let reason: String = client
-        .query_one("SELECT end_reason FROM fencing.lease_history WHERE key = $1 AND term = $2", &[&KEY, &term])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = fencing_tests::end_reason(&client, KEY, term).await.unwrap_or_default();
     assert_eq!(reason, "handed_over");
     assert!(!store::acquire_new_period(&client, KEY, "a#1", Duration::from_secs(5)).await.unwrap().ok);
     let b = store::acquire_new_period(&client, KEY, "b#7", Duration::from_secs(5)).await.unwrap();
