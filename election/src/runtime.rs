@@ -777,6 +777,37 @@ impl Runtime {
     }
 }
 
+/// One read through `pool`, bounded by `limit` from the connection's checkout to the answer, as
+/// [`Error::Store`] for `key` otherwise. A connection whose read failed at the store or timed out
+/// leaves the pool (never cancelled: see [`discard`]).
+pub(crate) async fn read_within<T>(
+    pool: &deadpool_postgres::Pool,
+    limit: Duration,
+    key: &str,
+    read: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, fencing_schema::Error>,
+) -> Result<T, Error> {
+    let failed = |message: String| Error::Store { key: key.to_owned(), message };
+    let deadline = Instant::now() + limit;
+    let client = match timeout_at(deadline, pool.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
+        Err(_) => return Err(failed("timed out getting a connection".to_owned())),
+    };
+    match timeout_at(deadline, read(&**client)).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => {
+            if error.is_store_failure() {
+                discard(client);
+            }
+            Err(failed(error_chain(&error)))
+        }
+        Err(_) => {
+            discard(client);
+            Err(failed("timed out".to_owned()))
+        }
+    }
+}
+
 /// True when the server cancelled the call at its statement or lock timeout.
 fn server_gave_up(error: &fencing_schema::Error) -> bool {
     let fencing_schema::Error::Store(error) = error else { return false };
@@ -836,26 +867,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// Who leads `key` now, by the store's clock, and the value its holder attached for its period
 /// (observe): `None` while nobody holds it. Read with one query, bounded by `timeout`.
 pub async fn observe(pool: &deadpool_postgres::Pool, key: &str, timeout: Duration) -> Result<Option<Leader>, Error> {
-    let failed = |message: String| Error::Store { key: key.to_owned(), message };
-    let deadline = Instant::now() + timeout;
-    let client = match timeout_at(deadline, pool.get()).await {
-        Ok(Ok(client)) => client,
-        Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
-        Err(_) => return Err(failed("timed out getting a connection".to_owned())),
-    };
-    let row = match timeout_at(deadline, store::get_lease(&**client, key)).await {
-        Ok(Ok(row)) => row,
-        Ok(Err(error)) => {
-            if error.is_store_failure() {
-                discard(client);
-            }
-            return Err(failed(error_chain(&error)));
-        }
-        Err(_) => {
-            discard(client);
-            return Err(failed("timed out".to_owned()));
-        }
-    };
+    let row = read_within(pool, timeout, key, async |client| store::get_lease(client, key).await).await?;
     Ok(row.filter(|row| !row.remaining.is_zero()).map(|row| Leader {
         value: row.value.as_deref().and_then(|text| serde_json::from_str(text).ok()),
         owner: row.owner,

@@ -28,14 +28,14 @@ use deadpool_postgres::Pool;
 use fencing_schema::store::{self, LeaseState, Member};
 use futures::future::BoxFuture;
 use tokio::sync::broadcast;
-use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Socket};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::error::Error;
-use crate::runtime::discard;
+use crate::runtime::read_within;
 
 /// The Postgres channel every change notifies (schema/functions/watch.sql).
 pub const CHANNEL: &str = "fencing_watch";
@@ -297,26 +297,7 @@ where
 /// Reads a lease's state and revision through `pool` within `limit`. A connection whose read
 /// failed or timed out leaves the pool.
 pub async fn read_lease(pool: &Pool, key: &str, limit: Duration) -> Result<Observed<Option<LeaseState>>, Error> {
-    let failed = |message: String| Error::Store { key: key.to_owned(), message };
-    let deadline = Instant::now() + limit;
-    let client = match timeout_at(deadline, pool.get()).await {
-        Ok(Ok(client)) => client,
-        Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {error}"))),
-        Err(_) => return Err(failed("timed out getting a connection".to_owned())),
-    };
-    match timeout_at(deadline, store::observe_lease(&**client, key)).await {
-        Ok(Ok(row)) => Ok(lease_observed(row)),
-        Ok(Err(error)) => {
-            if error.is_store_failure() {
-                discard(client);
-            }
-            Err(failed(error.to_string()))
-        }
-        Err(_) => {
-            discard(client);
-            Err(failed("timed out".to_owned()))
-        }
-    }
+    read_within(pool, limit, key, async |client| store::observe_lease(client, key).await).await.map(lease_observed)
 }
 
 /// A lease row as a watcher sees it: revision 0 for a key never acquired; the next expiry while
@@ -335,35 +316,12 @@ pub fn lease_observed(row: Option<LeaseState>) -> Observed<Option<LeaseState>> {
 /// Reads a cluster's members and their revision through `pool` within `limit` (the revision
 /// first: a change between the two shows as a later revision, never a missed one).
 pub async fn read_members(pool: &Pool, cluster: &str, limit: Duration) -> Result<Observed<Vec<Member>>, Error> {
-    let failed = |message: String| Error::Store { key: format!("cluster {cluster}"), message };
-    let deadline = Instant::now() + limit;
-    let client = match timeout_at(deadline, pool.get()).await {
-        Ok(Ok(client)) => client,
-        Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {error}"))),
-        Err(_) => return Err(failed("timed out getting a connection".to_owned())),
-    };
-    let read = async {
-        let revision = store::nodes_revision(&**client, cluster).await?;
-        let members = store::members(&**client, cluster).await?;
-        Ok::<_, fencing_schema::Error>(Observed {
-            revision: revision.revision,
-            next_expiry: revision.next_expiry,
-            state: members,
-        })
-    };
-    match timeout_at(deadline, read).await {
-        Ok(Ok(observed)) => Ok(observed),
-        Ok(Err(error)) => {
-            if error.is_store_failure() {
-                discard(client);
-            }
-            Err(failed(error.to_string()))
-        }
-        Err(_) => {
-            discard(client);
-            Err(failed("timed out".to_owned()))
-        }
-    }
+    read_within(pool, limit, &format!("cluster {cluster}"), async |client| {
+        let revision = store::nodes_revision(client, cluster).await?;
+        let members = store::members(client, cluster).await?;
+        Ok(Observed { revision: revision.revision, next_expiry: revision.next_expiry, state: members })
+    })
+    .await
 }
 
 /// How long a failed read waits before the next, in the streams.

@@ -155,22 +155,13 @@ pub(super) async fn lease_call(
     if let Err(problem) = may_call(caller, &key, headers, op) {
         return problem.into_response();
     }
-    let request: LeaseRequest = match parse(&body) {
-        Ok(request) => request,
-        Err(problem) => {
-            ControlState::count(op, "invalid");
-            return problem.into_response();
-        }
-    };
-    let ttl = match state.check_ttl(request.ttl_ms) {
-        Ok(ttl) => ttl,
-        Err(problem) => {
-            ControlState::count(op, "invalid");
-            return problem.into_response();
-        }
-    };
-    let value = match request.value.as_ref().map(value_text).transpose() {
-        Ok(value) => value,
+    let checked = parse::<LeaseRequest>(&body).and_then(|request| {
+        let ttl = state.check_ttl(request.ttl_ms)?;
+        let value = request.value.as_ref().map(value_text).transpose()?;
+        Ok((request, ttl, value))
+    });
+    let (request, ttl, value) = match checked {
+        Ok(checked) => checked,
         Err(problem) => {
             ControlState::count(op, "invalid");
             return problem.into_response();
@@ -374,15 +365,9 @@ pub(super) async fn set_value(
     if let Err(problem) = may_call(&caller, &key, &headers, OP) {
         return problem.into_response();
     }
-    let request: ValueRequest = match parse(&body) {
-        Ok(request) => request,
-        Err(problem) => {
-            ControlState::count(OP, "invalid");
-            return problem.into_response();
-        }
-    };
-    let value = match value_text(&request.value) {
-        Ok(value) => value,
+    let checked = parse::<ValueRequest>(&body).and_then(|request| Ok((value_text(&request.value)?, request)));
+    let (value, request) = match checked {
+        Ok(checked) => checked,
         Err(problem) => {
             ControlState::count(OP, "invalid");
             return problem.into_response();
