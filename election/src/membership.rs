@@ -42,7 +42,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::clock::{BootInstant, ClockSample, ClockVerdict, ClockWatch};
 use crate::error::Error;
@@ -59,8 +59,9 @@ pub const MIN_TTL_INTERVALS: u32 = 3;
 pub const MIN_LEADER_TTL_INTERVALS: u32 = 2;
 /// The most metadata a node carries: a JSON object of this many bytes.
 pub const MAX_METADATA_BYTES: usize = 8192;
-/// Events a slow listener may fall behind by before it misses some.
-const EVENT_CAPACITY: usize = 256;
+/// Events a slow listener may fall behind by before it misses some: one read reports at most
+/// every node of a full cluster (1000) leaving and as many joining.
+const EVENT_CAPACITY: usize = 2048;
 
 /// Gauge `{cluster}`: live nodes as this process last read them.
 pub const LIVE_NODES: &str = "membership_live_nodes";
@@ -206,99 +207,95 @@ impl Membership {
         }
     }
 
-    /// A pooled connection whose server gives up at `deadline` too, so a heartbeat nobody
-    /// waits for never commits late (the limits are reset before it goes back to the pool).
-    async fn connection(&self, deadline: Instant) -> Result<deadpool_postgres::Object, String> {
-        let client = match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(format!("get a connection: {error}")),
-            Err(_) => return Err("timed out getting a connection".to_owned()),
-        };
-        let limit = self.query_timeout.as_millis().max(1);
-        // READ COMMITTED whatever the pool's default: the daemons' pass decides on the newest rows.
-        let limits = format!(
-            "SET statement_timeout = {limit}; SET lock_timeout = {limit}; \
-             SET default_transaction_isolation = 'read committed'"
-        );
-        match timeout_at(deadline, client.batch_execute(&limits)).await {
-            Ok(Ok(())) => Ok(client),
-            Ok(Err(error)) => {
-                crate::runtime::discard(client);
-                Err(format!("set the query limits: {error}"))
-            }
-            Err(_) => {
-                crate::runtime::discard(client);
-                Err(format!("no answer within {:?}", self.query_timeout))
-            }
-        }
-    }
-
-    /// One store call: a connection under this node's limits, the call bounded by the query
-    /// timeout, and the connection put back clean, or dropped, never cancelled (`connection`,
-    /// `finish`).
+    /// One store call in one transaction of its own (`BEGIN`, the call, `COMMIT`): at most one
+    /// Postgres transaction per call, under this node's limits and at READ COMMITTED whatever the
+    /// pool's defaults (the daemons' pass decides on the newest rows).
+    ///
+    /// The server gives up at the query timeout too (`SET LOCAL statement_timeout` and
+    /// `lock_timeout`, gone at the transaction's end, so the connection goes back to the
+    /// application's pool as it came). A call not answered by its query timeout is never
+    /// committed: its transaction is rolled back. A slow answer costs no connection: the
+    /// connection is rolled back in the background, once the server has answered (within
+    /// [`CLEANUP_TIMEOUT`], else it is closed), and goes back to the pool, so a busy server is
+    /// not made busier by reconnections (each a new backend and an authentication).
     pub(crate) async fn call<T>(
         &self,
         call: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, fencing_schema::Error>,
     ) -> Result<T, String> {
         let deadline = Instant::now() + self.query_timeout;
-        let client = self.connection(deadline).await?;
-        let answer = timeout_at(deadline, call(&**client)).await;
-        self.finish(client, answer, deadline).await
+        let client = match timeout_at(deadline, self.pool.get()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => return Err(format!("get a connection: {error}")),
+            Err(_) => return Err("timed out getting a connection".to_owned()),
+        };
+        let limit = deadline.saturating_duration_since(Instant::now()).as_millis().max(1);
+        let begin = format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {limit}; \
+             SET LOCAL lock_timeout = {limit}"
+        );
+        let transaction = async {
+            client.batch_execute(&begin).await.map_err(|error| format!("begin: {error}"))?;
+            let answer = call(&**client).await.map_err(|error| crate::runtime::error_chain(&error))?;
+            client.batch_execute("COMMIT").await.map_err(|error| format!("commit: {error}"))?;
+            Ok(answer)
+        };
+        match timeout_at(deadline, transaction).await {
+            // Committed: the connection goes back to the pool as it came.
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => {
+                tokio::spawn(roll_back(Dirty(Some(client))));
+                Err(error)
+            }
+            Err(_) => {
+                tokio::spawn(roll_back(Dirty(Some(client))));
+                Err(format!("no answer within {:?}", self.query_timeout))
+            }
+        }
     }
 
-    async fn heartbeat(&self) -> Result<store::Heartbeat, String> {
+    /// One heartbeat and the members' read, in one transaction: the heartbeat, then
+    /// `fencing.members_since`, which reads the members only when their revision is not `known`
+    /// (it never waits for a lock, so two nodes' beats never wait for each other). A node's reads
+    /// thus cost O(changes), not O(members) per heartbeat, and a heartbeat one transaction.
+    async fn beat(&self, known: Option<i64>) -> Result<(store::Heartbeat, store::MembersSince), String> {
         let node = (self.cluster.as_str(), self.node_id.as_str(), self.incarnation.as_str());
-        self.call(async |client| store::heartbeat(client, node, &self.name, self.ttl, &self.metadata).await).await
-    }
-
-    async fn members(&self) -> Result<Vec<Node>, String> {
-        self.call(async |client| store::members(client, &self.cluster).await).await
+        self.call(async |client| {
+            let beat = store::heartbeat(client, node, &self.name, self.ttl, &self.metadata).await?;
+            let members = store::members_since(client, &self.cluster, known).await?;
+            Ok((beat, members))
+        })
+        .await
     }
 
     pub(crate) async fn leave(&self) -> Result<bool, String> {
         self.call(async |client| store::leave(client, &self.cluster, &self.node_id, &self.incarnation).await).await
     }
+}
 
-    /// Puts a connection back in the pool without this call's settings (the pool may be the
-    /// application's), or drops it when they cannot be reset.
-    async fn reset(&self, client: deadpool_postgres::Object, deadline: Instant) {
-        let reset = timeout_at(
-            deadline,
-            client.batch_execute("RESET statement_timeout; RESET lock_timeout; RESET default_transaction_isolation"),
-        );
-        if !matches!(reset.await, Ok(Ok(()))) {
+/// How long a connection whose call failed or timed out may take to roll back (after the
+/// server answered what was in flight) before it is closed instead of going back to the pool.
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled connection that may be inside a transaction: closed when dropped, unless
+/// [`roll_back`] took it back to the pool clean (a task cancelled at a runtime's shutdown thus
+/// never pools a connection inside a transaction).
+struct Dirty(Option<deadpool_postgres::Object>);
+
+impl Drop for Dirty {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
             crate::runtime::discard(client);
         }
     }
+}
 
-    /// The answer, or why there is none; a connection whose call failed at the store or was
-    /// abandoned is dropped from the pool (never cancelled), so no later call queues behind it.
-    async fn finish<T>(
-        &self,
-        client: deadpool_postgres::Object,
-        answer: Result<Result<T, fencing_schema::Error>, tokio::time::error::Elapsed>,
-        deadline: Instant,
-    ) -> Result<T, String> {
-        match answer {
-            Ok(Ok(answer)) => {
-                self.reset(client, deadline).await;
-                Ok(answer)
-            }
-            Ok(Err(error)) => {
-                if error.is_store_failure() {
-                    crate::runtime::discard(client);
-                } else {
-                    // Refused or invalid: the connection is sound, but goes back without our
-                    // settings.
-                    self.reset(client, deadline).await;
-                }
-                Err(error.to_string())
-            }
-            Err(_) => {
-                crate::runtime::discard(client);
-                Err(format!("no answer within {:?}", self.query_timeout))
-            }
-        }
+/// Rolls back what a failed or abandoned call left open. The `ROLLBACK` queues behind whatever
+/// the connection still runs (the server ends that at its statement timeout), so once it is
+/// answered the connection is clean and goes back to the pool.
+async fn roll_back(mut dirty: Dirty) {
+    let Some(client) = dirty.0.as_ref() else { return };
+    if let Ok(Ok(())) = tokio::time::timeout(CLEANUP_TIMEOUT, client.batch_execute("ROLLBACK")).await {
+        drop(dirty.0.take());
     }
 }
 
@@ -337,8 +334,11 @@ impl MembershipBuilder {
         self
     }
 
-    /// The longest one heartbeat or read may take. Default a third of the interval; less than
-    /// the interval.
+    /// The longest one heartbeat (with its read of the members) may take, the server's
+    /// statement and lock timeouts too. Default and most: the heartbeat interval. A slow
+    /// heartbeat is no loss of the registration, which is counted from when it was sent and
+    /// lasts the ttl (three intervals or more): a store that stalls for less than two intervals
+    /// costs no node its registration.
     pub fn query_timeout(mut self, timeout: Duration) -> Self {
         self.query_timeout = Some(timeout);
         self
@@ -376,11 +376,11 @@ impl MembershipBuilder {
                 interval * MIN_TTL_INTERVALS
             ));
         }
-        let query_timeout = self.query_timeout.unwrap_or(interval / 3);
-        if query_timeout.is_zero() || query_timeout * 2 >= interval {
+        let query_timeout = self.query_timeout.unwrap_or(interval);
+        if query_timeout.is_zero() || query_timeout > interval {
             return invalid(format!(
-                "query timeout ({query_timeout:?}) must be positive and less than half the heartbeat interval \
-                 ({interval:?}): a heartbeat and a read fit in one interval"
+                "query timeout ({query_timeout:?}) must be positive and at most the heartbeat interval \
+                 ({interval:?}): one heartbeat and its read fit in one interval"
             ));
         }
         Ok(Membership {
@@ -535,63 +535,67 @@ async fn run(
         ClockWatch::new(crate::config::DEFAULT_CLOCK_RATE_TOLERANCE, Duration::from_millis(5), Duration::from_secs(10));
     // The known incarnation of every live node: node id -> the node as last read.
     let mut known: BTreeMap<String, Node> = BTreeMap::new();
+    // The members' revision `known` was read at: the members are read again only when it moves.
+    let mut revision: Option<i64> = None;
     let mut in_conflict = false;
     loop {
-        // Heartbeat.
+        // Heartbeat, and read the members when they changed.
         let sent = Instant::now();
         let boot_sent = BootInstant::now();
-        match node.heartbeat().await {
-            Ok(beat) if beat.ok && !clock_agrees(&mut clock, boot_sent, &beat) => {
-                disagreements.increment(1);
-                registered.send_replace(None);
-                warn!(
-                    cluster = %node.cluster,
-                    node_id = %node.node_id,
-                    "the store's clock and this host's boot clock disagree; not registered until they agree (see the \
-                     README's runbook, \"Clocks disagree\")"
-                );
-            }
-            Ok(beat) if beat.ok => {
-                let until = boot_sent + beat.remaining;
-                registered.send_replace(Some(Registration { started_at: beat.started_at, until }));
-                in_conflict = false;
-            }
-            Ok(_) => {
-                failures.increment(1);
-                registered.send_replace(None);
-                if !in_conflict {
-                    warn!(cluster = %node.cluster, node_id = %node.node_id, "another live process holds this node id");
-                    let _ = events.send(MemberEvent::IdentityConflict { node_id: node.node_id.clone() });
+        let read = match node.beat(revision).await {
+            Ok((beat, read)) => {
+                if !beat.ok {
+                    failures.increment(1);
+                    registered.send_replace(None);
+                    if !in_conflict {
+                        warn!(cluster = %node.cluster, node_id = %node.node_id, "another live process holds this node id");
+                        let _ = events.send(MemberEvent::IdentityConflict { node_id: node.node_id.clone() });
+                    }
+                    in_conflict = true;
+                } else if !clock_agrees(&mut clock, boot_sent, &beat) {
+                    disagreements.increment(1);
+                    registered.send_replace(None);
+                    warn!(
+                        cluster = %node.cluster,
+                        node_id = %node.node_id,
+                        "the store's clock and this host's boot clock disagree; not registered until they agree (see \
+                         the README's runbook, \"Clocks disagree\")"
+                    );
+                } else {
+                    let until = boot_sent + beat.remaining;
+                    registered.send_replace(Some(Registration { started_at: beat.started_at, until }));
+                    in_conflict = false;
                 }
-                in_conflict = true;
+                Some(read)
             }
             Err(error) => {
+                // Not a leave: the node stays registered until its last accepted heartbeat's
+                // time runs out, and the others list it while the store does.
                 failures.increment(1);
                 warn!(cluster = %node.cluster, node_id = %node.node_id, %error, "heartbeat failed");
+                None
             }
-        }
+        };
 
-        // Read the live nodes and report the differences.
-        match node.members().await {
-            Ok(live) => {
-                let now_live: BTreeMap<String, Node> =
-                    live.into_iter().map(|member| (member.node_id.clone(), member)).collect();
-                // The list first: whoever hears an event finds it in `members()` already.
-                live_nodes.set(now_live.len() as f64);
-                members.send_replace(now_live.values().cloned().collect());
-                for (id, old) in &known {
-                    if now_live.get(id).is_none_or(|new| new.started_at != old.started_at) {
-                        let _ = events.send(MemberEvent::NodeLeft(old.clone()));
-                    }
+        // Report the differences when the members were read.
+        if let Some(store::MembersSince { revision: read_at, members: Some(live) }) = read {
+            revision = read_at;
+            let now_live: BTreeMap<String, Node> =
+                live.into_iter().map(|member| (member.node_id.clone(), member)).collect();
+            // The list first: whoever hears an event finds it in `members()` already.
+            live_nodes.set(now_live.len() as f64);
+            members.send_replace(now_live.values().cloned().collect());
+            for (id, old) in &known {
+                if now_live.get(id).is_none_or(|new| new.started_at != old.started_at) {
+                    let _ = events.send(MemberEvent::NodeLeft(old.clone()));
                 }
-                for (id, new) in &now_live {
-                    if known.get(id).is_none_or(|old| old.started_at != new.started_at) {
-                        let _ = events.send(MemberEvent::NodeJoined(new.clone()));
-                    }
-                }
-                known = now_live;
             }
-            Err(error) => debug!(cluster = %node.cluster, %error, "could not read the members"),
+            for (id, new) in &now_live {
+                if known.get(id).is_none_or(|old| old.started_at != new.started_at) {
+                    let _ = events.send(MemberEvent::NodeJoined(new.clone()));
+                }
+            }
+            known = now_live;
         }
 
         // Up to 20 % early, never late.

@@ -853,7 +853,7 @@ pub(crate) fn discard(client: Object) {
     drop(Object::take(client));
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

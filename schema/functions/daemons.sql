@@ -53,6 +53,16 @@ BEGIN
 END
 $$;
 
+-- Whether node_id_ of cluster_ let an assignment's acknowledge time out after since_ (from the
+-- history, indexed by cluster and time).
+CREATE OR REPLACE FUNCTION fencing.ack_timed_out(cluster_ text, node_id_ text, since_ timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM fencing.daemon_history h
+                    WHERE h.cluster = cluster_ AND h.at > since_ AND h.node_id = node_id_
+                      AND h.state = 'deleted' AND h.reason = 'ack_timeout');
+$$;
+
 -- Ends the assignment of d (locked by the caller): the daemon waits for a node again.
 CREATE OR REPLACE FUNCTION fencing.end_assignment(d fencing.daemons, reason_ text, avoid_ text, term_ bigint,
                                                   now_ timestamptz)
@@ -82,11 +92,15 @@ $$;
 --      assignment goes to another node when there is one; a revocation not read within
 --      ack_timeout is withdrawn (active again, revocation_unread);
 --   3. every daemon without a node is assigned to the least-loaded live node that offers it
---      (state assigning, a new generation, acknowledge deadline now + ack_timeout);
+--      (state assigning, a new generation, acknowledge deadline now + ack_timeout), never to a
+--      node that let any assignment's acknowledge time out within the last ack_timeout (a slow
+--      or stalled node, a clock the store disagrees with: it would only time out again), and
+--      to one that did within the last ten ack timeouts only when no other node offers it;
 --   4. when nothing is in flight (no assigning, no revoking), one active daemon is revoked
---      from the busiest node when a node that offers it (and did not time out on it last)
---      holds two fewer (rebalance): at most one move per pass, and only moves that narrow the
---      spread, so churn is bounded; it drains within drain_timeout of the node reading it.
+--      from the busiest node when a node that offers it (and did not time out on it last, nor
+--      on any assignment within ten ack timeouts) holds two fewer (rebalance): at most one move
+--      per pass, and only moves that narrow the spread, so churn is bounded; it drains within
+--      drain_timeout of the node reading it.
 -- Each assignment's generation comes from fencing.daemon_generations. At READ COMMITTED only.
 -- Returns what it changed.
 CREATE OR REPLACE FUNCTION fencing.reconcile_daemons(cluster_ text, lease_key_ text, owner_ text, term_ bigint,
@@ -199,7 +213,10 @@ BEGIN
         SELECT n.* INTO target
           FROM fencing.nodes n
          WHERE n.cluster = cluster_ AND n.expires_at > now_ AND d.daemon = ANY (n.daemons)
-         ORDER BY n.node_id IS NOT DISTINCT FROM d.avoid_node,
+           -- Never straight back to a node that just let an acknowledge time out.
+           AND NOT fencing.ack_timed_out(cluster_, n.node_id, now_ - ack_timeout)
+         ORDER BY fencing.ack_timed_out(cluster_, n.node_id, now_ - 10 * ack_timeout),
+                  n.node_id IS NOT DISTINCT FROM d.avoid_node,
                   (SELECT count(*) FROM fencing.daemons y
                     WHERE y.cluster = cluster_ AND y.node_id = n.node_id AND y.node_started_at = n.started_at),
                   n.node_id
@@ -233,8 +250,10 @@ BEGIN
           JOIN loads busy ON busy.node_id = x.node_id AND busy.started_at = x.node_started_at
           JOIN loads idle ON x.daemon = ANY (idle.daemons)
          WHERE x.cluster = cluster_ AND x.state = 'active' AND busy.load >= idle.load + 2
-           -- Never back to a node it timed out on.
+           -- Never back to a node it timed out on, nor to one that let any acknowledge time
+           -- out lately.
            AND idle.node_id IS DISTINCT FROM x.avoid_node
+           AND NOT fencing.ack_timed_out(cluster_, idle.node_id, now_ - 10 * ack_timeout)
            AND NOT EXISTS (SELECT 1 FROM fencing.daemons u
                             WHERE u.cluster = cluster_ AND u.node_id = busy.node_id
                               AND u.node_started_at = busy.started_at

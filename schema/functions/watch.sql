@@ -174,7 +174,58 @@ BEGIN
                FOR SHARE) ran_out;
     RETURN QUERY
         SELECT coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0) + ran_out_,
-               (SELECT min(fencing.remaining_ms(n.expires_at, clock_timestamp())) FROM fencing.nodes n
-                 WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp());
+               (SELECT fencing.remaining_ms(x.next, clock_timestamp())
+                  FROM (SELECT min(n.expires_at) AS next FROM fencing.nodes n
+                         WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp()) x
+                 WHERE x.next IS NOT NULL);
+END
+$$;
+
+-- The live nodes of `cluster_` for a node that read them last at revision `known_` (NULL:
+-- never), in one read whose cost follows the changes, not the members (schema version 15):
+--   - one row (revision, and node_id NULL) while the members' revision is still known_;
+--   - else a row per live node, by node id, each with the revision (one row with node_id NULL
+--     when there is none).
+-- The revision is fencing.nodes_revision's, read before the members, but this never waits for
+-- a row lock, so a node's heartbeat transaction can read it after its heartbeat. First it marks
+-- the nodes that ran out without a leave as gone: their end is counted in the cluster's count
+-- from then on (fencing.node_changed) instead of when read, which leaves the revision as it was
+-- and lets the next reads skip them. A node whose row is locked (its heartbeat is committing,
+-- or another reader marks it) is not waited for: the revision is then NULL (not known, the
+-- members are returned), since the heartbeat's outcome may or may not move it.
+-- No two callers wait for each other: a caller holds its own node's row and the rows it marked,
+-- and then waits only for the cluster's row, whose holders wait for no row.
+CREATE OR REPLACE FUNCTION fencing.members_since(cluster_ text, known_ bigint)
+RETURNS TABLE (revision bigint, node_id text, name text, started_at timestamptz, heartbeat_at timestamptz,
+               expires_at timestamptz, remaining_ms bigint, metadata text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_      timestamptz := clock_timestamp();
+    ran_out_  bigint;
+    revision_ bigint;
+BEGIN
+    PERFORM fencing.check_name('cluster', cluster_);
+    UPDATE fencing.nodes n SET gone = true
+     WHERE (n.cluster, n.node_id) IN (SELECT o.cluster, o.node_id FROM fencing.nodes o
+                                       WHERE o.cluster = cluster_ AND NOT o.gone AND o.expires_at <= now_
+                                         FOR UPDATE SKIP LOCKED);
+    -- One snapshot for both, our marks included: what is left ran out unmarked (skipped).
+    SELECT (SELECT count(*) FROM fencing.nodes n
+             WHERE n.cluster = cluster_ AND NOT n.gone AND n.expires_at <= now_),
+           coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0)
+      INTO ran_out_, revision_;
+    revision_ := CASE WHEN ran_out_ = 0 THEN revision_ END;
+    IF revision_ IS NOT NULL AND revision_ = known_ THEN
+        RETURN QUERY SELECT revision_, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz,
+                            NULL::timestamptz, NULL::bigint, NULL::text;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT revision_, m.node_id, m.name, m.started_at, m.heartbeat_at, m.expires_at, m.remaining_ms,
+                        m.metadata
+                   FROM fencing.members(cluster_) m;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT revision_, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz,
+                            NULL::timestamptz, NULL::bigint, NULL::text;
+    END IF;
 END
 $$;

@@ -49,6 +49,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 12, name: "lock_delay", sql: include_str!("../migrations/0012_lock_delay.sql") },
     Migration { version: 13, name: "watch", sql: include_str!("../migrations/0013_watch.sql") },
     Migration { version: 14, name: "handover", sql: include_str!("../migrations/0014_handover.sql") },
+    Migration { version: 15, name: "members_at_scale", sql: include_str!("../migrations/0015_members_at_scale.sql") },
 ];
 
 macro_rules! repeatable {
@@ -89,7 +90,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 14;
+pub const LATEST_VERSION: i32 = 15;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

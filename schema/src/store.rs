@@ -833,6 +833,54 @@ pub async fn members(client: &impl GenericClient, cluster: &str) -> Result<Vec<M
         .collect()
 }
 
+/// What `fencing.members_since` answered (schema version 15).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembersSince {
+    /// The members' revision; `None` while it cannot be known without waiting (a heartbeat of a
+    /// node that ran out is committing): the members are read then.
+    pub revision: Option<i64>,
+    /// The live nodes by node id, or `None` when the revision is still the one asked about.
+    pub members: Option<Vec<Member>>,
+}
+
+/// Calls `fencing.members_since(cluster, known)`: the members' revision, and the members when
+/// it is not `known` (or cannot be known). Never waits for a lock, so it may run in the
+/// transaction of the caller's heartbeat.
+pub async fn members_since(
+    client: &impl GenericClient,
+    cluster: &str,
+    known: Option<i64>,
+) -> Result<MembersSince, Error> {
+    let rows = client
+        .query(
+            "SELECT revision, node_id, name, started_at, heartbeat_at, expires_at, remaining_ms, metadata
+               FROM fencing.members_since($1, $2)",
+            &[&cluster, &known],
+        )
+        .await?;
+    let revision = match rows.first() {
+        Some(row) => row.try_get::<_, Option<i64>>("revision").map_err(Error::Store)?,
+        None => None,
+    };
+    if revision.is_some() && revision == known {
+        return Ok(MembersSince { revision, members: None });
+    }
+    let mut members = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(node_id) = row.try_get::<_, Option<String>>("node_id").map_err(Error::Store)? else { continue };
+        members.push(Member {
+            node_id,
+            name: row.try_get("name").map_err(Error::Store)?,
+            started_at: row.try_get("started_at").map_err(Error::Store)?,
+            heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
+            expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+            remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+            metadata: row.try_get("metadata").map_err(Error::Store)?,
+        });
+    }
+    Ok(MembersSince { revision, members: Some(members) })
+}
+
 /// The revision of a cluster's members, as `fencing.nodes_revision` gives it (schema version 13).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MembersRevision {

@@ -184,7 +184,9 @@ async fn settings_that_cannot_work_are_refused() {
         "the default node id is the process's"
     );
     refused(builder().ttl(Duration::from_secs(40)).build(), "at least 3 heartbeat intervals");
-    refused(builder().query_timeout(Duration::from_millis(7500)).build(), "less than half the heartbeat interval");
+    refused(builder().query_timeout(Duration::from_millis(15_001)).build(), "at most the heartbeat interval");
+    refused(builder().query_timeout(Duration::ZERO).build(), "must be positive");
+    assert_eq!(builder().build().unwrap().query_timeout(), Duration::from_secs(15), "the interval");
     refused(builder().heartbeat_interval(Duration::from_millis(1)).build(), "heartbeat interval");
     refused(builder().metadata("[1, 2]").build(), "JSON object");
     refused(builder().metadata(format!(r#"{{"x":"{}"}}"#, "y".repeat(9000))).build(), "JSON object");
@@ -194,4 +196,34 @@ async fn settings_that_cannot_work_are_refused() {
     let node = builder().build().unwrap();
     refused(node.check_leader_ttl(Duration::from_secs(10)).map(|()| node.clone()), "at least 2 heartbeat intervals");
     assert!(node.check_leader_ttl(Duration::from_secs(30)).is_ok());
+}
+
+/// Membership at scale with real processes (the `member-load` binary): 50 nodes heartbeating
+/// every 100 ms in 5 processes, each node an observer. Nobody stops, so every leave heard and
+/// every second join of a node is spurious: there are none, every observer hears all 50 join,
+/// a heartbeat costs one Postgres transaction (its read of the members included: at most 2 is
+/// the bound asked for), and no connection is replaced (a slow call keeps its connection). The
+/// registration ttl is 1 s here, not the 300 ms of the README's table, as this runs beside other
+/// tests on a loaded CI machine; the table's runs are `member-load` as printed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_nodes_at_100_ms_hear_no_spurious_leave_or_join_at_one_transaction_per_heartbeat() {
+    let binary = fencing_tests::workspace_bin("member-load").unwrap();
+    let output = tokio::process::Command::new(binary)
+        .args(["--nodes", "50", "--processes", "5", "--interval-ms", "100", "--ttl-ms", "1000"])
+        .args(["--seconds", "10", "--pool", "8", "--json"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "member-load failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    println!("{stdout}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let number = |name: &str| report[name].as_f64().unwrap_or_else(|| panic!("{name} missing: {report}"));
+    assert_eq!(number("spurious_leaves"), 0.0, "{report}");
+    assert_eq!(number("spurious_joins"), 0.0, "{report}");
+    assert_eq!(number("lagged"), 0.0, "{report}");
+    assert_eq!(number("heard_all"), 50.0, "{report}");
+    assert!(number("heartbeats") > 0.0, "{report}");
+    assert!(number("transactions_per_heartbeat") < 1.5, "more than one transaction per heartbeat: {report}");
+    assert!(number("sessions_opened") <= 40.0, "connections were replaced: {report}");
 }

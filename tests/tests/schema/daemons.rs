@@ -229,6 +229,87 @@ async fn an_unacknowledged_or_undrained_assignment_is_forced_to_another_node_aft
     assert_ne!(next, holder, "forced to another node");
 }
 
+/// A node that let an assignment's acknowledge time out (a slow or stalled node, a clock the
+/// store disagrees with) is not handed that daemon, nor any other, straight back: not by the next
+/// pass even when it is the only node offering them, and no rebalance moves work onto it for ten
+/// acknowledge timeouts. Once one acknowledge timeout has passed, it may have work again when
+/// nobody else offers it.
+#[tokio::test]
+async fn a_node_that_let_an_acknowledge_time_out_is_not_handed_work_straight_back() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let pass = async |term: i64| {
+        store::reconcile_daemons(
+            &client,
+            CLUSTER,
+            (LEASE, "leader", term),
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+    };
+    let expire_acks = async || {
+        client
+            .batch_execute(
+                "UPDATE fencing.daemons SET deadline = clock_timestamp() - interval '1 ms' WHERE state = 'assigning'",
+            )
+            .await
+            .unwrap()
+    };
+    beat(&client, "slow", "s1").await;
+    offer(&client, "slow", "s1", &["a", "b"]).await;
+    let term = store::acquire(&client, LEASE, "leader", Duration::from_secs(30)).await.unwrap().term.unwrap();
+    let first = pass(term).await;
+    assert_eq!(first.iter().filter(|c| c.state == "assigning" && c.node_id == "slow").count(), 2, "{first:?}");
+    expire_acks().await;
+    let forced = pass(term).await;
+    assert_eq!(forced.iter().filter(|c| c.reason.as_deref() == Some("ack_timeout")).count(), 2, "{forced:?}");
+    assert!(forced.iter().all(|c| c.state != "assigning"), "handed straight back: {forced:?}");
+    assert!(pass(term).await.is_empty(), "nor by the pass after");
+
+    // Another node offers them and c: it gets all three. The slow node then offers c too, which
+    // it never timed out on: still no rebalance moves c onto it for ten acknowledge timeouts.
+    beat(&client, "n2", "i2").await;
+    offer(&client, "n2", "i2", &["a", "b", "c"]).await;
+    let moved = pass(term).await;
+    assert_eq!(moved.iter().filter(|c| c.state == "assigning" && c.node_id == "n2").count(), 3, "{moved:?}");
+    for (daemon, generation, state) in offer(&client, "n2", "i2", &["a", "b", "c"]).await {
+        assert_eq!(state, "assigning");
+        assert!(ack(&client, "n2", "i2", &daemon, generation).await);
+    }
+    offer(&client, "slow", "s1", &["a", "b", "c"]).await;
+    assert!(
+        pass(term).await.is_empty(),
+        "a rebalance onto the node that timed out: {:?}",
+        snapshot(&client, DAEMONS).await
+    );
+
+    // Ten acknowledge timeouts later (the history moved back in time), c is moved there.
+    client
+        .batch_execute("UPDATE fencing.daemon_history SET at = at - interval '21 s' WHERE reason = 'ack_timeout'")
+        .await
+        .unwrap();
+    let rebalanced = pass(term).await;
+    let revoked: Vec<_> =
+        rebalanced.iter().map(|c| (c.daemon.as_str(), c.state.as_str(), c.node_id.as_str())).collect();
+    assert_eq!(revoked, [("c", "revoking", "n2")]);
+
+    // Alone again one acknowledge timeout after its last: it gets the work, nobody else offers it.
+    client.batch_execute("UPDATE fencing.nodes SET expires_at = clock_timestamp() WHERE node_id = 'n2'").await.unwrap();
+    client
+        .batch_execute(
+            "UPDATE fencing.daemon_history SET at = clock_timestamp() - interval '3 s' WHERE reason = 'ack_timeout'",
+        )
+        .await
+        .unwrap();
+    let alone = pass(term).await;
+    let mut to_slow: Vec<&str> =
+        alone.iter().filter(|c| c.state == "assigning" && c.node_id == "slow").map(|c| c.daemon.as_str()).collect();
+    to_slow.sort_unstable();
+    assert_eq!(to_slow, ["a", "b", "c"], "{alone:?}");
+}
+
 #[tokio::test]
 async fn a_joining_node_gets_work_by_one_bounded_move_at_a_time_and_a_dead_nodes_work_moves() {
     let db = TestDb::new().await;

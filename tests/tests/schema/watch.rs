@@ -1,7 +1,8 @@
 //! Watch (schema version 13): every change of a lease or of a cluster's members takes a new
 //! revision and notifies channel fencing_watch when it commits; a renewal and a heartbeat that
 //! only extends are no change; an expiry, which writes nothing, is one; concurrent joins,
-//! leaves and the noting of expiries never deadlock.
+//! leaves and the noting of expiries never deadlock. A node's read of the members in its
+//! heartbeat's transaction (schema version 15) follows the changes and never waits.
 
 use std::time::Duration;
 
@@ -156,4 +157,135 @@ async fn concurrent_joins_leaves_and_noted_expiries_never_deadlock() {
     let client = db.connect().await;
     let end = store::nodes_revision(&client, "c").await.unwrap().revision;
     assert!(end >= highest && highest > 0, "end {end}, highest seen {highest}");
+}
+
+fn ids(members: &[store::Member]) -> Vec<&str> {
+    members.iter().map(|member| member.node_id.as_str()).collect()
+}
+
+/// `fencing.members_since` (schema version 15), a node's read after its heartbeat: the members
+/// only when their revision moved, the same revision `fencing.nodes_revision` gives, and a node
+/// that ran out marked gone by the read without moving the revision.
+#[tokio::test]
+async fn members_since_reads_the_members_only_when_they_changed_with_the_watchers_revision() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let since = async |known: Option<i64>| store::members_since(&client, "c", known).await.unwrap();
+    let watchers = async || store::nodes_revision(&client, "c").await.unwrap().revision;
+
+    let empty = since(None).await;
+    assert_eq!(empty, store::MembersSince { revision: Some(0), members: Some(vec![]) }, "a cluster never seen");
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    let first = since(None).await;
+    assert_eq!(ids(first.members.as_deref().unwrap()), ["n1"]);
+    assert_eq!(first.revision, Some(watchers().await));
+    assert!(first.revision > Some(0));
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert_eq!(since(first.revision).await, store::MembersSince { revision: first.revision, members: None });
+
+    assert!(store::heartbeat(&client, ("c", "n2", "i2"), "n2", Duration::from_millis(300), "{}").await.unwrap().ok);
+    let joined = since(first.revision).await;
+    assert_eq!(ids(joined.members.as_deref().unwrap()), ["n1", "n2"]);
+    assert_eq!(joined.revision, Some(watchers().await));
+
+    // n2 runs out: the watchers' revision moves at once; the read marks n2 gone and keeps it.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let ran_out = watchers().await;
+    assert!(Some(ran_out) > joined.revision);
+    let read = since(joined.revision).await;
+    assert_eq!((read.revision, ids(read.members.as_deref().unwrap())), (Some(ran_out), vec!["n1"]));
+    let gone: bool = client
+        .query_one("SELECT gone FROM fencing.nodes WHERE cluster = 'c' AND node_id = 'n2'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(gone, "the read marked the node that ran out");
+    assert_eq!(watchers().await, ran_out, "marking is no change");
+    assert_eq!(since(read.revision).await.members, None);
+
+    // n2 comes back: a change for both readers.
+    assert!(store::heartbeat(&client, ("c", "n2", "i3"), "n2", Duration::from_secs(60), "{}").await.unwrap().ok);
+    let back = since(read.revision).await;
+    assert_eq!(ids(back.members.as_deref().unwrap()), ["n1", "n2"]);
+    assert_eq!(back.revision, Some(watchers().await));
+    assert!(back.revision > read.revision);
+    let bad = store::members_since(&client, "", None).await.unwrap_err();
+    assert!(matches!(bad, fencing_schema::Error::InvalidArgument { .. }), "{bad:?}");
+}
+
+/// A heartbeat of a node that ran out is committing (its row locked): the read does not wait
+/// for it, says it does not know the revision and returns the members; once the heartbeat
+/// committed, the node is back in the next read. (Reading with a lock wait here would hold a
+/// node's heartbeat transaction behind another's.)
+#[tokio::test]
+async fn members_since_never_waits_for_a_committing_heartbeat_and_then_does_not_know_the_revision() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert!(store::heartbeat(&client, ("c", "n2", "i2"), "n2", Duration::from_millis(200), "{}").await.unwrap().ok);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut holder = db.connect().await;
+    let committing = holder.transaction().await.unwrap();
+    assert!(store::heartbeat(&committing, ("c", "n2", "i2"), "n2", Duration::from_secs(60), "{}").await.unwrap().ok);
+
+    client.batch_execute("SET lock_timeout = '5s'").await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(2), store::members_since(&client, "c", None))
+        .await
+        .expect("the read waited for the committing heartbeat")
+        .unwrap();
+    assert_eq!((read.revision, ids(read.members.as_deref().unwrap())), (None, vec!["n1"]));
+    committing.commit().await.unwrap();
+    let after = store::members_since(&client, "c", None).await.unwrap();
+    assert_eq!(ids(after.members.as_deref().unwrap()), ["n1", "n2"]);
+    assert_eq!(after.revision, Some(store::nodes_revision(&client, "c").await.unwrap().revision));
+}
+
+/// Nodes that ran out come back at once, each reading the members in its heartbeat's
+/// transaction (as `fencing_election::membership` does), while others leave and run out: no
+/// two transactions wait for each other (a deadlock is an error here, so is a lock wait past
+/// the lock timeout), and at the end every reader's revision is the watchers'.
+#[tokio::test]
+async fn heartbeats_that_read_the_members_in_their_transaction_never_deadlock() {
+    let db = TestDb::new().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let mut client = db.connect().await;
+        tasks.spawn(async move {
+            client.batch_execute("SET lock_timeout = '3s'").await?;
+            let mut known = None;
+            for round in 0..40 {
+                let node = format!("n{}", (worker * 5 + round) % 10);
+                let incarnation = format!("i{worker}-{round}");
+                let ttl = Duration::from_millis(if round % 3 == 0 { 30 } else { 3_000 });
+                let transaction = client.transaction().await?;
+                store::heartbeat(&transaction, ("c", node.as_str(), incarnation.as_str()), &node, ttl, "{}")
+                    .await
+                    .map_err(|error| anyhow::anyhow!("{error:?}"))?;
+                let read = store::members_since(&transaction, "c", known)
+                    .await
+                    .map_err(|error| anyhow::anyhow!("{error:?}"))?;
+                transaction.commit().await?;
+                if read.members.is_some() {
+                    known = read.revision;
+                }
+                if round % 4 == 1 {
+                    store::leave(&client, "c", &node, &incarnation)
+                        .await
+                        .map_err(|error| anyhow::anyhow!("{error:?}"))?;
+                }
+                if round % 5 == 2 {
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap().unwrap();
+    }
+    let client = db.connect().await;
+    let last = store::members_since(&client, "c", None).await.unwrap();
+    assert_eq!(last.revision, Some(store::nodes_revision(&client, "c").await.unwrap().revision));
+    let members = store::members(&client, "c").await.unwrap();
+    assert_eq!(ids(last.members.as_deref().unwrap()), ids(&members));
 }
