@@ -211,10 +211,14 @@ impl Membership {
     /// Postgres transaction per call, under this node's limits and at READ COMMITTED whatever the
     /// pool's defaults (the daemons' pass decides on the newest rows).
     ///
-    /// The server gives up at the query timeout too (`SET LOCAL statement_timeout` and
-    /// `lock_timeout`, gone at the transaction's end, so the connection goes back to the
-    /// application's pool as it came). A call not answered by its query timeout is never
-    /// committed: its transaction is rolled back. A slow answer costs no connection: the
+    /// The server gives up at the call's deadline too (`SET LOCAL statement_timeout` and
+    /// `lock_timeout` of the time left, gone at the transaction's end, so the connection goes back
+    /// to the application's pool as it came), and a process paused inside the transaction holds
+    /// its locks no longer than that or a second, whichever is longer
+    /// (`idle_in_transaction_session_timeout`: the server ends the session). A call whose
+    /// statements are not answered by the deadline is rolled back, never committed; a `COMMIT`
+    /// sent before it may still land after it (its outcome unknown here, as when an answer is
+    /// lost), and the node counts nothing from a call it did not see answered. A slow answer costs no connection: the
     /// connection is rolled back in the background, once the server has answered (within
     /// [`CLEANUP_TIMEOUT`], else it is closed), and goes back to the pool, so a busy server is
     /// not made busier by reconnections (each a new backend and an authentication).
@@ -229,13 +233,21 @@ impl Membership {
             Err(_) => return Err("timed out getting a connection".to_owned()),
         };
         let limit = deadline.saturating_duration_since(Instant::now()).as_millis().max(1);
+        // The idle limit: a process paused between two statements of the transaction (or before
+        // its COMMIT) holds its locks at most that long; the server then ends the session. At
+        // least a second, so that a busy machine's scheduling costs no connection.
+        let idle = limit.max(IDLE_FLOOR.as_millis());
         let begin = format!(
             "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {limit}; \
-             SET LOCAL lock_timeout = {limit}"
+             SET LOCAL lock_timeout = {limit}; SET LOCAL idle_in_transaction_session_timeout = {idle}"
         );
         let transaction = async {
             client.batch_execute(&begin).await.map_err(|error| format!("begin: {error}"))?;
             let answer = call(&**client).await.map_err(|error| crate::runtime::error_chain(&error))?;
+            // Answered late (this task ran after its deadline): never committed.
+            if Instant::now() >= deadline {
+                return Err(format!("no answer within {:?}", self.query_timeout));
+            }
             client.batch_execute("COMMIT").await.map_err(|error| format!("commit: {error}"))?;
             Ok(answer)
         };
@@ -255,8 +267,9 @@ impl Membership {
 
     /// One heartbeat and the members' read, in one transaction: the heartbeat, then
     /// `fencing.members_since`, which reads the members only when their revision is not `known`
-    /// (it never waits for a lock, so two nodes' beats never wait for each other). A node's reads
-    /// thus cost O(changes), not O(members) per heartbeat, and a heartbeat one transaction.
+    /// (it waits for no lock, and a read it cannot make now is skipped, never the heartbeat's
+    /// failure). A node's reads thus cost O(changes), not O(members) per heartbeat, and a
+    /// heartbeat one transaction.
     async fn beat(&self, known: Option<i64>) -> Result<(store::Heartbeat, store::MembersSince), String> {
         let node = (self.cluster.as_str(), self.node_id.as_str(), self.incarnation.as_str());
         self.call(async |client| {
@@ -271,6 +284,10 @@ impl Membership {
         self.call(async |client| store::leave(client, &self.cluster, &self.node_id, &self.incarnation).await).await
     }
 }
+
+/// The least time a call's transaction may stay idle between its statements before the server
+/// ends its session (`idle_in_transaction_session_timeout`): the query timeout, but never less.
+const IDLE_FLOOR: Duration = Duration::from_secs(1);
 
 /// How long a connection whose call failed or timed out may take to roll back (after the
 /// server answered what was in flight) before it is closed instead of going back to the pool.

@@ -14,6 +14,10 @@ pub enum Error {
     /// Something the gateway needs could not be set up (pool, recorder, embedded Postgres).
     #[error("{0}")]
     Setup(String),
+
+    /// `verify` was pointed at a lease or a resource that someone else uses.
+    #[error("{0} (run with --yes to use it all the same)")]
+    InUse(String),
 }
 
 /// An error and its sources on one line (`a: b: c`), for logs and messages: a failed TLS

@@ -53,16 +53,6 @@ BEGIN
 END
 $$;
 
--- Whether node_id_ of cluster_ let an assignment's acknowledge time out after since_ (from the
--- history, indexed by cluster and time).
-CREATE OR REPLACE FUNCTION fencing.ack_timed_out(cluster_ text, node_id_ text, since_ timestamptz)
-RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-    SELECT EXISTS (SELECT 1 FROM fencing.daemon_history h
-                    WHERE h.cluster = cluster_ AND h.at > since_ AND h.node_id = node_id_
-                      AND h.state = 'deleted' AND h.reason = 'ack_timeout');
-$$;
-
 -- Ends the assignment of d (locked by the caller): the daemon waits for a node again.
 CREATE OR REPLACE FUNCTION fencing.end_assignment(d fencing.daemons, reason_ text, avoid_ text, term_ bigint,
                                                   now_ timestamptz)
@@ -113,6 +103,9 @@ DECLARE
     d         fencing.daemons;
     target    fencing.nodes;
     known_    bigint;
+    -- Nodes that let an acknowledge time out within one ack_timeout, and within ten.
+    timed_out_now_    text[];
+    timed_out_lately_ text[];
 BEGIN
     PERFORM fencing.check_name('lease key', lease_key_);
     PERFORM fencing.check_name('owner', owner_);
@@ -206,7 +199,13 @@ BEGIN
             d, CASE d.state WHEN 'assigning' THEN 'ack_timeout' ELSE 'drain_timeout' END, d.node_id, term_, now_);
     END LOOP;
 
-    -- 3. Assign.
+    -- 3. Assign (the forced ends above included in what timed out).
+    timed_out_lately_ := ARRAY(SELECT DISTINCT h.node_id FROM fencing.daemon_history h
+                                WHERE h.cluster = cluster_ AND h.at > now_ - 10 * ack_timeout
+                                  AND h.state = 'deleted' AND h.reason = 'ack_timeout' AND h.node_id IS NOT NULL);
+    timed_out_now_ := ARRAY(SELECT DISTINCT h.node_id FROM fencing.daemon_history h
+                             WHERE h.cluster = cluster_ AND h.at > now_ - ack_timeout
+                               AND h.state = 'deleted' AND h.reason = 'ack_timeout' AND h.node_id IS NOT NULL);
     FOR d IN SELECT * FROM fencing.daemons x
               WHERE x.cluster = cluster_ AND x.state = 'unassigned'
               ORDER BY x.waiting_since, x.daemon LOOP
@@ -214,8 +213,8 @@ BEGIN
           FROM fencing.nodes n
          WHERE n.cluster = cluster_ AND n.expires_at > now_ AND d.daemon = ANY (n.daemons)
            -- Never straight back to a node that just let an acknowledge time out.
-           AND NOT fencing.ack_timed_out(cluster_, n.node_id, now_ - ack_timeout)
-         ORDER BY fencing.ack_timed_out(cluster_, n.node_id, now_ - 10 * ack_timeout),
+           AND n.node_id <> ALL (timed_out_now_)
+         ORDER BY n.node_id = ANY (timed_out_lately_),
                   n.node_id IS NOT DISTINCT FROM d.avoid_node,
                   (SELECT count(*) FROM fencing.daemons y
                     WHERE y.cluster = cluster_ AND y.node_id = n.node_id AND y.node_started_at = n.started_at),
@@ -253,7 +252,7 @@ BEGIN
            -- Never back to a node it timed out on, nor to one that let any acknowledge time
            -- out lately.
            AND idle.node_id IS DISTINCT FROM x.avoid_node
-           AND NOT fencing.ack_timed_out(cluster_, idle.node_id, now_ - 10 * ack_timeout)
+           AND idle.node_id <> ALL (timed_out_lately_)
            AND NOT EXISTS (SELECT 1 FROM fencing.daemons u
                             WHERE u.cluster = cluster_ AND u.node_id = busy.node_id
                               AND u.node_started_at = busy.started_at

@@ -184,17 +184,19 @@ $$;
 -- The live nodes of `cluster_` for a node that read them last at revision `known_` (NULL:
 -- never), in one read whose cost follows the changes, not the members (schema version 15):
 --   - one row (revision, and node_id NULL) while the members' revision is still known_;
---   - else a row per live node, by node id, each with the revision (one row with node_id NULL
---     when there is none).
--- The revision is fencing.nodes_revision's, read before the members, but this never waits for
--- a row lock, so a node's heartbeat transaction can read it after its heartbeat. First it marks
--- the nodes that ran out without a leave as gone: their end is counted in the cluster's count
--- from then on (fencing.node_changed) instead of when read, which leaves the revision as it was
--- and lets the next reads skip them. A node whose row is locked (its heartbeat is committing,
--- or another reader marks it) is not waited for: the revision is then NULL (not known, the
--- members are returned), since the heartbeat's outcome may or may not move it.
--- No two callers wait for each other: a caller holds its own node's row and the rows it marked,
--- and then waits only for the cluster's row, whose holders wait for no row.
+--   - else a row per node live at the instant the revision is of, by node id, each with the
+--     revision (one row with node_id NULL when there is none);
+--   - no row at all when it cannot read without waiting for a lock, or ran out of time: the
+--     caller reads again at its next heartbeat (its heartbeat, in the same transaction, stands).
+-- The revision is fencing.nodes_revision's, but this waits for no lock, so a node's heartbeat
+-- transaction can read it after its heartbeat. First it marks the nodes that ran out without a
+-- leave as gone: their end is counted in the cluster's count from then on (fencing.node_changed)
+-- instead of when read, which leaves the revision as it was and lets the next reads skip them.
+-- It marks only when it gets the cluster's row at once, and skips a node whose row is locked (a
+-- heartbeat of it is committing, or another reader marks it); while such a node is left
+-- unmarked the revision is NULL (not known: the members are returned), since its outcome may or
+-- may not move the revision. The members are those live at the revision's instant (now_), read
+-- after it, so a change in between shows as a later revision, never as a missed one.
 CREATE OR REPLACE FUNCTION fencing.members_since(cluster_ text, known_ bigint)
 RETURNS TABLE (revision bigint, node_id text, name text, started_at timestamptz, heartbeat_at timestamptz,
                expires_at timestamptz, remaining_ms bigint, metadata text)
@@ -205,11 +207,22 @@ DECLARE
     revision_ bigint;
 BEGIN
     PERFORM fencing.check_name('cluster', cluster_);
-    UPDATE fencing.nodes n SET gone = true
-     WHERE (n.cluster, n.node_id) IN (SELECT o.cluster, o.node_id FROM fencing.nodes o
-                                       WHERE o.cluster = cluster_ AND NOT o.gone AND o.expires_at <= now_
-                                         FOR UPDATE SKIP LOCKED);
-    -- One snapshot for both, our marks included: what is left ran out unmarked (skipped).
+    BEGIN
+        IF EXISTS (SELECT 1 FROM fencing.nodes n
+                    WHERE n.cluster = cluster_ AND NOT n.gone AND n.expires_at <= now_) THEN
+            PERFORM 1 FROM fencing.clusters c WHERE c.cluster = cluster_ FOR UPDATE NOWAIT;
+            IF FOUND THEN
+                UPDATE fencing.nodes n SET gone = true
+                 WHERE (n.cluster, n.node_id) IN (SELECT o.cluster, o.node_id FROM fencing.nodes o
+                                                   WHERE o.cluster = cluster_ AND NOT o.gone
+                                                     AND o.expires_at <= now_
+                                                     FOR UPDATE SKIP LOCKED);
+            END IF;
+        END IF;
+    EXCEPTION WHEN lock_not_available OR query_canceled THEN
+        RETURN;
+    END;
+    -- One snapshot for both, our marks included: what is left ran out unmarked.
     SELECT (SELECT count(*) FROM fencing.nodes n
              WHERE n.cluster = cluster_ AND NOT n.gone AND n.expires_at <= now_),
            coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0)
@@ -220,9 +233,13 @@ BEGIN
                             NULL::timestamptz, NULL::bigint, NULL::text;
         RETURN;
     END IF;
-    RETURN QUERY SELECT revision_, m.node_id, m.name, m.started_at, m.heartbeat_at, m.expires_at, m.remaining_ms,
-                        m.metadata
-                   FROM fencing.members(cluster_) m;
+    RETURN QUERY
+        SELECT revision_, n.node_id, n.name, n.started_at, n.heartbeat_at, n.expires_at,
+               fencing.remaining_ms(n.expires_at, clock_timestamp()), n.metadata::text
+          FROM fencing.nodes n
+         WHERE n.cluster = cluster_ AND n.expires_at > now_
+         ORDER BY n.node_id
+         LIMIT 1000;
     IF NOT FOUND THEN
         RETURN QUERY SELECT revision_, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz,
                             NULL::timestamptz, NULL::bigint, NULL::text;

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row};
 
 use crate::error::Error;
@@ -781,11 +782,20 @@ pub async fn heartbeat(
     metadata: &str,
 ) -> Result<Heartbeat, Error> {
     let (cluster, node_id, incarnation) = node;
+    // Typed: one round trip and no named statement, so a call abandoned mid-way leaves none
+    // behind on a connection that goes back to the pool.
     let row = client
-        .query_one(
+        .query_typed_one(
             "SELECT ok, incarnation, started_at, expires_at, remaining_ms
                FROM fencing.heartbeat($1, $2, $3, $4, $5::bigint * interval '1 millisecond', $6)",
-            &[&cluster, &node_id, &incarnation, &name, &ttl_ms(ttl), &metadata],
+            &[
+                (&cluster, Type::TEXT),
+                (&node_id, Type::TEXT),
+                (&incarnation, Type::TEXT),
+                (&name, Type::TEXT),
+                (&ttl_ms(ttl), Type::INT8),
+                (&metadata, Type::TEXT),
+            ],
         )
         .await?;
     Ok(Heartbeat {
@@ -805,7 +815,12 @@ pub async fn leave(
     node_id: &str,
     incarnation: &str,
 ) -> Result<bool, Error> {
-    let row = client.query_one("SELECT fencing.leave($1, $2, $3)", &[&cluster, &node_id, &incarnation]).await?;
+    let row = client
+        .query_typed_one(
+            "SELECT fencing.leave($1, $2, $3)",
+            &[(&cluster, Type::TEXT), (&node_id, Type::TEXT), (&incarnation, Type::TEXT)],
+        )
+        .await?;
     row.try_get(0).map_err(Error::Store)
 }
 
@@ -839,28 +854,30 @@ pub struct MembersSince {
     /// The members' revision; `None` while it cannot be known without waiting (a heartbeat of a
     /// node that ran out is committing): the members are read then.
     pub revision: Option<i64>,
-    /// The live nodes by node id, or `None` when the revision is still the one asked about.
+    /// The live nodes by node id, or `None` when the revision is still the one asked about (or
+    /// nothing could be read now).
     pub members: Option<Vec<Member>>,
 }
 
 /// Calls `fencing.members_since(cluster, known)`: the members' revision, and the members when
-/// it is not `known` (or cannot be known). Never waits for a lock, so it may run in the
-/// transaction of the caller's heartbeat.
+/// it is not `known` (or cannot be known). It waits for no lock, so it may run in the
+/// transaction of the caller's heartbeat; when it could not read now, both fields are `None`
+/// (read again later).
 pub async fn members_since(
     client: &impl GenericClient,
     cluster: &str,
     known: Option<i64>,
 ) -> Result<MembersSince, Error> {
     let rows = client
-        .query(
+        .query_typed(
             "SELECT revision, node_id, name, started_at, heartbeat_at, expires_at, remaining_ms, metadata
                FROM fencing.members_since($1, $2)",
-            &[&cluster, &known],
+            &[(&cluster, Type::TEXT), (&known, Type::INT8)],
         )
         .await?;
     let revision = match rows.first() {
         Some(row) => row.try_get::<_, Option<i64>>("revision").map_err(Error::Store)?,
-        None => None,
+        None => return Ok(MembersSince { revision: None, members: None }),
     };
     if revision.is_some() && revision == known {
         return Ok(MembersSince { revision, members: None });

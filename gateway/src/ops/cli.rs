@@ -99,6 +99,53 @@ pub enum Command {
         #[arg(long, env = "FENCING_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
+    /// Play the zombie story against your own gateway, route and upstream: leader A acquires a
+    /// lease and writes, its lease runs out, B takes over and writes, A writes again with its old
+    /// term; every answer is checked (and, with --check-url, the upstream's state). Exit 0 when
+    /// fencing held, 1 when a step failed, 64 when the lease or resource is in use (see --yes),
+    /// 69 when the gateway could not be asked.
+    Verify {
+        /// The gateway's control listener, e.g. http://127.0.0.1:9090.
+        #[arg(long)]
+        control: String,
+        /// The gateway's proxy listener, e.g. http://127.0.0.1:8080.
+        #[arg(long)]
+        proxy: String,
+        /// The path (and query) of a write through the proxy on the route to test, e.g.
+        /// /ledger/verify-account/entries.
+        #[arg(long)]
+        path: String,
+        /// The resource that path writes to, as the route names it (also sent as
+        /// Fencing-Resource, for routes that take it from that header).
+        #[arg(long)]
+        resource: String,
+        /// The lease the two leaders compete for; on a route bound to a lease, that lease.
+        #[arg(long, default_value = "fencing-verify")]
+        lease: String,
+        /// The write's method.
+        #[arg(long, default_value = "POST")]
+        method: String,
+        /// How the leaders present their term.
+        #[arg(long, value_enum, default_value = "verify")]
+        mode: crate::ops::verify::Mode,
+        /// Leader A's lease ttl: B takes over once it has run out.
+        #[arg(long, default_value_t = 1000)]
+        ttl_ms: u64,
+        /// A URL whose body shows what the upstream applied (GET): after the story it must show
+        /// B's write and no refused one (each write's body carries a marker).
+        #[arg(long)]
+        check_url: Option<String>,
+        /// A file holding the client's bearer token (else FENCING_CLIENT_TOKEN; never argv).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// A CA file for https:// listeners.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// Run although the lease is held or the resource is used by another writer: the
+        /// leader holding it loses it for the time of the story.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Apply the pending schema migrations (schema `fencing`) to a database, then exit.
     ///
     /// Safe to run from several replicas at once; refuses a database migrated by a newer release.

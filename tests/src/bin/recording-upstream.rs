@@ -7,7 +7,9 @@
 //! recording-upstream [--listen 127.0.0.1:0] [--quiet]
 //! ```
 //! The first line on stdout is `listening <address>`. A request header `x-upstream-delay-ms: N`
-//! delays the answer by N milliseconds (for timeout and ordering tests).
+//! delays the answer by N milliseconds (for timeout and ordering tests). It applies every write:
+//! `GET /__applied` answers the bodies of every request other than a GET it received, one per
+//! line (the state `fencing-gateway verify --check-url` reads), unless `--quiet`.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -35,8 +37,14 @@ fn header(request: &Request<Incoming>, name: &str) -> String {
 async fn answer(
     request: Request<Incoming>,
     seq: Arc<AtomicU64>,
+    applied: Arc<std::sync::Mutex<Vec<u8>>>,
     quiet: bool,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if request.method() == http::Method::GET && request.uri().path() == "/__applied" {
+        let state = applied.lock().map(|bodies| bodies.clone()).unwrap_or_default();
+        return Ok(Response::new(Full::new(Bytes::from(state))));
+    }
+    let write = request.method() != http::Method::GET;
     let delay =
         request.headers().get("x-upstream-delay-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     let n = seq.fetch_add(1, Ordering::SeqCst);
@@ -73,6 +81,13 @@ async fn answer(
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, r#"{line},"body_bytes":{}}}"#, body.len());
         let _ = stdout.flush();
+    }
+    if write
+        && !quiet
+        && let Ok(mut bodies) = applied.lock()
+    {
+        bodies.extend_from_slice(&body);
+        bodies.push(b'\n');
     }
     if let Some(delay) = delay {
         tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -122,14 +137,15 @@ async fn main() {
         }
     }
     let seq = Arc::new(AtomicU64::new(0));
+    let applied = Arc::new(std::sync::Mutex::new(Vec::new()));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let seq = Arc::clone(&seq);
+        let (seq, applied) = (Arc::clone(&seq), Arc::clone(&applied));
         tokio::spawn(async move {
-            let service = service_fn(move |request| answer(request, Arc::clone(&seq), quiet));
+            let service = service_fn(move |request| answer(request, Arc::clone(&seq), Arc::clone(&applied), quiet));
             let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
     }

@@ -25,6 +25,7 @@ mod security;
 mod shutdown;
 mod tls;
 mod upstream_connections;
+mod verify;
 mod watch;
 mod zombie;
 

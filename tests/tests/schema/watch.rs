@@ -213,29 +213,43 @@ async fn members_since_reads_the_members_only_when_they_changed_with_the_watcher
     assert!(matches!(bad, fencing_schema::Error::InvalidArgument { .. }), "{bad:?}");
 }
 
-/// A heartbeat of a node that ran out is committing (its row locked): the read does not wait
-/// for it, says it does not know the revision and returns the members; once the heartbeat
-/// committed, the node is back in the next read. (Reading with a lock wait here would hold a
-/// node's heartbeat transaction behind another's.)
+/// A node that ran out is locked by a transaction that has not committed: the read does not
+/// wait for it. With its row locked by a heartbeat that is still deciding (not yet holding the
+/// cluster's row), the read skips it, says it does not know the revision and returns the members
+/// live at its instant. With the cluster's row held too (the heartbeat brought the node back), it
+/// reads nothing now. Once the heartbeat committed, the node is in the next read. (Waiting here
+/// would hold a node's heartbeat transaction behind another's.)
 #[tokio::test]
 async fn members_since_never_waits_for_a_committing_heartbeat_and_then_does_not_know_the_revision() {
     let db = TestDb::new().await;
     let client = db.connect().await;
-    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
-    assert!(store::heartbeat(&client, ("c", "n2", "i2"), "n2", Duration::from_millis(200), "{}").await.unwrap().ok);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut holder = db.connect().await;
-    let committing = holder.transaction().await.unwrap();
-    assert!(store::heartbeat(&committing, ("c", "n2", "i2"), "n2", Duration::from_secs(60), "{}").await.unwrap().ok);
-
     client.batch_execute("SET lock_timeout = '5s'").await.unwrap();
-    let read = tokio::time::timeout(Duration::from_secs(2), store::members_since(&client, "c", None))
-        .await
-        .expect("the read waited for the committing heartbeat")
-        .unwrap();
+    let since = async |known: Option<i64>| {
+        tokio::time::timeout(Duration::from_secs(2), store::members_since(&client, "c", known))
+            .await
+            .expect("the read waited for a lock")
+            .unwrap()
+    };
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    for node in ["n2", "n3"] {
+        assert!(store::heartbeat(&client, ("c", node, node), node, Duration::from_millis(200), "{}").await.unwrap().ok);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // n2's row locked, as a heartbeat locks it before it decides: n3 is marked, n2 skipped.
+    let mut holder = db.connect().await;
+    let deciding = holder.transaction().await.unwrap();
+    deciding.execute("SELECT 1 FROM fencing.nodes WHERE node_id = 'n2' FOR UPDATE", &[]).await.unwrap();
+    let read = since(None).await;
     assert_eq!((read.revision, ids(read.members.as_deref().unwrap())), (None, vec!["n1"]));
-    committing.commit().await.unwrap();
-    let after = store::members_since(&client, "c", None).await.unwrap();
+    let marked: bool =
+        client.query_one("SELECT gone FROM fencing.nodes WHERE node_id = 'n3'", &[]).await.unwrap().get(0);
+    assert!(marked, "n3 was not marked");
+    // The heartbeat brings n2 back (and now holds the cluster's row): nothing is read now.
+    assert!(store::heartbeat(&deciding, ("c", "n2", "n2"), "n2", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert_eq!(since(None).await, store::MembersSince { revision: None, members: None });
+    deciding.commit().await.unwrap();
+    let after = since(None).await;
     assert_eq!(ids(after.members.as_deref().unwrap()), ["n1", "n2"]);
     assert_eq!(after.revision, Some(store::nodes_revision(&client, "c").await.unwrap().revision));
 }
@@ -243,16 +257,22 @@ async fn members_since_never_waits_for_a_committing_heartbeat_and_then_does_not_
 /// Nodes that ran out come back at once, each reading the members in its heartbeat's
 /// transaction (as `fencing_election::membership` does), while others leave and run out: no
 /// two transactions wait for each other (a deadlock is an error here, so is a lock wait past
-/// the lock timeout), and at the end every reader's revision is the watchers'.
+/// the lock timeout). Then every worker reads once more: whatever it keeps (its last list, when
+/// the read says nothing changed) is the live members, and its revision the watchers'.
 #[tokio::test]
 async fn heartbeats_that_read_the_members_in_their_transaction_never_deadlock() {
     let db = TestDb::new().await;
     let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..8 {
+    let workers = 8;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(workers + 1));
+    for worker in 0..workers {
         let mut client = db.connect().await;
+        let barrier = std::sync::Arc::clone(&barrier);
         tasks.spawn(async move {
             client.batch_execute("SET lock_timeout = '3s'").await?;
+            let failed = |error: fencing_schema::Error| anyhow::anyhow!("{error:?}");
             let mut known = None;
+            let mut kept: Vec<String> = Vec::new();
             for round in 0..40 {
                 let node = format!("n{}", (worker * 5 + round) % 10);
                 let incarnation = format!("i{worker}-{round}");
@@ -260,32 +280,41 @@ async fn heartbeats_that_read_the_members_in_their_transaction_never_deadlock() 
                 let transaction = client.transaction().await?;
                 store::heartbeat(&transaction, ("c", node.as_str(), incarnation.as_str()), &node, ttl, "{}")
                     .await
-                    .map_err(|error| anyhow::anyhow!("{error:?}"))?;
-                let read = store::members_since(&transaction, "c", known)
-                    .await
-                    .map_err(|error| anyhow::anyhow!("{error:?}"))?;
+                    .map_err(failed)?;
+                let read = store::members_since(&transaction, "c", known).await.map_err(failed)?;
                 transaction.commit().await?;
-                if read.members.is_some() {
+                if let Some(members) = read.members {
                     known = read.revision;
+                    kept = members.iter().map(|member| member.node_id.clone()).collect();
                 }
                 if round % 4 == 1 {
-                    store::leave(&client, "c", &node, &incarnation)
-                        .await
-                        .map_err(|error| anyhow::anyhow!("{error:?}"))?;
+                    store::leave(&client, "c", &node, &incarnation).await.map_err(failed)?;
                 }
                 if round % 5 == 2 {
                     tokio::time::sleep(Duration::from_millis(40)).await;
                 }
             }
-            Ok::<_, anyhow::Error>(())
+            barrier.wait().await;
+            // All written; the short-lived nodes have run out.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let read = store::members_since(&client, "c", known).await.map_err(failed)?;
+            if let Some(members) = read.members {
+                known = read.revision;
+                kept = members.iter().map(|member| member.node_id.clone()).collect();
+            }
+            barrier.wait().await;
+            Ok::<_, anyhow::Error>((known, kept))
         });
     }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap().unwrap();
-    }
+    barrier.wait().await;
+    barrier.wait().await;
     let client = db.connect().await;
-    let last = store::members_since(&client, "c", None).await.unwrap();
-    assert_eq!(last.revision, Some(store::nodes_revision(&client, "c").await.unwrap().revision));
-    let members = store::members(&client, "c").await.unwrap();
-    assert_eq!(ids(last.members.as_deref().unwrap()), ids(&members));
+    let live: Vec<String> =
+        store::members(&client, "c").await.unwrap().into_iter().map(|member| member.node_id).collect();
+    let revision = store::nodes_revision(&client, "c").await.unwrap().revision;
+    while let Some(done) = tasks.join_next().await {
+        let (known, kept) = done.unwrap().unwrap();
+        assert_eq!(known, Some(revision), "a worker's revision");
+        assert_eq!(kept, live, "a worker keeps other members than the live ones");
+    }
 }
