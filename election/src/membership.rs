@@ -214,7 +214,7 @@ impl Membership {
     /// The server gives up at the call's deadline too (`SET LOCAL statement_timeout` and
     /// `lock_timeout` of the time left, gone at the transaction's end, so the connection goes back
     /// to the application's pool as it came), and a process paused inside the transaction holds
-    /// its locks no longer than that or a second, whichever is longer
+    /// its locks no longer than that, or a second, whichever is longer, after its last statement
     /// (`idle_in_transaction_session_timeout`: the server ends the session). A call whose
     /// statements are not answered by the deadline is rolled back, never committed; a `COMMIT`
     /// sent before it may still land after it (its outcome unknown here, as when an answer is

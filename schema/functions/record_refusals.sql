@@ -27,6 +27,31 @@ BEGIN
 END
 $$;
 
+-- The same with who was refused (schema version 15): the lease the resource is bound to or the
+-- stamp-mode lease, the stamp-mode owner, and the authenticated client (NULL where none applies).
+CREATE OR REPLACE FUNCTION fencing.record_refusals(resources text[], routes text[], outcomes text[],
+                                                   presented_terms bigint[], current_terms bigint[],
+                                                   client_addrs text[], request_ids text[],
+                                                   lease_keys text[], owners text[], callers text[],
+                                                   gateway text, keep integer DEFAULT 10000)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF keep IS NULL OR keep < 1 THEN
+        RAISE EXCEPTION 'fencing: keep must be at least 1' USING ERRCODE = '22023';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO fencing.refusals (resource, route, outcome, presented_term, current_term, client_addr, request_id,
+                                  lease_key, owner, caller, gateway)
+    SELECT r, ro, o, p, c, a, q, l, w, k, gateway
+      FROM unnest(resources, routes, outcomes, presented_terms, current_terms, client_addrs, request_ids,
+                  lease_keys, owners, callers)
+           AS t(r, ro, o, p, c, a, q, l, w, k)
+     WHERE r IS NOT NULL AND o IS NOT NULL;
+    DELETE FROM fencing.refusals WHERE id <= (SELECT max(id) - keep FROM fencing.refusals);
+END
+$$;
+
 -- How many writes Postgres itself refused (fencing.admit, the guard) since the schema was
 -- installed: the non-transactional counter fencing.sql_refusals, which survives the rollback
 -- of the refused transaction.

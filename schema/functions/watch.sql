@@ -186,8 +186,8 @@ $$;
 --   - one row (revision, and node_id NULL) while the members' revision is still known_;
 --   - else a row per node live at the instant the revision is of, by node id, each with the
 --     revision (one row with node_id NULL when there is none);
---   - no row at all when it cannot read without waiting for a lock, or ran out of time: the
---     caller reads again at its next heartbeat (its heartbeat, in the same transaction, stands).
+--   - no row at all when it cannot read without waiting for a lock: the caller reads again at
+--     its next heartbeat (its heartbeat, in the same transaction, stands).
 -- The revision is fencing.nodes_revision's, but this waits for no lock, so a node's heartbeat
 -- transaction can read it after its heartbeat. First it marks the nodes that ran out without a
 -- leave as gone: their end is counted in the cluster's count from then on (fencing.node_changed)
@@ -195,8 +195,9 @@ $$;
 -- It marks only when it gets the cluster's row at once, and skips a node whose row is locked (a
 -- heartbeat of it is committing, or another reader marks it); while such a node is left
 -- unmarked the revision is NULL (not known: the members are returned), since its outcome may or
--- may not move the revision. The members are those live at the revision's instant (now_), read
--- after it, so a change in between shows as a later revision, never as a missed one.
+-- may not move the revision. The members are those live at the revision's instant (now_) and
+-- not gone since (a leave, or a mark, after now_ is counted in the revision read after it), read
+-- after the revision, so a change in between shows as a later revision, never as a missed one.
 CREATE OR REPLACE FUNCTION fencing.members_since(cluster_ text, known_ bigint)
 RETURNS TABLE (revision bigint, node_id text, name text, started_at timestamptz, heartbeat_at timestamptz,
                expires_at timestamptz, remaining_ms bigint, metadata text)
@@ -219,7 +220,7 @@ BEGIN
                                                      FOR UPDATE SKIP LOCKED);
             END IF;
         END IF;
-    EXCEPTION WHEN lock_not_available OR query_canceled THEN
+    EXCEPTION WHEN lock_not_available THEN
         RETURN;
     END;
     -- One snapshot for both, our marks included: what is left ran out unmarked.
@@ -237,7 +238,7 @@ BEGIN
         SELECT revision_, n.node_id, n.name, n.started_at, n.heartbeat_at, n.expires_at,
                fencing.remaining_ms(n.expires_at, clock_timestamp()), n.metadata::text
           FROM fencing.nodes n
-         WHERE n.cluster = cluster_ AND n.expires_at > now_
+         WHERE n.cluster = cluster_ AND n.expires_at > now_ AND NOT n.gone
          ORDER BY n.node_id
          LIMIT 1000;
     IF NOT FOUND THEN

@@ -535,6 +535,12 @@ pub struct Refusal {
     pub client_addr: Option<String>,
     /// Its request id (`X-Request-Id`).
     pub request_id: Option<String>,
+    /// The lease the resource is bound to, or the stamp-mode lease (schema version 15).
+    pub lease_key: Option<String>,
+    /// The stamp-mode owner.
+    pub owner: Option<String>,
+    /// The authenticated client, with `[[clients]]`.
+    pub caller: Option<String>,
 }
 
 /// An audited admin action, from `fencing.admin_audit`.
@@ -571,10 +577,26 @@ pub async fn record_refusals(
     let current: Vec<Option<i64>> = refusals.iter().map(|r| r.current_term).collect();
     let clients: Vec<Option<&str>> = refusals.iter().map(|r| r.client_addr.as_deref()).collect();
     let request_ids: Vec<Option<&str>> = refusals.iter().map(|r| r.request_id.as_deref()).collect();
+    let leases: Vec<Option<&str>> = refusals.iter().map(|r| r.lease_key.as_deref()).collect();
+    let owners: Vec<Option<&str>> = refusals.iter().map(|r| r.owner.as_deref()).collect();
+    let callers: Vec<Option<&str>> = refusals.iter().map(|r| r.caller.as_deref()).collect();
     client
         .execute(
-            "SELECT fencing.record_refusals($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            &[&resources, &routes, &outcomes, &presented, &current, &clients, &request_ids, &gateway, &keep],
+            "SELECT fencing.record_refusals($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            &[
+                &resources,
+                &routes,
+                &outcomes,
+                &presented,
+                &current,
+                &clients,
+                &request_ids,
+                &leases,
+                &owners,
+                &callers,
+                &gateway,
+                &keep,
+            ],
         )
         .await?;
     Ok(())
@@ -595,7 +617,8 @@ pub async fn list_refusals(
 ) -> Result<Vec<Refusal>, Error> {
     let rows = client
         .query(
-            "SELECT at, resource, route, outcome, presented_term, current_term, gateway, client_addr, request_id
+            "SELECT at, resource, route, outcome, presented_term, current_term, gateway, client_addr, request_id,
+                    lease_key, owner, caller
                FROM fencing.refusals
               WHERE $1::text IS NULL OR resource = $1 ORDER BY id DESC LIMIT $2",
             &[&resource, &limit],
@@ -613,6 +636,9 @@ pub async fn list_refusals(
                 gateway: row.try_get("gateway").map_err(Error::Store)?,
                 client_addr: row.try_get("client_addr").map_err(Error::Store)?,
                 request_id: row.try_get("request_id").map_err(Error::Store)?,
+                lease_key: row.try_get("lease_key").map_err(Error::Store)?,
+                owner: row.try_get("owner").map_err(Error::Store)?,
+                caller: row.try_get("caller").map_err(Error::Store)?,
             })
         })
         .collect()

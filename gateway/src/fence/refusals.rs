@@ -47,6 +47,8 @@ pub struct Refused<'a> {
     /// Stamp mode: the lease and the owner, as the store keeps it (with clients,
     /// `<client>/<owner>`).
     pub lease: Option<(&'a str, &'a str)>,
+    /// The lease the resource is bound to, as the decision found it (verify mode's lease).
+    pub bound_lease: Option<&'a str>,
     /// The authenticated client's name (`-` without clients).
     pub caller: &'a str,
 }
@@ -81,6 +83,9 @@ impl RefusalLog {
             gateway: None,
             client_addr: Some(refused.client.to_string()),
             request_id: Some(refused.request_id.to_owned()),
+            lease_key: refused.lease.map(|(key, _)| key).or(refused.bound_lease).map(str::to_owned),
+            owner: refused.lease.map(|(_, owner)| owner.to_owned()),
+            caller: Some(refused.caller).filter(|caller| *caller != "-").map(str::to_owned),
         };
         if self.queue.try_send(refusal).is_err() {
             metrics::counter!(names::REFUSALS_DROPPED).increment(1);
@@ -103,6 +108,7 @@ impl RefusalLog {
             std::mem::take(left_out)
         };
         let (lease, owner) = refused.lease.unzip();
+        let lease = lease.or(refused.bound_lease);
         warn!(
             client = %refused.client,
             caller = refused.caller,

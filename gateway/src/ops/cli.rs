@@ -35,9 +35,11 @@ pub enum Command {
     /// gateway and two leader processes; leader A is paused, B takes over, A wakes up and its
     /// write is refused. Then leaves the metrics endpoint up until Ctrl-C.
     Demo {
-        /// Where the embedded Postgres keeps its data.
-        #[arg(long, default_value = ".fencing-gateway/demo-pgdata")]
-        data_dir: PathBuf,
+        /// Where the embedded Postgres keeps its data. Default: .fencing-gateway/demo-pgdata here,
+        /// or, when this runs as root and PostgreSQL's account cannot enter this directory (under
+        /// root's 0700 home, say), a new directory under /tmp, removed when the demo ends.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
         /// The control listener (metrics); port 0 picks a free one.
         #[arg(long, default_value = "127.0.0.1:9090")]
         control_listen: std::net::SocketAddr,
@@ -141,8 +143,9 @@ pub enum Command {
         /// A CA file for https:// listeners.
         #[arg(long)]
         ca_file: Option<PathBuf>,
-        /// Run although the lease is held or the resource is used by another writer: the
-        /// leader holding it loses it for the time of the story.
+        /// Run although the lease is held (verify then waits up to 30 s for it to be free: a
+        /// leader that renews keeps it) or the resource's fence exists and is not this lease's
+        /// (this run's writes may raise it above its own writers' terms).
         #[arg(long)]
         yes: bool,
     },

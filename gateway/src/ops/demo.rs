@@ -107,6 +107,24 @@ fn field<'a>(line: &'a str, name: &str) -> &'a str {
     line.split_whitespace().find_map(|pair| pair.strip_prefix(name)?.strip_prefix('=')).unwrap_or("?")
 }
 
+/// The demo's data directory when none is given: `.fencing-gateway/demo-pgdata` here, unless
+/// PostgreSQL's account (as root, another one) cannot enter this directory; then a new one
+/// under `/tmp`, which it can (the second value: remove it when done), and the demo says so.
+pub fn default_data_dir() -> Result<(std::path::PathBuf, Option<std::path::PathBuf>), Error> {
+    let here = Path::new(".fencing-gateway/demo-pgdata");
+    if EmbeddedPostgres::can_reach(here).map_err(Error::Setup)? {
+        return Ok((here.to_path_buf(), None));
+    }
+    let scratch = std::path::PathBuf::from(format!("/tmp/fencing-gateway-demo-{}", std::process::id()));
+    let elsewhere = scratch.join("pgdata");
+    say(&format!(
+        "PostgreSQL's account cannot enter this directory (it runs as another account than root), so the demo \
+         keeps its data in {} instead (pass --data-dir to choose)",
+        elsewhere.display()
+    ));
+    Ok((elsewhere, Some(scratch)))
+}
+
 /// Runs the demo; `metrics` is this process's Prometheus handle.
 pub async fn run(
     data_dir: &Path,

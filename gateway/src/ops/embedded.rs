@@ -234,6 +234,25 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    /// Whether the account the server would run as (another than root, when this runs as root)
+    /// can enter the nearest existing directory at or above `dir`.
+    pub fn can_reach(dir: &Path) -> Result<bool, String> {
+        let Some(user) = unprivileged_user()? else { return Ok(true) };
+        let dir = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let Some(existing) = dir.ancestors().find(|ancestor| ancestor.is_dir()) else { return Ok(true) };
+        let entered = Command::new("sh")
+            .args(["-c", "cd -- \"$1\"", "check"])
+            .arg(existing)
+            .uid(user.uid)
+            .gid(user.gid)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("check that {} can enter {}: {e}", user.name, existing.display()))?;
+        Ok(entered.success())
+    }
+
     /// As root, the server runs as another account, which must be able to enter every directory
     /// above the data dir: a data dir under root's 0700 home, say, is not. Says what to do.
     fn check_reachable(&self, dir: &Path) -> Result<(), String> {

@@ -105,24 +105,49 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
         Inspect::Refusals { resource, limit } => {
             let _ = writeln!(
                 out,
-                "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {:<22} {:<24} GATEWAY",
-                "AT", "RESOURCE", "ROUTE", "OUTCOME", "PRESENTED", "CURRENT", "CLIENT", "REQUEST ID"
+                "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {:<20} {:<24} {:<22} {:<24} GATEWAY",
+                "AT",
+                "RESOURCE",
+                "ROUTE",
+                "OUTCOME",
+                "PRESENTED",
+                "CURRENT",
+                "LEASE",
+                "OWNER / CLIENT",
+                "ADDRESS",
+                "REQUEST ID"
             );
             for refusal in store::list_refusals(&client, resource.as_deref(), *limit).await? {
                 let _ = writeln!(
                     out,
-                    "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {:<22} {:<24} {}",
+                    "{:<24} {:<24} {:<16} {:<12} {:>9} {:>9}  {:<20} {:<24} {:<22} {:<24} {}",
                     time(refusal.at),
                     refusal.resource,
                     or_dash(refusal.route),
                     refusal.outcome,
                     or_dash(refusal.presented_term),
                     or_dash(refusal.current_term),
+                    or_dash(refusal.lease_key),
+                    or_dash(match (refusal.owner, refusal.caller) {
+                        (Some(owner), _) => Some(owner),
+                        (None, Some(caller)) => Some(format!("client {caller}")),
+                        (None, None) => None,
+                    }),
                     or_dash(refusal.client_addr),
                     or_dash(refusal.request_id),
                     or_dash(refusal.gateway)
                 );
             }
+            // Postgres's own refusals (fencing.admit, the guard on a protected table) roll back
+            // with the refused transaction, so no row of them can be kept: only their count.
+            let in_sql = store::sql_refusal_count(&client).await?;
+            let _ = writeln!(
+                out,
+                "Above: writes the gateways refused. Postgres itself refused {in_sql} write(s) since the schema was \
+                 installed (fencing.admit and the guard of protected tables, metric fencing_sql_refusals_total); those \
+                 roll back with the refused transaction, so they leave no row here: the writer got SQLSTATE ZF409 with \
+                 the resource and the terms, and PostgreSQL's log has each as an ERROR (logged by default)."
+            );
         }
         Inspect::History { key, limit } => {
             let _ = writeln!(out, "{:>8} {:<40} {:<24} {:<24}  END", "TERM", "OWNER", "GRANTED AT", "ENDED AT");

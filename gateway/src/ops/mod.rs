@@ -29,7 +29,24 @@ pub async fn run(cli: Cli) -> ExitCode {
                     return ExitCode::from(EXIT_UNAVAILABLE);
                 }
             };
-            match crate::ops::demo::run(&data_dir, control_listen, exit_after_story, metrics).await {
+            let (data_dir, scratch) = match data_dir {
+                Some(dir) => (dir, None),
+                None => match demo::default_data_dir() {
+                    Ok(chosen) => chosen,
+                    Err(message) => {
+                        eprintln!("fencing-gateway demo: {message}");
+                        return ExitCode::from(EXIT_UNAVAILABLE);
+                    }
+                },
+            };
+            let told = crate::ops::demo::run(&data_dir, control_listen, exit_after_story, metrics).await;
+            // A directory the demo chose under /tmp is its own: removed once its PostgreSQL stopped.
+            if let Some(scratch) = scratch
+                && let Err(error) = std::fs::remove_dir_all(&scratch)
+            {
+                eprintln!("fencing-gateway demo: could not remove {}: {error}", scratch.display());
+            }
+            match told {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("fencing-gateway demo: {}", error_chain(&error));

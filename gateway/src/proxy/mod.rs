@@ -186,6 +186,8 @@ impl Proxy {
                             Presented::Lease { key, owner } => Some((key.as_str(), owner.as_str())),
                             Presented::Token(_) => None,
                         },
+                        // A refusal from the cache has no lease: a bound route's is its own.
+                        bound_lease: decision.gate.lease_key.as_deref().or(route.lease.as_deref()),
                         caller: write.caller.name(),
                     });
                     return Err(rejection);

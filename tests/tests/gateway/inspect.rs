@@ -84,6 +84,12 @@ async fn operators_inspect_leases_fences_and_refusals_and_change_them_only_when_
     let line = refusals.lines().nth(1).unwrap_or_default();
     assert!(line.contains("acct-1") && line.contains("/ledger") && line.contains("future_term"), "{refusals}");
     assert!(line.contains("127.0.0.1:"), "the refusal names the client's address: {refusals}");
+    // Verify mode: the lease the resource is bound to, and the term presented, name the zombie.
+    assert!(
+        line.contains("ledger-writer") && line.contains("        3 "),
+        "the lease and the presented term: {refusals}"
+    );
+    assert!(refusals.contains("Postgres itself refused 0 write(s)"), "{refusals}");
 
     // Releasing a lease by hand: not confirmed, nothing changes; confirmed, it ends and is audited.
     let (code, text) =

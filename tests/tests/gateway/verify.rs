@@ -52,17 +52,24 @@ async fn verify_holds_on_a_bound_route_reports_the_unbound_gap_and_refuses_a_lea
     assert_eq!(lines_starting(&stdout, "PASS "), 6, "{stdout}");
 
     // An unbound route: the zombie's write before B's first one is the documented gap; after it,
-    // refused. Twice on the same resource: the lease's terms go on growing.
+    // refused. Its fence then exists and binds no lease: a second run is refused as in use (its
+    // writes could raise a fence other writers use), and plays with --yes.
     let unbound = [&target[..], &["--path", "/jobs/any", "--resource", "verify-job"]].concat();
-    for _ in 0..2 {
-        let (output, stdout) = verify(&unbound).await;
+    let gap = |output: &Output, stdout: &str| {
         assert!(output.status.success(), "{stdout}");
-        assert_eq!(lines_starting(&stdout, "GAP  3."), 1, "{stdout}");
+        assert_eq!(lines_starting(stdout, "GAP  3."), 1, "{stdout}");
         assert!(stdout.contains("documented gap of unbound routes"), "{stdout}");
         for step in ["PASS 1.", "PASS 2.", "PASS 4.", "PASS 5.", "PASS 6."] {
-            assert_eq!(lines_starting(&stdout, step), 1, "{step} missing: {stdout}");
+            assert_eq!(lines_starting(stdout, step), 1, "{step} missing: {stdout}");
         }
-    }
+    };
+    let (output, stdout) = verify(&unbound).await;
+    gap(&output, &stdout);
+    let (output, _) = verify(&unbound).await;
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("\"/jobs/verify-job\" is at term"), "{output:?}");
+    let (output, stdout) = verify(&[&unbound[..], &["--yes"]].concat()).await;
+    gap(&output, &stdout);
 
     // A lease someone holds is refused (64) and nothing is written; --yes plays on.
     let held = send(

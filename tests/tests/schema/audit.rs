@@ -76,6 +76,9 @@ async fn the_refusal_record_keeps_only_the_newest_rows() {
         gateway: None,
         client_addr: Some("127.0.0.1:40000".to_owned()),
         request_id: Some(format!("req-{n}")),
+        lease_key: Some("ledger-writer".to_owned()),
+        owner: (n % 2 == 0).then(|| format!("owner-{n}")),
+        caller: Some("billing".to_owned()),
     };
     let batch: Vec<Refusal> = (1..=5).map(refusal).collect();
     store::record_refusals(&client, &batch, "gw-1", 3).await.unwrap();
@@ -86,6 +89,17 @@ async fn the_refusal_record_keeps_only_the_newest_rows() {
     assert!(kept.iter().all(|r| r.gateway.as_deref() == Some("gw-1") && r.current_term == Some(100)));
     assert_eq!(kept[0].client_addr.as_deref(), Some("127.0.0.1:40000"));
     assert_eq!(kept[0].request_id.as_deref(), Some("req-6"));
+    let who: Vec<(Option<&str>, Option<&str>, Option<&str>)> =
+        kept.iter().map(|r| (r.lease_key.as_deref(), r.owner.as_deref(), r.caller.as_deref())).collect();
+    assert_eq!(
+        who,
+        [
+            (Some("ledger-writer"), Some("owner-6"), Some("billing")),
+            (Some("ledger-writer"), None, Some("billing")),
+            (Some("ledger-writer"), Some("owner-4"), Some("billing"))
+        ],
+        "who was refused"
+    );
 }
 
 /// A write refused inside Postgres rolls back with its transaction, and any row it wrote with
