@@ -240,34 +240,14 @@ impl EmbeddedPostgres {
         let Some(user) = unprivileged_user()? else { return Ok(true) };
         let dir = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let Some(existing) = dir.ancestors().find(|ancestor| ancestor.is_dir()) else { return Ok(true) };
-        let entered = Command::new("sh")
-            .args(["-c", "cd -- \"$1\"", "check"])
-            .arg(existing)
-            .uid(user.uid)
-            .gid(user.gid)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("check that {} can enter {}: {e}", user.name, existing.display()))?;
-        Ok(entered.success())
+        enters(&user, existing)
     }
 
     /// As root, the server runs as another account, which must be able to enter every directory
     /// above the data dir: a data dir under root's 0700 home, say, is not. Says what to do.
     fn check_reachable(&self, dir: &Path) -> Result<(), String> {
         let Some(user) = &self.run_as else { return Ok(()) };
-        let entered = Command::new("sh")
-            .args(["-c", "cd -- \"$1\"", "check"])
-            .arg(dir)
-            .uid(user.uid)
-            .gid(user.gid)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("check that {} can enter {}: {e}", user.name, dir.display()))?;
-        if entered.success() {
+        if enters(user, dir)? {
             return Ok(());
         }
         let blocker = dir
@@ -342,4 +322,19 @@ pub fn describe(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout).trim(),
         String::from_utf8_lossy(&output.stderr).trim()
     )
+}
+
+/// Whether `user` can enter `dir` (a shell's `cd` as that account).
+fn enters(user: &RunAs, dir: &Path) -> Result<bool, String> {
+    let entered = Command::new("sh")
+        .args(["-c", "cd -- \"$1\"", "check"])
+        .arg(dir)
+        .uid(user.uid)
+        .gid(user.gid)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("check that {} can enter {}: {e}", user.name, dir.display()))?;
+    Ok(entered.success())
 }

@@ -111,6 +111,20 @@ struct ChildReport {
     cpu_ms: f64,
 }
 
+impl ChildReport {
+    /// Adds another's counts to these.
+    fn add(&mut self, other: &ChildReport) {
+        self.observers += other.observers;
+        self.heard_all += other.heard_all;
+        self.joins += other.joins;
+        self.spurious_joins += other.spurious_joins;
+        self.spurious_leaves += other.spurious_leaves;
+        self.heartbeat_failures += other.heartbeat_failures;
+        self.lagged += other.lagged;
+        self.cpu_ms += other.cpu_ms;
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let options = options()?;
@@ -197,13 +211,7 @@ async fn child(options: &Options, first: usize, count: usize, stop_at: u64) -> R
     }
     let mut total = ChildReport::default();
     for listener in listeners {
-        let report = listener.await?;
-        total.observers += report.observers;
-        total.heard_all += report.heard_all;
-        total.joins += report.joins;
-        total.spurious_joins += report.spurious_joins;
-        total.spurious_leaves += report.spurious_leaves;
-        total.lagged += report.lagged;
+        total.add(&listener.await?);
     }
     // Every process has stopped counting before any node leaves.
     let leave_at = stop + Duration::from_secs(1);
@@ -311,14 +319,7 @@ async fn driver(options: &Options) -> Result<()> {
             bail!("a node process failed: {status}");
         }
         let report: ChildReport = serde_json::from_str(&line.context("a node process printed nothing")?)?;
-        total.observers += report.observers;
-        total.heard_all += report.heard_all;
-        total.joins += report.joins;
-        total.spurious_joins += report.spurious_joins;
-        total.spurious_leaves += report.spurious_leaves;
-        total.heartbeat_failures += report.heartbeat_failures;
-        total.lagged += report.lagged;
-        total.cpu_ms += report.cpu_ms;
+        total.add(&report);
     }
     // The backends flush their counts when their sessions end.
     wait_for_no_sessions(&admin).await?;
