@@ -313,12 +313,12 @@ pub fn lease_observed(row: Option<LeaseState>) -> Observed<Option<LeaseState>> {
     Observed { revision, next_expiry, state: row }
 }
 
-/// Reads a cluster's members and their revision through `pool` within `limit` (the revision
-/// first: a change between the two shows as a later revision, never a missed one).
+/// Reads a cluster's members and their revision through `pool` within `limit`, in one call
+/// (`fencing.observe_members`): the members live at the instant the revision is of, so a change
+/// shows as a later revision, never a missed one.
 pub async fn read_members(pool: &Pool, cluster: &str, limit: Duration) -> Result<Observed<Vec<Member>>, Error> {
     read_within(pool, limit, &format!("cluster {cluster}"), async |client| {
-        let revision = store::nodes_revision(client, cluster).await?;
-        let members = store::members(client, cluster).await?;
+        let (revision, members) = store::observe_members(client, cluster).await?;
         Ok(Observed { revision: revision.revision, next_expiry: revision.next_expiry, state: members })
     })
     .await

@@ -247,3 +247,44 @@ BEGIN
     END IF;
 END
 $$;
+
+-- A cluster's members as a watcher sees them (schema version 15), in one call: the revision
+-- as fencing.nodes_revision gives it (a heartbeat of a node that ran out and is committing is
+-- waited for, under a share lock), how long until the next live node runs out (NULL with
+-- none), and the nodes live at the revision's instant and not gone since, by node id, each row
+-- with both (one row with node_id NULL when there is none). Listing the nodes live at that
+-- instant, not at a later one, is what keeps a node whose heartbeat began before its expiry
+-- and committed after it: it was live at the instant the revision is of, and is live after.
+CREATE OR REPLACE FUNCTION fencing.observe_members(cluster_ text)
+RETURNS TABLE (revision bigint, next_expiry_ms bigint, node_id text, name text, started_at timestamptz,
+               heartbeat_at timestamptz, expires_at timestamptz, remaining_ms bigint, metadata text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now_      timestamptz := clock_timestamp();
+    ran_out_  bigint;
+    revision_ bigint;
+    next_     timestamptz;
+BEGIN
+    PERFORM fencing.check_name('cluster', cluster_);
+    SELECT count(*) INTO ran_out_
+      FROM (SELECT 1 FROM fencing.nodes n
+             WHERE n.cluster = cluster_ AND NOT n.gone AND n.expires_at <= now_
+               FOR SHARE) ran_out;
+    revision_ := coalesce((SELECT c.revision FROM fencing.clusters c WHERE c.cluster = cluster_), 0) + ran_out_;
+    SELECT min(n.expires_at) INTO next_ FROM fencing.nodes n
+     WHERE n.cluster = cluster_ AND n.expires_at > clock_timestamp();
+    RETURN QUERY
+        SELECT revision_, CASE WHEN next_ IS NOT NULL THEN fencing.remaining_ms(next_, clock_timestamp()) END,
+               n.node_id, n.name, n.started_at, n.heartbeat_at, n.expires_at,
+               fencing.remaining_ms(n.expires_at, clock_timestamp()), n.metadata::text
+          FROM fencing.nodes n
+         WHERE n.cluster = cluster_ AND n.expires_at > now_ AND NOT n.gone
+         ORDER BY n.node_id
+         LIMIT 1000;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT revision_, CASE WHEN next_ IS NOT NULL THEN fencing.remaining_ms(next_, clock_timestamp()) END,
+                            NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+                            NULL::bigint, NULL::text;
+    END IF;
+END
+$$;

@@ -946,6 +946,44 @@ pub async fn nodes_revision(client: &impl GenericClient, cluster: &str) -> Resul
     })
 }
 
+/// Calls `fencing.observe_members(cluster)` (schema version 15): the members' revision, as
+/// [`nodes_revision`] gives it, and the nodes live at the instant it is of, in one call, so the
+/// list is never of a later instant than the revision (a watcher's read).
+pub async fn observe_members(
+    client: &impl GenericClient,
+    cluster: &str,
+) -> Result<(MembersRevision, Vec<Member>), Error> {
+    let rows = client
+        .query(
+            "SELECT revision, next_expiry_ms, node_id, name, started_at, heartbeat_at, expires_at, remaining_ms,
+                    metadata
+               FROM fencing.observe_members($1)",
+            &[&cluster],
+        )
+        .await?;
+    let Some(first) = rows.first() else {
+        return Ok((MembersRevision { revision: 0, next_expiry: None }, Vec::new()));
+    };
+    let revision = MembersRevision {
+        revision: first.try_get("revision").map_err(Error::Store)?,
+        next_expiry: first.try_get::<_, Option<i64>>("next_expiry_ms").map_err(Error::Store)?.map(ms),
+    };
+    let mut members = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(node_id) = row.try_get::<_, Option<String>>("node_id").map_err(Error::Store)? else { continue };
+        members.push(Member {
+            node_id,
+            name: row.try_get("name").map_err(Error::Store)?,
+            started_at: row.try_get("started_at").map_err(Error::Store)?,
+            heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
+            expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+            remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+            metadata: row.try_get("metadata").map_err(Error::Store)?,
+        });
+    }
+    Ok((revision, members))
+}
+
 /// One change a leader's reconcile pass made (`fencing.reconcile_daemons`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonChange {

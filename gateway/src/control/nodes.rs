@@ -194,18 +194,15 @@ pub(super) async fn list_nodes(
         async move {
             state
                 .member_call(OP, |client| async move {
-                    // The revision first: a change between the two reads shows as a later
-                    // revision, never as a missed one.
-                    let result = async {
-                        let revision = store::nodes_revision(&**client, &call_cluster).await?;
-                        let members = store::members(&**client, &call_cluster).await?;
-                        Ok(watch::Observed {
+                    // One call: the members live at the instant the revision is of, so a change
+                    // shows as a later revision, never as a missed one.
+                    let result = store::observe_members(&**client, &call_cluster).await.map(|(revision, members)| {
+                        watch::Observed {
                             revision: revision.revision,
                             next_expiry: revision.next_expiry,
                             state: members,
-                        })
-                    }
-                    .await;
+                        }
+                    });
                     (client, result)
                 })
                 .await

@@ -326,3 +326,41 @@ async fn heartbeats_that_read_the_members_in_their_transaction_never_deadlock() 
         assert_eq!(kept, live, "a worker keeps other members than the live ones");
     }
 }
+
+/// A watcher's read of the members (`fencing.observe_members`, schema version 15): the revision
+/// and the members in one call, the same revision `fencing.nodes_revision` gives. A heartbeat of
+/// a node that ran out and is committing is waited for: once it commits, the node is listed,
+/// live again, under a revision that moved. A node that left is not listed.
+#[tokio::test]
+async fn observe_members_lists_the_nodes_of_its_revisions_instant_and_waits_for_a_committing_return() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    let (empty, none) = store::observe_members(&client, "c").await.unwrap();
+    assert_eq!((empty.revision, empty.next_expiry, none.len()), (0, None, 0));
+    assert!(store::heartbeat(&client, ("c", "n1", "i1"), "n1", Duration::from_secs(60), "{}").await.unwrap().ok);
+    assert!(store::heartbeat(&client, ("c", "n2", "i2"), "n2", Duration::from_millis(200), "{}").await.unwrap().ok);
+    let (both, members) = store::observe_members(&client, "c").await.unwrap();
+    assert_eq!(ids(&members), ["n1", "n2"]);
+    assert_eq!(both.revision, store::nodes_revision(&client, "c").await.unwrap().revision);
+    assert!(both.next_expiry.is_some_and(|left| left <= Duration::from_millis(200)), "{both:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // n2 comes back in a transaction that commits only after the read began.
+    let mut holder = db.connect().await;
+    let returning = holder.transaction().await.unwrap();
+    assert!(store::heartbeat(&returning, ("c", "n2", "i2"), "n2", Duration::from_secs(60), "{}").await.unwrap().ok);
+    let reader = db.connect().await;
+    let read = tokio::spawn(async move { store::observe_members(&reader, "c").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!read.is_finished(), "the read did not wait for the committing heartbeat");
+    returning.commit().await.unwrap();
+    let (back, members) = read.await.unwrap().unwrap();
+    assert_eq!(ids(&members), ["n1", "n2"]);
+    assert!(back.revision > both.revision, "{back:?} {both:?}");
+    assert_eq!(back.revision, store::nodes_revision(&client, "c").await.unwrap().revision);
+
+    assert!(store::leave(&client, "c", "n1", "i1").await.unwrap());
+    let (left, members) = store::observe_members(&client, "c").await.unwrap();
+    assert_eq!(ids(&members), ["n2"]);
+    assert!(left.revision > back.revision);
+}
