@@ -576,7 +576,7 @@ async fn run(
                         cluster = %node.cluster,
                         node_id = %node.node_id,
                         "the store's clock and this host's boot clock disagree; not registered until they agree (see \
-                         the README's runbook, \"Clocks disagree\")"
+                         docs/operations.md, \"Clocks disagree\")"
                     );
                 } else {
                     let until = boot_sent + beat.remaining;

@@ -609,7 +609,7 @@ impl Runtime {
                     local_min_secs,
                     local_max_secs,
                     "the store's clock and this host's boot clock disagree (a step of the store's wall clock, or a \
-                     clock running fast or slow); see the README's runbook, \"Clocks disagree\""
+                     clock running fast or slow); see docs/operations.md, \"Clocks disagree\""
                 );
                 false
             }

@@ -46,7 +46,7 @@ pub(super) fn development_mode(listeners: [(&str, SocketAddr); 2], problems: &mu
         if !addr.ip().is_loopback() {
             problems.push(format!(
                 "{key}: {addr} is not a loopback address; listening beyond this host needs [[clients]] \
-                 (bearer tokens), see the README's security model"
+                 (bearer tokens), see docs/operations.md, \"Security model\""
             ));
         }
     }

@@ -121,7 +121,7 @@ impl StoreClock {
                         local_max_secs,
                         "the store's clock and this host's boot clock disagree (a step of the store's wall clock, or \
                          a clock running fast or slow): writes get 503 and grants are dropped until they agree \
-                         again; see the README's runbook, \"Clocks disagree\""
+                         again; see docs/operations.md, \"Clocks disagree\""
                     );
                 }
                 false

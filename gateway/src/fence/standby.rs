@@ -99,7 +99,7 @@ fn report(verdict: &Verdict) {
         Verdict::NoSynchronousStandby => warn!(
             "the fence store is a primary without a synchronous standby (synchronous_standby_names is empty): \
              a failover to an asynchronous standby can lose answered terms, fences and grants, and a zombie's \
-             write would then be admitted; set synchronous_standby_names (README: Running on Postgres HA), or \
+             write would then be admitted; set synchronous_standby_names (docs/operations.md: Running on Postgres HA), or \
              database.standby_check = \"off\" if this Postgres never fails over"
         ),
         Verdict::SynchronousStandbyMissing(names) => warn!(
