@@ -65,8 +65,10 @@ async fn without_a_database_url_serve_owns_a_local_postgres_that_stops_and_keeps
     let dir = std::env::temp_dir().join(format!("fencing-embedded-{}-{}", std::process::id(), rand::random::<u32>()));
     let data_dir = dir.join("pgdata");
     let config = format!(
-        "[database]\ndata_dir = \"{}\"\n[[routes]]\nprefix = \"/w\"\nupstream = \"{}\"\nresource = {{ fixed = \"w\" }}\n",
+        "[database]\ndata_dir = \"{}\"\n[[routes]]\nprefix = \"/w\"\nupstream = \"{}\"\nresource = {{ fixed = \"w\" }}\n\
+         [[routes]]\nprefix = \"/b\"\nupstream = \"{}\"\nresource = {{ segment = 2 }}\nlease = \"embedded-writer\"\n",
         data_dir.display(),
+        upstream.url(),
         upstream.url()
     );
     for (round, term) in [(0, "3"), (1, "3")] {
@@ -92,6 +94,21 @@ async fn without_a_database_url_serve_owns_a_local_postgres_that_stops_and_keeps
         let text = String::from_utf8_lossy(&inspect.stdout);
         assert!(inspect.status.success(), "inspect: {}", String::from_utf8_lossy(&inspect.stderr));
         assert!(text.contains("max term:   3"), "round {round}: {text}");
+        if round == 1 {
+            // fencing-gateway verify against the embedded setup, on its bound route.
+            let (control, proxy) = (format!("http://{}", gateway.control), format!("http://{}", gateway.proxy));
+            let applied = format!("{}/__applied", upstream.url());
+            let verify = tokio::process::Command::new(fencing_tests::workspace_bin("fencing-gateway").unwrap())
+                .args(["verify", "--control", &control, "--proxy", &proxy, "--check-url", &applied])
+                .args(["--path", "/b/acct/entries", "--resource", "acct", "--lease", "embedded-writer"])
+                .env_remove("FENCING_CLIENT_TOKEN")
+                .output()
+                .await
+                .unwrap();
+            let said = String::from_utf8_lossy(&verify.stdout);
+            assert!(verify.status.success(), "verify: {said}{}", String::from_utf8_lossy(&verify.stderr));
+            assert_eq!(said.lines().filter(|line| line.starts_with("PASS ")).count(), 6, "{said}");
+        }
         gateway.signal(Signal::SIGTERM).unwrap();
         assert_eq!(gateway.wait_exit(Duration::from_secs(30)).await.unwrap(), Some(0));
         assert!(!data_dir.join("postmaster.pid").exists(), "round {round}: the server stopped with the gateway");
