@@ -859,19 +859,26 @@ pub async fn members(client: &impl GenericClient, cluster: &str) -> Result<Vec<M
             &[&cluster],
         )
         .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(Member {
-                node_id: row.try_get("node_id").map_err(Error::Store)?,
-                name: row.try_get("name").map_err(Error::Store)?,
-                started_at: row.try_get("started_at").map_err(Error::Store)?,
-                heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
-                expires_at: row.try_get("expires_at").map_err(Error::Store)?,
-                remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
-                metadata: row.try_get("metadata").map_err(Error::Store)?,
-            })
-        })
-        .collect()
+    let mut members = Vec::with_capacity(rows.len());
+    for row in &rows {
+        members.extend(member_of(row)?);
+    }
+    Ok(members)
+}
+
+/// A member from a row with `fencing.members`'s columns; `None` for a row without a node (the
+/// revision-only rows of `fencing.members_since` and `fencing.observe_members`).
+fn member_of(row: &Row) -> Result<Option<Member>, Error> {
+    let Some(node_id) = row.try_get::<_, Option<String>>("node_id").map_err(Error::Store)? else { return Ok(None) };
+    Ok(Some(Member {
+        node_id,
+        name: row.try_get("name").map_err(Error::Store)?,
+        started_at: row.try_get("started_at").map_err(Error::Store)?,
+        heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
+        expires_at: row.try_get("expires_at").map_err(Error::Store)?,
+        remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
+        metadata: row.try_get("metadata").map_err(Error::Store)?,
+    }))
 }
 
 /// What `fencing.members_since` answered (schema version 15).
@@ -910,16 +917,7 @@ pub async fn members_since(
     }
     let mut members = Vec::with_capacity(rows.len());
     for row in &rows {
-        let Some(node_id) = row.try_get::<_, Option<String>>("node_id").map_err(Error::Store)? else { continue };
-        members.push(Member {
-            node_id,
-            name: row.try_get("name").map_err(Error::Store)?,
-            started_at: row.try_get("started_at").map_err(Error::Store)?,
-            heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
-            expires_at: row.try_get("expires_at").map_err(Error::Store)?,
-            remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
-            metadata: row.try_get("metadata").map_err(Error::Store)?,
-        });
+        members.extend(member_of(row)?);
     }
     Ok(MembersSince { revision, members: Some(members) })
 }
@@ -970,16 +968,7 @@ pub async fn observe_members(
     };
     let mut members = Vec::with_capacity(rows.len());
     for row in &rows {
-        let Some(node_id) = row.try_get::<_, Option<String>>("node_id").map_err(Error::Store)? else { continue };
-        members.push(Member {
-            node_id,
-            name: row.try_get("name").map_err(Error::Store)?,
-            started_at: row.try_get("started_at").map_err(Error::Store)?,
-            heartbeat_at: row.try_get("heartbeat_at").map_err(Error::Store)?,
-            expires_at: row.try_get("expires_at").map_err(Error::Store)?,
-            remaining: ms(row.try_get("remaining_ms").map_err(Error::Store)?),
-            metadata: row.try_get("metadata").map_err(Error::Store)?,
-        });
+        members.extend(member_of(row)?);
     }
     Ok((revision, members))
 }
