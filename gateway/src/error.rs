@@ -15,6 +15,10 @@ pub enum Error {
     #[error("{0}")]
     Setup(String),
 
+    /// What the command line names is not there or cannot be used as given.
+    #[error("{0}")]
+    Usage(String),
+
     /// `verify` was pointed at a lease or a resource that someone else uses.
     #[error("{0} (run with --yes to use it all the same)")]
     InUse(String),

@@ -101,54 +101,13 @@ pub enum Command {
         #[arg(long, env = "FENCING_CONFIG", global = true)]
         config: Option<PathBuf>,
     },
-    /// Play the zombie story against your own gateway, route and upstream: leader A acquires a
-    /// lease and writes, its lease runs out, B takes over and writes, A writes again with its old
-    /// term; every answer is checked (and, with --check-url, the upstream's state). Exit 0 when
-    /// fencing held, 1 when a step failed, 64 when the lease or resource is in use (see --yes),
-    /// 69 when the gateway could not be asked.
-    Verify {
-        /// The gateway's control listener, e.g. http://127.0.0.1:9090.
-        #[arg(long)]
-        control: String,
-        /// The gateway's proxy listener, e.g. http://127.0.0.1:8080.
-        #[arg(long)]
-        proxy: String,
-        /// The path (and query) of a write through the proxy on the route to test, e.g.
-        /// /ledger/verify-account/entries.
-        #[arg(long)]
-        path: String,
-        /// The resource that path writes to, as the route names it (also sent as
-        /// Fencing-Resource, for routes that take it from that header).
-        #[arg(long)]
-        resource: String,
-        /// The lease the two leaders compete for; on a route bound to a lease, that lease.
-        #[arg(long, default_value = "fencing-verify")]
-        lease: String,
-        /// The write's method.
-        #[arg(long, default_value = "POST")]
-        method: String,
-        /// How the leaders present their term.
-        #[arg(long, value_enum, default_value = "verify")]
-        mode: crate::ops::verify::Mode,
-        /// Leader A's lease ttl: B takes over once it has run out.
-        #[arg(long, default_value_t = 1000)]
-        ttl_ms: u64,
-        /// A URL whose body shows what the upstream applied (GET): after the story it must show
-        /// B's write and no refused one (each write's body carries a marker).
-        #[arg(long)]
-        check_url: Option<String>,
-        /// A file holding the client's bearer token (else FENCING_CLIENT_TOKEN; never argv).
-        #[arg(long)]
-        token_file: Option<PathBuf>,
-        /// A CA file for https:// listeners.
-        #[arg(long)]
-        ca_file: Option<PathBuf>,
-        /// Run although the lease is held (verify then waits up to 30 s for it to be free: a
-        /// leader that renews keeps it) or the resource's fence exists and is not this lease's
-        /// (this run's writes may raise it above its own writers' terms).
-        #[arg(long)]
-        yes: bool,
-    },
+    /// Play the zombie story against your own setup, through a gateway's route or into a table
+    /// protected by the SQL guard: leader A acquires a lease and writes, its lease runs out, B
+    /// takes over and writes, A writes again with its old term; every answer is checked (and,
+    /// with --check-url or --check-query, what was applied). Exit 0 when fencing held, 1 when a
+    /// step failed, 64 on a bad command line or when the lease or resource is in use (see
+    /// --yes), 69 when the gateway or database could not be asked.
+    Verify(VerifyArgs),
     /// Apply the pending schema migrations (schema `fencing`) to a database, then exit.
     ///
     /// Safe to run from several replicas at once; refuses a database migrated by a newer release.
@@ -159,6 +118,76 @@ pub enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: Option<String>,
     },
+}
+
+/// `fencing-gateway verify ...`: a route (`--control`, `--proxy`, `--path`, `--resource`) or a
+/// protected table (`--table`, `--write`, the database URL).
+#[derive(Debug, clap::Args)]
+pub struct VerifyArgs {
+    /// The gateway's control listener, e.g. http://127.0.0.1:9090.
+    #[arg(long, conflicts_with = "table", requires_all = ["proxy", "path", "resource"])]
+    pub control: Option<String>,
+    /// The gateway's proxy listener, e.g. http://127.0.0.1:8080.
+    #[arg(long, requires = "control")]
+    pub proxy: Option<String>,
+    /// The path (and query) of a write through the proxy on the route to test, e.g.
+    /// /ledger/verify-account/entries.
+    #[arg(long, requires = "control")]
+    pub path: Option<String>,
+    /// The resource the writes go to: on a route, as the route names it (also sent as
+    /// Fencing-Resource, for routes that take it from that header); for a table, default the
+    /// one its guard fences.
+    #[arg(long)]
+    pub resource: Option<String>,
+    /// The lease the two leaders compete for; for a route or table bound to a lease, that lease.
+    #[arg(long, default_value = "fencing-verify")]
+    pub lease: String,
+    /// The write's method (a route; default POST).
+    #[arg(long, requires = "control")]
+    pub method: Option<String>,
+    /// How the leaders present their term (a route; default verify).
+    #[arg(long, value_enum, requires = "control")]
+    pub mode: Option<crate::ops::verify::Mode>,
+    /// Leader A's lease ttl: B takes over once it has run out.
+    #[arg(long, default_value_t = 1000)]
+    pub ttl_ms: u64,
+    /// A URL whose body shows what the upstream applied (GET): after the story it must show
+    /// B's write and no refused one (each write's body carries a marker).
+    #[arg(long, requires = "control")]
+    pub check_url: Option<String>,
+    /// A file holding the client's bearer token (else FENCING_CLIENT_TOKEN; never argv).
+    #[arg(long, requires = "control")]
+    pub token_file: Option<PathBuf>,
+    /// A CA file for https:// listeners.
+    #[arg(long, requires = "control")]
+    pub ca_file: Option<PathBuf>,
+    /// A table protected with fencing.protect, instead of a route: the leaders write into it
+    /// in SQL, presenting their terms as fencing.token, with the leases of the database's
+    /// fencing schema.
+    #[arg(long, requires = "write")]
+    pub table: Option<String>,
+    /// The write each leader makes into --table: one statement that changes at least one row,
+    /// with $1 the write's marker (text), e.g. "INSERT INTO orders (note) VALUES ($1)".
+    #[arg(long, requires = "table")]
+    pub write: Option<String>,
+    /// A query whose rows show what --table holds: after the story they must show B's marker
+    /// and no refused one. Run in a read-only transaction.
+    #[arg(long, requires = "table")]
+    pub check_query: Option<String>,
+    /// A statement B runs at the end with its term, $1 the run's marker prefix, to remove the
+    /// run's rows, e.g. "DELETE FROM orders WHERE note LIKE $1 || '%'".
+    #[arg(long, requires = "table")]
+    pub cleanup: Option<String>,
+    /// The database of --table, as a libpq URL or key=value string (or DATABASE_URL_FILE, a
+    /// file holding it). Its role must be allowed to call fencing.acquire and fencing.release
+    /// and to write the table. Default: as for `inspect`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Run although the lease is held (verify then waits up to 30 s for it to be free: a
+    /// leader that renews keeps it) or the resource's fence is not this lease's (this run's
+    /// writes may raise it above its own writers' terms).
+    #[arg(long)]
+    pub yes: bool,
 }
 
 /// `fencing-gateway inspect ...`

@@ -124,79 +124,25 @@ pub async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Verify {
-            control,
-            proxy,
-            path,
-            resource,
-            lease,
-            method,
-            mode,
-            ttl_ms,
-            check_url,
-            token_file,
-            ca_file,
-            yes,
-        } => {
+        Command::Verify(args) => {
             let usage = |message: String| {
                 eprintln!("fencing-gateway verify: {message}");
                 ExitCode::from(EXIT_USAGE)
             };
-            let parse = |name: &str, text: &str| -> Result<http::Uri, String> {
-                let uri: http::Uri = text.parse().map_err(|error| format!("--{name} {text:?}: {error}"))?;
-                match (uri.scheme_str(), uri.authority()) {
-                    (Some("http" | "https"), Some(_)) => Ok(uri),
-                    _ => Err(format!("--{name} {text:?} must be an http:// or https:// URL")),
-                }
-            };
-            let (control, proxy) = match (parse("control", &control), parse("proxy", &proxy)) {
-                (Ok(control), Ok(proxy)) => (control, proxy),
-                (Err(message), _) | (_, Err(message)) => return usage(message),
-            };
-            let check_url = match check_url.as_deref().map(|url| parse("check-url", url)).transpose() {
-                Ok(url) => url,
+            let target = match verify::target(args) {
+                Ok(target) => target,
                 Err(message) => return usage(message),
-            };
-            let Ok(method) = method.to_ascii_uppercase().parse::<http::Method>() else {
-                return usage(format!("--method {method:?} is not an HTTP method"));
-            };
-            if !path.starts_with('/') {
-                return usage(format!("--path {path:?} must start with /"));
-            }
-            if !(100..=60_000).contains(&ttl_ms) {
-                return usage(format!("--ttl-ms {ttl_ms} must be 100 to 60000"));
-            }
-            let token = match token_file {
-                Some(file) => match std::fs::read_to_string(&file) {
-                    Ok(text) => Some(text.trim().to_owned()),
-                    Err(error) => return usage(format!("--token-file {}: {error}", file.display())),
-                },
-                None => std::env::var("FENCING_CLIENT_TOKEN").ok().filter(|token| !token.is_empty()),
-            };
-            let target = verify::Target {
-                control,
-                proxy,
-                path,
-                resource,
-                lease,
-                method,
-                mode,
-                ttl: std::time::Duration::from_millis(ttl_ms),
-                check_url,
-                token,
-                ca_file,
-                yes,
             };
             match verify::run(&target).await {
                 Ok(report) if report.passed() => {
-                    println!("verify: fencing held on this route");
+                    println!("verify: fencing held on this {}", target.what());
                     ExitCode::SUCCESS
                 }
                 Ok(_) => {
-                    println!("verify: FAILED: fencing did not hold on this route (see the FAIL lines)");
+                    println!("verify: FAILED: fencing did not hold on this {} (see the FAIL lines)", target.what());
                     ExitCode::FAILURE
                 }
-                Err(error @ crate::Error::InUse(_)) => usage(error_chain(&error)),
+                Err(error @ (crate::Error::InUse(_) | crate::Error::Usage(_))) => usage(error_chain(&error)),
                 Err(error) => {
                     eprintln!("fencing-gateway verify: {}", error_chain(&error));
                     ExitCode::from(EXIT_UNAVAILABLE)

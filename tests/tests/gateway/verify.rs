@@ -11,6 +11,7 @@ use fencing_tests::workspace_bin;
 use http::{Method, StatusCode};
 
 use crate::Setup;
+use fencing_tests::pg::TestDb;
 
 async fn verify(args: &[&str]) -> (Output, String) {
     let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
@@ -150,4 +151,214 @@ async fn verify_fails_when_the_writes_go_around_the_fence() {
         let (output, _) = verify(args).await;
         assert_eq!(output.status.code(), Some(64), "{args:?}");
     }
+}
+
+/// `verify --table` against a table protected by the SQL guard, the database given as
+/// DATABASE_URL (never argv).
+async fn verify_table(db: &TestDb, args: &[&str]) -> (Output, String) {
+    let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
+        .arg("verify")
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .env_remove("DATABASE_URL_FILE")
+        .env_remove("FENCING_CONFIG")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    (output, stdout)
+}
+
+/// The SQL guard's zombie story: a bound table refuses the zombie before and after B's first
+/// write, an unbound one shows the gap, the check query sees B's row and no refused one, the
+/// cleanup removes the run's rows; a second run on a fence verify does not own is refused as in
+/// use; and the misconfigurations a DBA can make fail: a table never protected, a guard disabled
+/// or not enabled ALWAYS, a write that changes no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE orders (id bigserial PRIMARY KEY, note text NOT NULL, term bigint);
+             SELECT fencing.protect('orders', 'orders', 'term');
+             CREATE TABLE ledger (id bigserial PRIMARY KEY, note text NOT NULL);
+             SELECT fencing.protect('ledger', 'ledger-rows');
+             SELECT fencing.bind('ledger-rows', 'ledger-writer');
+             CREATE TABLE plain (id bigserial PRIMARY KEY, note text NOT NULL);
+             CREATE TABLE switched_off (id bigserial PRIMARY KEY, note text NOT NULL);
+             SELECT fencing.protect('switched_off', 'switched-off');
+             CREATE TABLE origin_only (id bigserial PRIMARY KEY, note text NOT NULL);
+             SELECT fencing.protect('origin_only', 'origin-only');
+             -- The event trigger puts a guard back on every ALTER TABLE; a session that says it
+             -- is protecting (as fencing.protect does) gets past it, as does one without it.
+             BEGIN;
+             SELECT set_config('fencing.protecting', 'on', true);
+             ALTER TABLE switched_off DISABLE TRIGGER fencing_guard;
+             ALTER TABLE origin_only ENABLE TRIGGER fencing_guard;
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let table = |name: &'static str| -> Vec<String> {
+        vec![
+            "--table".into(),
+            name.into(),
+            "--write".into(),
+            format!("INSERT INTO {name} (note) VALUES ($1)"),
+            "--check-query".into(),
+            format!("SELECT note FROM {name}"),
+        ]
+    };
+    let run = |args: Vec<String>| {
+        let db = &db;
+        async move { verify_table(db, &args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+
+    // Bound to its lease: six passes, the guard found by itself (no --resource).
+    let (output, stdout) = run([table("ledger"), vec!["--lease".into(), "ledger-writer".into()]].concat()).await;
+    assert!(output.status.success(), "{stdout}");
+    for step in ["PASS 1.", "PASS 2.", "PASS 3.", "PASS 4.", "PASS 5.", "PASS 6."] {
+        assert_eq!(lines_starting(&stdout, step), 1, "{step} missing: {stdout}");
+    }
+    assert!(stdout.contains("ZF409 not_leader") || stdout.contains("ZF409 stale"), "{stdout}");
+    assert!(stdout.contains("fencing held on this table"), "{stdout}");
+    // The refused rows are not in the table; A's and B's are, and stay without --cleanup.
+    let notes: Vec<String> =
+        client.query("SELECT note FROM ledger", &[]).await.unwrap().iter().map(|row| row.get(0)).collect();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes.iter().any(|note| note.ends_with(" a-leads")) && notes.iter().any(|n| n.ends_with(" b-leads")));
+    assert!(stdout.contains("--cleanup removes them"), "{stdout}");
+
+    // Unbound, with a term column: the gap before B writes, the refusal after; --cleanup, as
+    // B, leaves no row of the run.
+    let cleanup = ["--cleanup", "DELETE FROM orders WHERE note LIKE $1 || '%'"].map(String::from).to_vec();
+    let (output, stdout) = run([table("orders"), cleanup.clone()].concat()).await;
+    assert!(output.status.success(), "{stdout}");
+    assert_eq!(lines_starting(&stdout, "GAP  3."), 1, "{stdout}");
+    assert!(stdout.contains("documented gap of unbound tables"), "{stdout}");
+    for step in ["PASS 1.", "PASS 2.", "PASS 4.", "PASS 5.", "PASS 6."] {
+        assert_eq!(lines_starting(&stdout, step), 1, "{step} missing: {stdout}");
+    }
+    assert!(stdout.contains("--cleanup, as fencing-verify-b-"), "{stdout}");
+    let left: i64 = client.query_one("SELECT count(*) FROM orders", &[]).await.unwrap().get(0);
+    assert_eq!(left, 0, "the cleanup left rows");
+    // Its fence is now unbound and written: a second run is refused (64) and writes nothing.
+    let (output, _) = run([table("orders"), cleanup].concat()).await;
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("\"orders\" is at term"), "{output:?}");
+
+    // Misconfigurations fail (exit 1), naming why: the zombie's write is applied.
+    for (name, why) in [
+        ("plain", "has no fencing_guard trigger"),
+        ("switched_off", "is disabled"),
+        ("origin_only", "is not enabled ALWAYS"),
+    ] {
+        let (output, stdout) = run(table(name)).await;
+        assert_eq!(output.status.code(), Some(1), "{name}: {stdout}");
+        assert_eq!(lines_starting(&stdout, "FAIL 0."), 1, "{name}: {stdout}");
+        assert!(stdout.contains(why), "{name}: {stdout}");
+        assert!(stdout.contains("verify: FAILED"), "{name}: {stdout}");
+        if name != "origin_only" {
+            // No guard fired: the zombie's writes went in, and the check query shows them.
+            assert_eq!(lines_starting(&stdout, "FAIL 5."), 1, "{name}: {stdout}");
+            let zombies: i64 = client
+                .query_one(&format!("SELECT count(*) FROM {name} WHERE note LIKE '% zombie-%'"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(zombies, 2, "{name}");
+        }
+    }
+
+    // A write that changes no row tests nothing: step 1 fails.
+    let (output, stdout) = run(vec![
+        "--table".into(),
+        "ledger".into(),
+        "--write".into(),
+        "UPDATE ledger SET note = $1 WHERE false".into(),
+        "--lease".into(),
+        "ledger-writer".into(),
+    ])
+    .await;
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL 1.") && stdout.contains("changed no row"), "{stdout}");
+
+    // Bad command lines are 64 and touch nothing.
+    let before: i64 = client.query_one("SELECT count(*) FROM ledger", &[]).await.unwrap().get(0);
+    for (args, said) in [
+        (&["--table", "nope", "--write", "SELECT $1"][..], "no such table"),
+        (&["--table", "ledger", "--write", "INSERT INTO ledger (nope) VALUES ($1)"], "--write"),
+        (&["--table", "ledger", "--write", "INSERT INTO ledger (note) VALUES ($1); DELETE FROM ledger"], "--write"),
+        (&["--table", "ledger", "--write", "SELECT $1", "--resource", "orders"], "fences resource"),
+        (&["--table", "ledger"], "--write"),
+        (&["--table", "ledger", "--write", "SELECT $1", "--control", "http://127.0.0.1:1"], "cannot be used"),
+    ] {
+        let (output, _) = verify_table(&db, args).await;
+        assert_eq!(output.status.code(), Some(64), "{args:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains(said), "{args:?}: {output:?}");
+    }
+    let after: i64 = client.query_one("SELECT count(*) FROM ledger", &[]).await.unwrap().get(0);
+    assert_eq!(before, after, "a refused command line wrote");
+}
+
+/// The failure only `--check-url` can see: a gateway that answers a zombie's write with its
+/// refusal but forwards it all the same. Played by a proxy in front of the real gateway that
+/// hands every refused write to the upstream too: steps 3 and 5 look right, step 6 fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_fails_when_a_refused_write_reaches_the_upstream() {
+    let setup = Setup::new().await;
+    let (gateway, upstream) = (setup.gateway.proxy, setup.upstream.addr);
+    let leaky = axum::Router::new().fallback(move |request: axum::extract::Request| async move {
+        let (parts, body) = request.into_parts();
+        let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let headers: Vec<(String, String)> = parts
+            .headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_owned())))
+            .collect();
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let reply = send(gateway, parts.method.clone(), path, &headers, &body).await.unwrap();
+        if reply.status == StatusCode::CONFLICT {
+            // The bug: refused, and forwarded.
+            let content = [("content-type", "application/json")];
+            send(upstream, parts.method, path, &content, &body).await.unwrap();
+        }
+        let mut answer = axum::response::Response::new(axum::body::Body::from(reply.body));
+        *answer.status_mut() = reply.status;
+        *answer.headers_mut() = reply.headers;
+        answer
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let leaky_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, leaky).await });
+
+    let control = format!("http://{}", setup.gateway.control);
+    let proxy = format!("http://{leaky_addr}");
+    let applied = format!("{}/__applied", setup.upstream.url());
+    let args = [
+        "--control",
+        control.as_str(),
+        "--proxy",
+        proxy.as_str(),
+        "--path",
+        "/ledger/leaky/entries",
+        "--resource",
+        "leaky",
+        "--lease",
+        "ledger-writer",
+    ];
+    // Without a way to read the upstream, the answers alone look like fencing.
+    let (output, stdout) = verify(&args).await;
+    assert!(output.status.success(), "{stdout}");
+    // With one, the refused writes are found where they must not be.
+    let (output, stdout) = verify(&[&args[..], &["--check-url", applied.as_str(), "--yes"]].concat()).await;
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    for step in ["PASS 3.", "PASS 5.", "FAIL 6."] {
+        assert_eq!(lines_starting(&stdout, step), 1, "{step} missing: {stdout}");
+    }
+    assert!(stdout.contains(r#"shows refused writes: ["zombie-before-b", "zombie-after-b"]"#), "{stdout}");
 }
