@@ -336,7 +336,8 @@ fn carries_password(text: &str) -> bool {
         .and_then(|rest| rest.split(['/', '?']).next())
         .and_then(|authority| authority.rsplit_once('@'))
         .is_some_and(|(userinfo, _)| userinfo.contains(':'));
-    url_userinfo || lower.contains("password=")
+    // libpq allows spaces around a key=value string's `=`.
+    url_userinfo || lower.split("password").skip(1).any(|rest| rest.trim_start().starts_with('='))
 }
 
 /// `DATABASE_URL` and `DATABASE_URL_FILE` both set: which one is meant is unclear.
@@ -364,4 +365,30 @@ pub fn init_tracing() -> Result<(), String> {
         Ok(other) => return Err(format!("FENCING_LOG_FORMAT: {other:?} is neither text nor json")),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{carries_password, password_in_argv};
+
+    #[test]
+    fn a_password_on_the_command_line_is_found_however_it_is_spelled() {
+        for text in [
+            "postgres://app:secret@db/app",
+            "postgresql://app:secret@db:5432/app?sslmode=verify-full",
+            "host=db user=app password=secret",
+            "host=db user=app password = secret",
+            "host=db PASSWORD='secret'",
+            "postgres://db/app?password=secret",
+        ] {
+            assert!(carries_password(text), "{text}");
+        }
+        for text in ["postgres://app@db/app", "host=db user=app dbname=passwords", "host=/run/postgresql user=app"] {
+            assert!(!carries_password(text), "{text}");
+        }
+        let argv = |args: &[&str]| password_in_argv(args.iter().map(std::ffi::OsString::from));
+        assert!(argv(&["fencing-gateway", "verify", "--database-url", "host=db password = x"]).is_some());
+        assert!(argv(&["fencing-gateway", "migrate", "--database-url=postgres://a:b@db/x"]).is_some());
+        assert!(argv(&["fencing-gateway", "migrate", "--database-url", "postgres://a@db/x"]).is_none());
+    }
 }

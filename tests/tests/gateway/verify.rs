@@ -91,6 +91,15 @@ async fn verify_holds_on_a_bound_route_reports_the_unbound_gap_and_refuses_a_lea
     let (output, stdout) = verify(&[&bound[..], &["--lease", "ledger-writer", "--yes"]].concat()).await;
     assert!(output.status.success(), "{stdout}");
 
+    // A protected table's fence at term 0, of the same name as the route's resource, binds no
+    // lease: in use for a route too.
+    let db = setup.db.connect().await;
+    db.batch_execute("CREATE TABLE shared (id int); SELECT fencing.protect('shared', 'verify-shared');").await.unwrap();
+    let shared = [&target[..], &["--path", "/ledger/verify-shared/entries", "--resource", "verify-shared"]].concat();
+    let (output, _) = verify(&[&shared[..], &["--lease", "ledger-writer"]].concat()).await;
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("bound to no lease"), "{output:?}");
+
     // The lease is left released.
     let lease = send(setup.gateway.control, Method::GET, "/v1/leases/ledger-writer", &[], "").await.unwrap();
     assert_eq!(lease.json()["remaining_ms"], 0, "{:?}", lease.json());
@@ -191,12 +200,22 @@ async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
              SELECT fencing.protect('switched_off', 'switched-off');
              CREATE TABLE origin_only (id bigserial PRIMARY KEY, note text NOT NULL);
              SELECT fencing.protect('origin_only', 'origin-only');
-             -- The event trigger puts a guard back on every ALTER TABLE; a session that says it
-             -- is protecting (as fencing.protect does) gets past it, as does one without it.
+             CREATE TABLE parent (id bigserial PRIMARY KEY, note text NOT NULL);
+             SELECT fencing.protect('parent', 'parent');
+             CREATE TABLE insert_only (id bigserial PRIMARY KEY, note text NOT NULL);
+             SELECT fencing.protect('insert_only', 'insert-only');
+             -- The event trigger puts a guard back on every ALTER TABLE and guards every new
+             -- child; a session that says it is protecting (as fencing.protect does) gets past
+             -- it, as does a database migrated without it.
              BEGIN;
              SELECT set_config('fencing.protecting', 'on', true);
              ALTER TABLE switched_off DISABLE TRIGGER fencing_guard;
              ALTER TABLE origin_only ENABLE TRIGGER fencing_guard;
+             CREATE TABLE parent_child () INHERITS (parent);
+             DROP TRIGGER fencing_guard ON insert_only;
+             CREATE TRIGGER fencing_guard BEFORE INSERT ON insert_only
+                 FOR EACH ROW EXECUTE FUNCTION fencing.guard('insert-only');
+             ALTER TABLE insert_only ENABLE ALWAYS TRIGGER fencing_guard;
              COMMIT;",
         )
         .await
@@ -233,8 +252,14 @@ async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
 
     // Unbound, with a term column: the gap before B writes, the refusal after; --cleanup, as
     // B, leaves no row of the run.
+    // Its fence exists (fencing.protect made it) and binds no lease: verify's terms could lock
+    // out its writers, so only with --yes.
     let cleanup = ["--cleanup", "DELETE FROM orders WHERE note LIKE $1 || '%'"].map(String::from).to_vec();
-    let (output, stdout) = run([table("orders"), cleanup.clone()].concat()).await;
+    let (output, _) = run([table("orders"), cleanup.clone()].concat()).await;
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("bound to no lease"), "{output:?}");
+    let yes = vec!["--yes".to_owned()];
+    let (output, stdout) = run([table("orders"), cleanup.clone(), yes.clone()].concat()).await;
     assert!(output.status.success(), "{stdout}");
     assert_eq!(lines_starting(&stdout, "GAP  3."), 1, "{stdout}");
     assert!(stdout.contains("documented gap of unbound tables"), "{stdout}");
@@ -249,18 +274,43 @@ async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
     assert_eq!(output.status.code(), Some(64), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stderr).contains("\"orders\" is at term"), "{output:?}");
 
+    // A cleanup that would change more rows than the run wrote is rolled back.
+    client
+        .batch_execute("BEGIN; SET LOCAL fencing.token = '100'; INSERT INTO orders (note) VALUES ('theirs'); COMMIT")
+        .await
+        .unwrap();
+    let greedy = ["--cleanup", "DELETE FROM orders WHERE note LIKE $1 || '%' OR true"].map(String::from).to_vec();
+    let (output, stdout) = run([table("orders"), greedy, yes.clone()].concat()).await;
+    assert_eq!(output.status.code(), Some(1), "{stdout}"); // the fence is at 100 now: A's write is refused
+    let (output, stdout) = run([
+        table("ledger"),
+        vec!["--lease".into(), "ledger-writer".into()],
+        ["--cleanup", "DELETE FROM ledger WHERE $1 <> ''"].map(String::from).to_vec(),
+    ]
+    .concat())
+    .await;
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("--cleanup would have changed 4 rows, more than the run's writes changed (2): rolled back"),
+        "{stdout}"
+    );
+    let theirs: i64 = client.query_one("SELECT count(*) FROM orders WHERE note = 'theirs'", &[]).await.unwrap().get(0);
+    assert_eq!(theirs, 1);
+
     // Misconfigurations fail (exit 1), naming why: the zombie's write is applied.
     for (name, why) in [
         ("plain", "has no fencing_guard trigger"),
         ("switched_off", "is disabled"),
         ("origin_only", "is not enabled ALWAYS"),
+        ("parent", "parent_child has no fencing_guard trigger"),
+        ("insert_only", "is not fencing.guard BEFORE INSERT OR UPDATE OR DELETE"),
     ] {
-        let (output, stdout) = run(table(name)).await;
+        let (output, stdout) = run([table(name), yes.clone()].concat()).await;
         assert_eq!(output.status.code(), Some(1), "{name}: {stdout}");
         assert_eq!(lines_starting(&stdout, "FAIL 0."), 1, "{name}: {stdout}");
         assert!(stdout.contains(why), "{name}: {stdout}");
         assert!(stdout.contains("verify: FAILED"), "{name}: {stdout}");
-        if name != "origin_only" {
+        if ["plain", "switched_off"].contains(&name) {
             // No guard fired: the zombie's writes went in, and the check query shows them.
             assert_eq!(lines_starting(&stdout, "FAIL 5."), 1, "{name}: {stdout}");
             let zombies: i64 = client
@@ -294,6 +344,20 @@ async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
         (&["--table", "ledger", "--write", "SELECT $1", "--resource", "orders"], "fences resource"),
         (&["--table", "ledger"], "--write"),
         (&["--table", "ledger", "--write", "SELECT $1", "--control", "http://127.0.0.1:1"], "cannot be used"),
+        // The marker is how the run's rows are found: $1 it must take, and nothing else.
+        (&["--table", "ledger", "--write", "INSERT INTO ledger (note) VALUES ('x')"], "exactly one parameter"),
+        (&["--table", "ledger", "--write", "SELECT $1", "--cleanup", "DELETE FROM ledger"], "exactly one parameter"),
+        (&["--table", "ledger", "--write", "SELECT $1, $2::int"], "exactly one parameter"),
+        // The check query is one query: no typo, no second statement, found before any write.
+        (&["--table", "ledger", "--write", "SELECT $1", "--check-query", "SELECT nope FROM ledger"], "--check-query"),
+        (
+            &["--table", "ledger", "--write", "SELECT $1", "--check-query", "SELECT 1; DELETE FROM ledger"],
+            "--check-query",
+        ),
+        (
+            &["--table", "ledger", "--write", "SELECT $1", "--check-query", "DELETE FROM ledger RETURNING note"],
+            "--check-query",
+        ),
     ] {
         let (output, _) = verify_table(&db, args).await;
         assert_eq!(output.status.code(), Some(64), "{args:?}");

@@ -556,6 +556,13 @@ async fn tell(target: &Target, place: &impl Place) -> Result<Report, Error> {
     let (a, b) = (format!("fencing-verify-a-{run_id}"), format!("fencing-verify-b-{run_id}"));
     println!("verify: {}, run {run_id}", place.describe());
     let played = play(target, place, &run_id, &a, &b).await;
+    if let Err(error) = &played
+        && !matches!(error, Error::InUse(_) | Error::Usage(_))
+    {
+        println!(
+            "verify: the story stopped; writes of this run that were applied are marked \"fencing-verify {run_id}\""
+        );
+    }
     // Whatever happened, leave no lease of this run held.
     let released = place.release(&b).await | place.release(&a).await;
     let fence = place.fence().await.ok().flatten();
@@ -607,20 +614,24 @@ async fn play(target: &Target, place: &impl Place, run_id: &str, a: &str, b: &st
         Some(lease) => lease.term,
         None => 0,
     };
+    // An unbound fence is never verify's own, even at term 0 (a protected table's before its
+    // first write): this run would raise it to B's term, above the terms of writers that use
+    // another lease, which would then be refused.
     if let (Some(fence), false) = (place.fence().await?, target.yes) {
         let ours = fence.lease_key.as_deref() == Some(target.lease.as_str());
-        let unbound_and_written = fence.lease_key.is_none() && fence.max_term > 0;
-        let others = fence.lease_key.is_some() && !ours;
-        if others || unbound_and_written || fence.max_term > lease_term {
+        if !ours || fence.max_term > lease_term {
             return Err(Error::InUse(format!(
-                "the resource's fence {:?} is at term {}, {} (writes of this run could raise it above its writers' \
-                 terms)",
+                "the resource's fence {:?} is at term {}, {}: this run's writes (lease {:?}, now at term \
+                 {lease_term}) would raise it to about term {}, and writers of lower terms would be refused; verify \
+                 with the lease it is bound to, or a resource of its own",
                 fence.name,
                 fence.max_term,
                 match &fence.lease_key {
                     Some(key) => format!("bound to {key:?}"),
                     None => "bound to no lease".to_owned(),
-                }
+                },
+                target.lease,
+                lease_term.max(fence.max_term) + 2,
             )));
         }
     }
@@ -702,6 +713,18 @@ async fn play(target: &Target, place: &impl Place, run_id: &str, a: &str, b: &st
         if b_writes.admitted() { Verdict::Pass } else { Verdict::Fail },
         format!("4. B writes with term {term_b}: {}", b_writes.text()),
     );
+    if let (true, false, Some(fence)) = (b_writes.admitted(), bound, place.fence().await?)
+        && fence.max_term < term_b
+    {
+        report.step(
+            Verdict::Fail,
+            format!(
+                "   the resource's fence {:?} is at term {} after B's admitted write of term {term_b}: the write did \
+                 not pass it",
+                fence.name, fence.max_term
+            ),
+        );
+    }
 
     // 5. The zombie writes again: the fence's refusal, naming B's term.
     let late = place.write(a, term_a, &marker("zombie-after-b")).await?;
