@@ -60,23 +60,34 @@ BEGIN
 END
 $$;
 
--- Guards one relation of a protected tree. A partition gets the row trigger from its
--- partitioned parent (Postgres clones row triggers to partitions), so it gets only the
--- TRUNCATE trigger of its own; an inheritance child gets both.
+-- Guards one relation of a protected tree. A partition of a guarded partitioned table gets
+-- the row trigger from it (Postgres clones row triggers to partitions), so it gets only the
+-- TRUNCATE trigger of its own; a partition protected by itself (its parent is not), and an
+-- inheritance child, get both. A partitioned table first drops the row triggers its
+-- partitions have of their own (protected by themselves before), which its clones replace.
 CREATE OR REPLACE FUNCTION fencing.protect_one(rel regclass, resource text, term_column text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    is_partition_ boolean;
-    args_         text;
+    cloned_ boolean;
+    args_   text;
+    part_   regclass;
 BEGIN
-    SELECT c.relispartition INTO is_partition_ FROM pg_class c WHERE c.oid = rel;
+    -- NULL: no row trigger; true: a clone of its partitioned parent's; false: its own.
+    SELECT t.tgparentid <> 0 INTO cloned_ FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_guard';
     args_ := CASE WHEN term_column IS NULL THEN format('%L', resource)
                   ELSE format('%L, %L', resource, term_column) END;
-    IF NOT is_partition_ THEN
-        IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_guard') THEN
+    IF cloned_ IS DISTINCT FROM true THEN
+        IF cloned_ = false THEN
             EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
         END IF;
+        FOR part_ IN
+            SELECT p.relid::regclass FROM pg_partition_tree(rel) p
+              JOIN pg_trigger t ON t.tgrelid = p.relid AND t.tgname = 'fencing_guard' AND t.tgparentid = 0
+             WHERE p.relid <> rel::oid
+        LOOP
+            EXECUTE format('DROP TRIGGER fencing_guard ON %s', part_);
+        END LOOP;
         EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION fencing.guard(%s)', rel, args_);
     END IF;

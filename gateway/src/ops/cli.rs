@@ -329,6 +329,11 @@ pub fn password_in_argv(args: impl Iterator<Item = std::ffi::OsString>) -> Optio
 /// Whether a libpq URL or key=value string names a password, however else it is spelled:
 /// `user:password@` in a URL, or a `password` parameter in either form.
 fn carries_password(text: &str) -> bool {
+    // As the driver reads it (a `/` or `?` in a URL's password, a percent-encoded key), and,
+    // for what it cannot read, by its spelling.
+    if text.parse::<tokio_postgres::Config>().is_ok_and(|config| config.get_password().is_some()) {
+        return true;
+    }
     let lower = text.to_ascii_lowercase();
     let url_userinfo = ["postgres://", "postgresql://"]
         .iter()
@@ -380,6 +385,9 @@ mod tests {
             "host=db user=app password = secret",
             "host=db PASSWORD='secret'",
             "postgres://db/app?password=secret",
+            "postgres://app:pa/ss@db/app",
+            "postgres://app:p?ss@db/app",
+            "postgres://db/app?pass%77ord=secret",
         ] {
             assert!(carries_password(text), "{text}");
         }

@@ -227,7 +227,8 @@ async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
             "--write".into(),
             format!("INSERT INTO {name} (note) VALUES ($1)"),
             "--check-query".into(),
-            format!("SELECT note FROM {name}"),
+            // A column named like a row alias must not hide the row.
+            format!("SELECT id AS q, note FROM {name}"),
         ]
     };
     let run = |args: Vec<String>| {
@@ -296,6 +297,13 @@ async fn verify_plays_the_zombie_story_in_sql_against_a_protected_table() {
     );
     let theirs: i64 = client.query_one("SELECT count(*) FROM orders WHERE note = 'theirs'", &[]).await.unwrap().get(0);
     assert_eq!(theirs, 1);
+
+    // A table nothing guards gets no zombie rows unless asked: step 0 fails and the story stops.
+    let (output, stdout) = run(table("plain")).await;
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL 0.") && !stdout.contains("PASS 1."), "{stdout}");
+    let rows: i64 = client.query_one("SELECT count(*) FROM plain", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "rows written into an unguarded table without --yes");
 
     // Misconfigurations fail (exit 1), naming why: the zombie's write is applied.
     for (name, why) in [

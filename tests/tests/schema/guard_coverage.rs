@@ -65,6 +65,48 @@ async fn s8_every_partition_of_a_protected_table_is_guarded_including_truncate()
     );
 }
 
+/// A partition protected by itself (its partitioned parent is not) gets a row guard of its
+/// own: before, `fencing.protect` gave it only the TRUNCATE trigger, assuming a clone of its
+/// parent's, so INSERT, UPDATE and DELETE went unchecked. Its parent protected later replaces
+/// that guard with its own clone, under the parent's resource.
+#[tokio::test]
+async fn s8_a_partition_protected_by_itself_is_guarded_and_its_parent_can_be_protected_later() {
+    let db = TestDb::new().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE m (id int NOT NULL, body text) PARTITION BY LIST (id);
+             CREATE TABLE m1 PARTITION OF m FOR VALUES IN (1);
+             CREATE TABLE m2 PARTITION OF m FOR VALUES IN (2);
+             SELECT fencing.protect('m1', 'm1-only');",
+        )
+        .await
+        .unwrap();
+    admitted(&client, "SET LOCAL fencing.token = '5'; INSERT INTO m1 VALUES (1, 'a')").await;
+    refused(&client, "m1", "INSERT INTO m1 VALUES (1, 'b')", "presents no term").await;
+    refused(&client, "m1", "SET LOCAL fencing.token = '4'; INSERT INTO m VALUES (1, 'b')", "current term 5").await;
+    refused(&client, "m1", "SET LOCAL fencing.token = '4'; UPDATE m1 SET body = 'c'", "current term 5").await;
+    refused(&client, "m1", "DELETE FROM m1", "presents no term").await;
+    // m2 is no part of it.
+    admitted(&client, "INSERT INTO m2 VALUES (2, 'free')").await;
+
+    // Now the parent: every partition is guarded under its resource, through clones.
+    client.batch_execute("SELECT fencing.protect('m', 'm-all')").await.unwrap();
+    let own: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_trigger WHERE tgname = 'fencing_guard' AND tgrelid IN ('m1'::regclass, 'm2'::regclass)
+                AND tgparentid = 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(own, 0, "the partitions keep no row guard of their own");
+    admitted(&client, "SET LOCAL fencing.token = '2'; INSERT INTO m VALUES (2, 'b')").await;
+    refused(&client, "m", "SET LOCAL fencing.token = '1'; INSERT INTO m1 VALUES (1, 'x')", "current term 2").await;
+    refused(&client, "m", "DELETE FROM m2", "presents no term").await;
+}
+
 #[tokio::test]
 async fn s8_inheritance_children_of_a_protected_table_are_guarded() {
     let db = TestDb::new().await;

@@ -6,7 +6,7 @@
 //! Two sessions: one for the leases and fences, one for the writes, so that a write stuck past
 //! its bound never holds up the release of the run's leases.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_postgres::types::Type;
@@ -40,6 +40,9 @@ pub(super) struct Sql<'a> {
     cleanup: Option<Statement>,
     /// Rows the run's committed writes changed: the most a cleanup may change.
     written: AtomicU64,
+    /// A call on the writer session ran past its bound: the session is left as it is (its
+    /// transaction ends with the process), and nothing more runs on it.
+    stuck: AtomicBool,
 }
 
 /// One call, bounded by [`EXCHANGE_TIMEOUT`] on this side too (the session's
@@ -224,7 +227,15 @@ impl<'a> Sql<'a> {
         let check = match &table.check_query {
             Some(query) => {
                 let query = query.trim().trim_end_matches(';');
-                Some(prepare("--check-query", query, &format!("SELECT q::text FROM ({query}\n) AS q"), false).await?)
+                Some(
+                    prepare(
+                        "--check-query",
+                        query,
+                        &format!("SELECT ROW(fencing_verify_row.*)::text FROM ({query}\n) AS fencing_verify_row"),
+                        false,
+                    )
+                    .await?,
+                )
             }
             None => None,
         };
@@ -245,6 +256,7 @@ impl<'a> Sql<'a> {
             check,
             cleanup,
             written: AtomicU64::new(0),
+            stuck: AtomicBool::new(false),
         })
     }
 
@@ -273,10 +285,16 @@ impl<'a> Sql<'a> {
         // Past the bound the writer session is left as it is: its transaction ends with the
         // process (and its statement at the server's statement_timeout); the leases are on the
         // other session.
-        let done = bounded("a write", transaction).await?;
+        if self.stuck.load(Ordering::Relaxed) {
+            return Err(Error::Setup("the writer session ran past its bound before".to_owned()));
+        }
+        let done = bounded("a write", transaction).await.inspect_err(|_| self.stuck.store(true, Ordering::Relaxed))?;
         if done.is_err() {
             // A failed statement left the transaction aborted: end it (a failed COMMIT has).
-            let _ = bounded("roll back", client.batch_execute("ROLLBACK")).await?;
+            // The statement's own error is the answer, whatever the rollback does.
+            if !matches!(tokio::time::timeout(EXCHANGE_TIMEOUT, client.batch_execute("ROLLBACK")).await, Ok(Ok(()))) {
+                self.stuck.store(true, Ordering::Relaxed);
+            }
         }
         Ok(done)
     }
@@ -364,6 +382,12 @@ impl Place for Sql<'_> {
 
     async fn applied(&self) -> Option<(String, Result<String, String>)> {
         let check = self.check.as_ref()?;
+        if self.stuck.load(Ordering::Relaxed) {
+            return Some((
+                "the check query".to_owned(),
+                Err("--check-query: not run: a write ran past its bound".to_owned()),
+            ));
+        }
         let client = &self.writer;
         let read = async {
             // Read only, whatever the query calls.
@@ -379,10 +403,16 @@ impl Place for Sql<'_> {
         let read = match tokio::time::timeout(EXCHANGE_TIMEOUT, read).await {
             Ok(Ok(text)) => Ok(text),
             Ok(Err(error)) => {
-                let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, client.batch_execute("ROLLBACK")).await;
+                if !matches!(tokio::time::timeout(EXCHANGE_TIMEOUT, client.batch_execute("ROLLBACK")).await, Ok(Ok(())))
+                {
+                    self.stuck.store(true, Ordering::Relaxed);
+                }
                 Err(format!("--check-query: {}", crate::error_chain(&error)))
             }
-            Err(_) => Err(format!("--check-query: no answer in {} s", EXCHANGE_TIMEOUT.as_secs())),
+            Err(_) => {
+                self.stuck.store(true, Ordering::Relaxed);
+                Err(format!("--check-query: no answer in {} s", EXCHANGE_TIMEOUT.as_secs()))
+            }
         };
         Some(("the check query".to_owned(), read))
     }
