@@ -134,11 +134,26 @@ pub enum Plant {
     /// resource made before an operator changed its fence still counts for a lease grant given
     /// after the change (renewed through another resource).
     LeaseGrantsAdminNoEpoch,
+    /// The design for unbound routes (issue 23, item 2): one grant per (namespace, term), the
+    /// namespace being the unbound route's resources, covering a resource once the gateway had
+    /// one admitted decision of it at the grant's term and at the namespace's epoch, recorded on
+    /// the namespace row. A raise of any of the namespace's fences takes the namespace's lock
+    /// (no grant is given on the namespace while it is held, and raises of its fences queue),
+    /// sleeps out the longest namespace grant, and bumps the namespace's epoch.
+    NamespaceGrants,
+    /// `namespace-grant-no-epoch`: the design without the epoch, so a decision of a resource
+    /// made before its fence was raised still counts for a namespace grant: the grant admits a
+    /// term below the resource's maximum.
+    NamespaceGrantNoEpoch,
+    /// `namespace-grant-without-decision`: the first sketch of the issue, a grant at a term that
+    /// covers every resource of the namespace, decided or not: a resource whose row is below the
+    /// term is not raised by the writes admitted under it, so a lower term is admitted after them.
+    NamespaceGrantWithoutDecision,
 }
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 28] = [
+    pub const ALL: [Plant; 31] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -167,6 +182,9 @@ impl Plant {
         Plant::LeaseGrantsAfterDecision,
         Plant::LeaseGrantsAdminNoWait,
         Plant::LeaseGrantsAdminNoEpoch,
+        Plant::NamespaceGrants,
+        Plant::NamespaceGrantNoEpoch,
+        Plant::NamespaceGrantWithoutDecision,
     ];
 
     /// The name the fault suite gives it (or the design's name).
@@ -200,6 +218,9 @@ impl Plant {
             Plant::LeaseGrantsAfterDecision => "lease-grants-after-decision",
             Plant::LeaseGrantsAdminNoWait => "lease-grants-admin-no-wait",
             Plant::LeaseGrantsAdminNoEpoch => "lease-grants-admin-no-epoch",
+            Plant::NamespaceGrants => "namespace-grants",
+            Plant::NamespaceGrantNoEpoch => "namespace-grant-no-epoch",
+            Plant::NamespaceGrantWithoutDecision => "namespace-grant-without-decision",
         }
     }
 
@@ -228,6 +249,9 @@ impl Plant {
                 | Plant::LeaseGrantsAfterDecision
                 | Plant::LeaseGrantsAdminNoWait
                 | Plant::LeaseGrantsAdminNoEpoch
+                | Plant::NamespaceGrants
+                | Plant::NamespaceGrantNoEpoch
+                | Plant::NamespaceGrantWithoutDecision
                 | Plant::BusyGrantSkipsLeaseCheck
                 | Plant::BatchGrantSkipsLeaseLock
         )

@@ -148,6 +148,7 @@ pub fn describe(config: &Config, before: &State, action: Action, after: &State) 
             if local {
                 let grant = before.gateways[gi].grants[usize::from(r)]
                     .or(before.gateways[gi].lease_grant)
+                    .or(before.gateways[gi].ns_grant)
                     .map_or(0, |grant| grant.deadline);
                 format!(
                     "{} decides write of term {term} on {} at boot {boot}: admitted under its grant (until boot {grant})",
@@ -332,8 +333,9 @@ fn received(config: &Config, before: &State, after: &State, g: usize, call: Call
         .iter()
         .flatten()
         .find(|w| w.resource == call.resource && w.term == call.term && !old.writes.contains(&Some(**w)));
-    let grant = gw.grants[r].or(gw.lease_grant).filter(|gr| gr.term == call.term);
-    let new_grant = grant.filter(|gr| Some(*gr) != old.grants[r] && Some(*gr) != old.lease_grant);
+    let grant = gw.grants[r].or(gw.lease_grant).or(gw.ns_grant).filter(|gr| gr.term == call.term);
+    let new_grant =
+        grant.filter(|gr| Some(*gr) != old.grants[r] && Some(*gr) != old.lease_grant && Some(*gr) != old.ns_grant);
     let admitted = after.ghost.admitted[r] >= call.term && (new_write.is_some() || new_grant.is_some());
     let mut text = match new_write {
         Some(w) => format!("admitted; the write may be sent from boot {} until before boot {}", w.start, w.deadline),

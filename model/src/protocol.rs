@@ -21,7 +21,7 @@ use stateright::{Model, Property};
 use crate::config::{Config, ELECTORS, GATEWAYS, MAX_CALLS, MAX_RESOURCES, Plant};
 use crate::state::{
     Admin, AdminTx, Answer, Binding, Call, Elector, ElectorCall, Fence, Gateway, Ghost, Grant, Held, Lease, LeaseCall,
-    LeaseStage, Settle, SqlStage, SqlTx, Stage, State, Tables, Write, remove_sorted,
+    LeaseStage, Namespace, Settle, SqlStage, SqlTx, Stage, State, Tables, Write, remove_sorted,
 };
 
 /// Which function's transaction commits (`fencing.commit_durably` is called on each path; the
@@ -462,6 +462,19 @@ impl Protocol {
             || self.has(Plant::LeaseGrantsAdminNoEpoch)
     }
 
+    /// The namespace-grant design (with or without its plants).
+    fn ns_scoped(&self) -> bool {
+        self.has(Plant::NamespaceGrants)
+            || self.has(Plant::NamespaceGrantNoEpoch)
+            || self.has(Plant::NamespaceGrantWithoutDecision)
+    }
+
+    /// The namespace-grant design: whether a raise holds the namespace's lock (one of its
+    /// fences' rows locked by a change of term).
+    fn ns_locked(&self, s: &State) -> bool {
+        self.ns_scoped() && (0..self.config.resources()).any(|r| !self.config.bound(r) && Self::fence_locked(s, r))
+    }
+
     /// The grant a gateway asks for (`grant_for`), zero with grants off.
     fn grant_for(&self) -> u8 {
         if self.config.grants { self.config.timing.grant } else { 0 }
@@ -781,6 +794,7 @@ impl Protocol {
         // once the lease read again still holds this term (`fencing.lease_refusal`).
         if Self::fence_locked(s, resource)
             || (bound && Self::lease_locked(s))
+            || (!bound && self.ns_locked(s))
             || (needs_record && Self::grant_held(s, resource, true))
         {
             let max = s.tables.fences[resource].map_or(0, |f| f.max_term);
@@ -820,6 +834,8 @@ impl Protocol {
     fn record_grant(&self, s: &mut State, resource: usize, recorded: u8) {
         if self.lease_scoped() && self.binding(s, resource) == Binding::Lease {
             s.tables.lease.grant = s.tables.lease.grant.max(recorded);
+        } else if self.ns_scoped() && self.binding(s, resource) == Binding::Unbound {
+            s.tables.namespace.grant = s.tables.namespace.grant.max(recorded);
         } else if let Some(fence) = s.tables.fences[resource].as_mut() {
             fence.grant = fence.grant.max(recorded);
         }
@@ -861,6 +877,9 @@ impl Protocol {
         if waits_lease_grant && fence.binding == Binding::Lease && fence.max_term == lease.term {
             return fence.grant.max(lease.grant);
         }
+        if self.ns_scoped() && fence.binding == Binding::Unbound {
+            return fence.grant.max(s.tables.namespace.grant);
+        }
         fence.grant
     }
 
@@ -886,6 +905,9 @@ impl Protocol {
             return Stage::Holding { answer, held: Held::Raise(raised) };
         }
         s.tables.fences[resource] = Some(raised);
+        if self.ns_scoped() && fence.binding == Binding::Unbound && !self.has(Plant::NamespaceGrantNoEpoch) {
+            s.tables.namespace.epoch = s.tables.namespace.epoch.wrapping_add(1);
+        }
         self.committed(s, Commit::Gate);
         self.admitted(s, resource, term);
         Stage::Answered(self.admit_answer(s, resource, settle, 0))
@@ -925,6 +947,17 @@ impl Protocol {
                 Grant { start: decided.start, latest: decided.latest, ..lease }
             } else {
                 lease
+            }
+        } else if self.ns_scoped() && !self.config.bound(resource) {
+            let namespace = gateway.ns_grant?;
+            if self.has(Plant::NamespaceGrantWithoutDecision) {
+                namespace
+            } else {
+                // Only a resource decided at the grant's term and the namespace's epoch (no
+                // fence of the namespace raised since), as that decision said.
+                let epoch_ok = |d: &Grant| d.epoch == namespace.epoch || self.has(Plant::NamespaceGrantNoEpoch);
+                let decided = gateway.decided[resource].filter(|d| d.term == namespace.term && epoch_ok(d))?;
+                Grant { start: decided.start, latest: decided.latest, ..namespace }
             }
         } else {
             gateway.grants[resource]?
@@ -985,8 +1018,9 @@ impl Protocol {
         let resource = usize::from(call.resource);
         let timing = self.config.timing;
         // The lease's epoch, which the store's answer carries (it answers in this step).
-        let epoch = s.tables.lease.epoch;
         let bound = self.config.bound(resource);
+        let epoch = if bound { s.tables.lease.epoch } else { s.tables.namespace.epoch };
+        let ns_scoped = self.ns_scoped();
         let gateway = &mut s.gateways[g];
         match answer {
             Answer::Admitted { wait, grant } => {
@@ -1026,7 +1060,8 @@ impl Protocol {
                 // stretch of what is left of the wait; the model keeps the later bound (more
                 // sends explored, never fewer).
                 let stretch = if wait > 0 { 2 * timing.drift } else { 0 };
-                if self.after_decision() && bound && gateway.decided[resource].is_none_or(|d| d.term <= call.term) {
+                let decides = (self.after_decision() && bound) || (ns_scoped && !bound);
+                if decides && gateway.decided[resource].is_none_or(|d| d.term <= call.term) {
                     gateway.decided[resource] = Some(Grant {
                         term: call.term,
                         owner: call.owner,
@@ -1049,6 +1084,8 @@ impl Protocol {
                     };
                     let slot = if self.lease_scoped() && bound {
                         &mut gateway.lease_grant
+                    } else if ns_scoped && !bound {
+                        &mut gateway.ns_grant
                     } else {
                         &mut gateway.grants[resource]
                     };
@@ -1251,6 +1288,11 @@ impl Protocol {
                     }
                     (Action::GateLock { .. }, Stage::ReadRaise { attempt }) => {
                         if Self::fence_locked(s, r) || Self::sql_holds(s, r) || Self::grant_held(s, r, false) {
+                            return false;
+                        }
+                        // The namespace-grant design: raises of the namespace's fences queue on
+                        // its lock.
+                        if !self.config.bound(r) && self.ns_locked(s) {
                             return false;
                         }
                         self.gate_lock(s, r, term, attempt)
@@ -1593,7 +1635,12 @@ impl Protocol {
         for g in 0..GATEWAYS {
             let boot = s.boot(g);
             let gateway = &mut s.gateways[g];
-            for grant in gateway.grants.iter_mut().chain(std::iter::once(&mut gateway.lease_grant)) {
+            for grant in gateway
+                .grants
+                .iter_mut()
+                .chain(std::iter::once(&mut gateway.lease_grant))
+                .chain(std::iter::once(&mut gateway.ns_grant))
+            {
                 if grant.is_some_and(|held| boot >= held.deadline) {
                     *grant = None;
                 }
@@ -1788,7 +1835,7 @@ impl Model for Protocol {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let tables = Tables { lease: Lease::default(), fences: [None; MAX_RESOURCES] };
+        let tables = Tables { lease: Lease::default(), fences: [None; MAX_RESOURCES], namespace: Namespace::default() };
         vec![State {
             now: 0,
             wall_offset: 0,

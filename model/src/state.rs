@@ -63,10 +63,22 @@ pub struct Fence {
 }
 
 /// The store's tables.
+/// The unbound route's namespace, in the namespace-grant design only (`Plant::NamespaceGrants`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Namespace {
+    /// The longest grant given on the namespace (at any term).
+    pub grant: u8,
+    /// Bumped by every raise of one of its fences: a gateway's decisions count for a namespace
+    /// grant only at the epoch the grant carries.
+    pub epoch: u8,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tables {
     pub lease: Lease,
     pub fences: [Option<Fence>; MAX_RESOURCES],
+    /// The namespace-grant design only.
+    pub namespace: Namespace,
 }
 
 /// Where a gateway's decision is.
@@ -189,6 +201,8 @@ pub struct Gateway {
     pub grants: [Option<Grant>; MAX_RESOURCES],
     /// Lease-scoped grants (the planned design): its grant on the lease.
     pub lease_grant: Option<Grant>,
+    /// The namespace-grant design: its grant on the unbound route's namespace.
+    pub ns_grant: Option<Grant>,
     /// Its settles, by resource.
     pub settles: [Option<Settle>; MAX_RESOURCES],
     /// Its decisions out (sorted: the state has one spelling).
@@ -196,8 +210,9 @@ pub struct Gateway {
     /// A decision it gave up on (its timeout) that is still in the store: it may run later, and
     /// its answer goes nowhere ([`crate::Config::give_up`]).
     pub orphan: Option<Call>,
-    /// The design `lease-grants-after-decision` only: per bound resource, the term of its last
-    /// admitted decision and the start and latest start it gave (`deadline` unused).
+    /// The designs `lease-grants-after-decision` (bound resources) and `namespace-grants`
+    /// (unbound ones) only: per resource, the term of its last admitted decision, the epoch it
+    /// was made at, and the start and latest start it gave (`deadline` unused).
     pub decided: [Option<Grant>; MAX_RESOURCES],
     /// Its admitted writes (sorted).
     pub writes: [Option<Write>; MAX_WRITES],
@@ -373,6 +388,7 @@ impl Gateway {
             drifted: false,
             grants: [None; MAX_RESOURCES],
             lease_grant: None,
+            ns_grant: None,
             settles: [None; MAX_RESOURCES],
             calls: [None; MAX_CALLS],
             orphan: None,

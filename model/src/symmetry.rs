@@ -53,6 +53,7 @@ fn swap_elector_names(s: &mut State) {
             .iter_mut()
             .chain(gateway.decided.iter_mut())
             .chain(std::iter::once(&mut gateway.lease_grant))
+            .chain(std::iter::once(&mut gateway.ns_grant))
             .flatten()
         {
             grant.owner = rename(grant.owner);

@@ -131,6 +131,19 @@ fn lease_grant_admin_two_resources() -> Config {
     Config { bound_resources: 2, writes: 4, ..lease_grant_admin() }
 }
 
+/// The namespace-grant design's sizes: an unbound route of two resources (`f1`, `f2`), grants
+/// on, `writes` writes of forged terms, no electors.
+fn namespace(writes: u8) -> Config {
+    Config {
+        bound_resources: 0,
+        unbound_resources: 2,
+        lease_calls: 0,
+        writes,
+        forged_terms: true,
+        ..Config::standard(true)
+    }
+}
+
 /// The smallest configuration each plant shows in (the search stops at its first violation).
 fn planted(plant: Plant) -> Config {
     let small = Config { writes: 3, forged_terms: true, ..Config::standard(false) };
@@ -153,6 +166,7 @@ fn planted(plant: Plant) -> Config {
             Config { writes: 0, ..small }.planted(plant)
         }
         Plant::LeaseGrantsAdminNoWait => Config { admin_actions: 1, ..lease_grant_admin() }.planted(plant),
+        Plant::NamespaceGrantWithoutDecision => namespace(4).planted(plant),
         Plant::SqlRaiseSkipsSettle | Plant::AdmitAsyncCommit => Config {
             bound_resources: 0,
             lease_calls: 0,
@@ -181,6 +195,8 @@ fn expected(plant: Plant) -> Invariant {
         | Plant::StampAnyOwner => Invariant::S4,
         // An advance of the fence by hand, and the lease's grant still admits the lower term.
         Plant::LeaseGrantsAdminNoWait | Plant::LeaseGrantsAdminNoEpoch => Invariant::S3,
+        // A term below the resource's maximum admitted under the namespace's grant.
+        Plant::NamespaceGrants | Plant::NamespaceGrantNoEpoch | Plant::NamespaceGrantWithoutDecision => Invariant::S3,
         // (The repaired design is no bug: the test of planted bugs leaves it out.)
         Plant::NoSettle | Plant::LeaseScopedGrants | Plant::LeaseGrantsAfterDecision | Plant::SqlRaiseSkipsSettle => {
             Invariant::S5
@@ -200,7 +216,11 @@ fn every_planted_bug_is_found_with_a_shortest_counterexample() {
         .filter(|plant| {
             !matches!(
                 plant,
-                Plant::LeaseScopedGrants | Plant::LeaseGrantsAfterDecision | Plant::LeaseGrantsAdminNoEpoch
+                Plant::LeaseScopedGrants
+                    | Plant::LeaseGrantsAfterDecision
+                    | Plant::LeaseGrantsAdminNoEpoch
+                    | Plant::NamespaceGrants
+                    | Plant::NamespaceGrantNoEpoch
             )
         })
     {
@@ -435,6 +455,12 @@ fn the_symmetry_reduction_finds_what_the_full_search_finds() {
     assert!(full.violations.is_empty() && reduced.violations.is_empty());
     assert!(reduced.unique_states * 3 < full.unique_states, "the reduction saves less than expected");
     assert_eq!(full.reached, reduced.reached);
+    // The namespace-grant design: gateways renamed with their namespace grants.
+    let config = namespace(3).planted(Plant::NamespaceGrants);
+    let (full, reduced) = (check(config, false), check(Config { symmetry: true, ..config }, false));
+    println!("namespace grants: {} without symmetry, {} with", full.summary(), reduced.summary());
+    assert!(full.violations.is_empty() && reduced.violations.is_empty());
+    assert_eq!(full.reached, reduced.reached);
     let planted =
         Config { bound_resources: 2, writes: 3, forged_terms: true, symmetry: true, ..Config::standard(false) }
             .planted(Plant::NoSettle);
@@ -470,6 +496,85 @@ fn lease_grants_after_a_decision_hold_at_the_counterexamples_size() {
 /// other items, and only then is it answered; the lease's next term and the fence's next raise
 /// wait for a held grant. `r1` alone, with the symmetry reduction (with `f1` as well: 2,361,531
 /// states, 15 s, S1-S5 hold; not run in CI).
+/// The namespace-grant design for unbound routes (issue 23, item 2): one grant per namespace and
+/// term covers the resources decided at its term and the namespace's epoch; a raise of any of
+/// the namespace's fences sleeps out the namespace's grant holding its lock, and bumps the epoch.
+#[test]
+fn s1_to_s5_hold_with_namespace_grants() {
+    holds(
+        "namespace grants, f1 and f2, 3 writes",
+        namespace(3).planted(Plant::NamespaceGrants),
+        &[Witness::GrantAdmission, Witness::RaiseSleptOutGrants],
+    );
+}
+
+/// The same with four writes: a raise between a decision and a grant given through the other
+/// resource, and the first sketch's counterexample with one write more.
+#[test]
+#[ignore = "a minute: the namespace-grant design at four writes"]
+fn s1_to_s5_hold_with_namespace_grants_at_four_writes() {
+    holds(
+        "namespace grants, f1 and f2, 4 writes",
+        namespace(4).planted(Plant::NamespaceGrants),
+        &[Witness::GrantAdmission, Witness::RaiseSleptOutGrants],
+    );
+}
+
+/// The path on which a namespace grant would admit a term below a resource's maximum:
+/// gateway-1 decides `f1` at term 1; gateway-2 raises `f1` to term 2; gateway-1 decides `f2` at
+/// term 1 and is granted the namespace at term 1 on its next write of `f2`; then it writes `f1` at
+/// term 1 again.
+fn to_a_namespace_grant_after_a_raise(
+    state: &mut fencing_model::State,
+    run: &mut dyn FnMut(&mut fencing_model::State, Action),
+) {
+    let (f1, f2) = (0, 1);
+    run(state, Action::GatewayDecide { gateway: 0, resource: f1, term: 1 });
+    run(state, Action::GateRead { gateway: 0, call: 0, lost: false });
+    let w = write_of(state, 0, f1, 1);
+    run(state, Action::GatewaySend { gateway: 0, write: w });
+    run(state, Action::GatewayDecide { gateway: 1, resource: f1, term: 2 });
+    run(state, Action::GateRead { gateway: 1, call: 0, lost: false });
+    run(state, Action::GateLock { gateway: 1, call: 0, lost: false });
+    run(state, Action::GatewayDecide { gateway: 0, resource: f2, term: 1 });
+    run(state, Action::GateRead { gateway: 0, call: 0, lost: false });
+    let w = write_of(state, 0, f2, 1);
+    run(state, Action::GatewaySend { gateway: 0, write: w });
+    run(state, Action::GatewayDecide { gateway: 0, resource: f2, term: 1 });
+    run(state, Action::GateRead { gateway: 0, call: 0, lost: false });
+    run(state, Action::GateGrant { gateway: 0, call: 0, lost: false });
+    let w = write_of(state, 0, f2, 1);
+    run(state, Action::GatewaySend { gateway: 0, write: w });
+    run(state, Action::GatewayDecide { gateway: 0, resource: f1, term: 1 });
+}
+
+/// `namespace-grant-no-epoch`: without the namespace's epoch, gateway-1's decision of `f1` at
+/// term 1, made before gateway-2 raised `f1` to term 2, counts for the namespace grant it is
+/// given later through `f2`: term 1 is admitted on `f1` after term 2 (S3). Deeper than the
+/// breadth-first search reaches within the CI budget (5 writes), so replayed here; the design
+/// asks instead.
+#[test]
+fn a_namespace_grant_admits_no_term_below_a_resources_maximum() {
+    for (plant, broken) in [(Plant::NamespaceGrantNoEpoch, true), (Plant::NamespaceGrants, false)] {
+        let config = namespace(5).planted(plant);
+        let model = Protocol::new(config);
+        let mut state = model.init_states().remove(0);
+        let mut steps = Vec::new();
+        let mut run = |state: &mut fencing_model::State, action: Action| step(&model, &mut steps, state, action);
+        to_a_namespace_grant_after_a_raise(&mut state, &mut run);
+        println!("{}: {} steps\n{}", plant.name(), steps.len(), history::render(&config, &steps));
+        assert!(state.gateways[0].ns_grant.is_some_and(|grant| grant.term == 1), "no namespace grant at term 1");
+        assert_eq!(Invariant::S3.violated(&state.ghost), broken, "{}", plant.name());
+        if !broken {
+            let gateway = &state.gateways[0];
+            assert!(
+                gateway.calls.iter().flatten().any(|call| call.resource == 0 && call.term == 1),
+                "the write of f1 was not asked: {gateway:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn s1_to_s5_hold_with_batched_decisions() {
     holds(
