@@ -146,14 +146,20 @@ pub enum Plant {
     /// term below the resource's maximum.
     NamespaceGrantNoEpoch,
     /// `namespace-grant-without-decision`: the first sketch of the issue, a grant at a term that
-    /// covers every resource of the namespace, decided or not: a resource whose row is below the
-    /// term is not raised by the writes admitted under it, so a lower term is admitted after them.
+    /// covers every resource of the namespace, decided or not: it admits its term on a resource
+    /// whose fence is above it (created or raised after the grant, or before it), and on one
+    /// whose fence is below it without raising the row, so a lower term is admitted after it.
     NamespaceGrantWithoutDecision,
+    /// `busy-grant-on-stale-version`: a decision of the current term that finds a term change
+    /// holding the grant locks is admitted on the version it read before, even when a higher term
+    /// was admitted since (the code before the model found it, with the fences created before the
+    /// run; no plant of the fault suite).
+    BusyGrantOnStaleVersion,
 }
 
 impl Plant {
     /// Every variant, in the order the tests check them.
-    pub const ALL: [Plant; 31] = [
+    pub const ALL: [Plant; 32] = [
         Plant::WeakFence,
         Plant::NoNewTerm,
         Plant::NoSettle,
@@ -185,6 +191,7 @@ impl Plant {
         Plant::NamespaceGrants,
         Plant::NamespaceGrantNoEpoch,
         Plant::NamespaceGrantWithoutDecision,
+        Plant::BusyGrantOnStaleVersion,
     ];
 
     /// The name the fault suite gives it (or the design's name).
@@ -221,6 +228,7 @@ impl Plant {
             Plant::NamespaceGrants => "namespace-grants",
             Plant::NamespaceGrantNoEpoch => "namespace-grant-no-epoch",
             Plant::NamespaceGrantWithoutDecision => "namespace-grant-without-decision",
+            Plant::BusyGrantOnStaleVersion => "busy-grant-on-stale-version",
         }
     }
 
@@ -252,6 +260,7 @@ impl Plant {
                 | Plant::NamespaceGrants
                 | Plant::NamespaceGrantNoEpoch
                 | Plant::NamespaceGrantWithoutDecision
+                | Plant::BusyGrantOnStaleVersion
                 | Plant::BusyGrantSkipsLeaseCheck
                 | Plant::BatchGrantSkipsLeaseLock
         )
@@ -304,6 +313,10 @@ pub struct Config {
     /// Whether presented terms go up to `terms` (forged and future tokens) or only up to the
     /// highest term a store has granted so far plus one.
     pub forged_terms: bool,
+    /// Whether the unbound route's fences exist at the start, at term 1 (written, and sent,
+    /// before the run): the checks of the namespace-grant design spend their writes on the
+    /// namespace, not on each resource's first write, which gets no grant.
+    pub seeded: bool,
     /// Whether the check explores one state per renaming of gateways, electors and bound
     /// resources ([`crate::symmetry`]; depth first, so a counterexample need not be shortest).
     pub symmetry: bool,
@@ -331,6 +344,7 @@ impl Config {
             sql_writer: false,
             give_up: false,
             forged_terms: false,
+            seeded: false,
             batched: false,
             admin_actions: 0,
             stamp: false,

@@ -76,8 +76,8 @@ fn tables(config: &Config, s: &State) -> String {
 
 fn answer(answer: Answer) -> String {
     match answer {
-        Answer::Admitted { wait, grant: 0 } => format!("admitted, wait {wait}"),
-        Answer::Admitted { wait, grant } => format!("admitted, wait {wait}, grant {grant}"),
+        Answer::Admitted { wait, grant: 0, .. } => format!("admitted, wait {wait}"),
+        Answer::Admitted { wait, grant, .. } => format!("admitted, wait {wait}, grant {grant}"),
         Answer::Refused { max } => format!("refused (fence at {max})"),
         Answer::Failed => "failed (the fence kept changing)".to_owned(),
     }

@@ -148,11 +148,16 @@ pub enum Witness {
     StampGrantAdmission,
     /// `fencing.bind` bound a fence that was raised (by a write or by hand) while unbound.
     FenceBoundByHand,
+    /// The namespace-grant design: a write admitted under a namespace grant given through
+    /// another resource of the namespace.
+    NamespaceGrantOtherResource,
+    /// The same after a raise of one of the namespace's fences (its epoch moved).
+    NamespaceGrantAfterRaise,
 }
 
 impl Witness {
     /// Every witness.
-    pub const ALL: [Witness; 11] = [
+    pub const ALL: [Witness; 13] = [
         Witness::GrantAdmission,
         Witness::GrantAdmissionAfterClockFaults,
         Witness::RaiseSleptOutGrants,
@@ -164,6 +169,8 @@ impl Witness {
         Witness::AdminSleptOutGrants,
         Witness::StampGrantAdmission,
         Witness::FenceBoundByHand,
+        Witness::NamespaceGrantOtherResource,
+        Witness::NamespaceGrantAfterRaise,
     ];
 
     fn bit(self) -> u16 {
@@ -179,6 +186,8 @@ impl Witness {
             Witness::AdminSleptOutGrants => 256,
             Witness::StampGrantAdmission => 512,
             Witness::FenceBoundByHand => 1024,
+            Witness::NamespaceGrantOtherResource => 2048,
+            Witness::NamespaceGrantAfterRaise => 4096,
         }
     }
 
@@ -198,6 +207,12 @@ impl Witness {
             Witness::AdminSleptOutGrants => "reached: an admin action slept out grants",
             Witness::StampGrantAdmission => "reached: a stamp-mode write admitted under its owner's grant",
             Witness::FenceBoundByHand => "reached: fencing.bind bound a fence raised while unbound",
+            Witness::NamespaceGrantOtherResource => {
+                "reached: a write admitted under a namespace grant given through another resource"
+            }
+            Witness::NamespaceGrantAfterRaise => {
+                "reached: a write admitted under a namespace grant given through another resource after a raise in the namespace"
+            }
         }
     }
 
@@ -687,7 +702,19 @@ impl Protocol {
     }
 
     /// The answer to an admitted decision, as the planted wrappers of `fencing.gate` change it.
+    /// The epoch a decision on `resource` reads with the fence's version: the lease's for a
+    /// bound route's resource, the namespace's for an unbound one's.
+    fn epoch_of(&self, s: &State, resource: usize) -> u8 {
+        if self.config.bound(resource) { s.tables.lease.epoch } else { s.tables.namespace.epoch }
+    }
+
     fn admit_answer(&self, s: &mut State, resource: usize, wait: u8, grant: u8) -> Answer {
+        let epoch = self.epoch_of(s, resource);
+        self.admit_answer_at(s, resource, wait, grant, epoch)
+    }
+
+    /// An admission on a version read earlier, with the epoch read with it.
+    fn admit_answer_at(&self, s: &mut State, resource: usize, wait: u8, grant: u8, epoch: u8) -> Answer {
         let wait = if self.has(Plant::NoSettle) { 0 } else { wait };
         if self.has(Plant::WallClockWaits) && grant > 0 {
             let end = s.wall() + ticks(grant);
@@ -695,7 +722,7 @@ impl Protocol {
                 fence.grant_ends = Some(fence.grant_ends.map_or(end, |held| held.max(end)));
             }
         }
-        Answer::Admitted { wait, grant }
+        Answer::Admitted { wait, grant, epoch }
     }
 
     /// A refusal as `stale`: admitted with no wait under the planted `weak-fence`.
@@ -768,7 +795,7 @@ impl Protocol {
                 self.admitted(s, resource, term);
                 return Stage::Answered(self.admit_answer(s, resource, settle, 0));
             }
-            return Stage::ReadGrant { attempt, settle };
+            return Stage::ReadGrant { attempt, settle, epoch: self.epoch_of(s, resource) };
         }
         Stage::ReadRaise { attempt }
     }
@@ -779,7 +806,7 @@ impl Protocol {
     }
 
     /// `fencing.gate`'s grant statements, after a first read at `term` that found `settle`.
-    fn gate_grant(&self, s: &mut State, resource: usize, term: u8, attempt: u8, settle: u8) -> Stage {
+    fn gate_grant(&self, s: &mut State, resource: usize, term: u8, attempt: u8, settle: u8, epoch: u8) -> Stage {
         let bound = self.bound(s, resource);
         let (wall, lease) = (s.wall(), s.tables.lease);
         let asked = self.grant_for();
@@ -797,6 +824,15 @@ impl Protocol {
             || (!bound && self.ns_locked(s))
             || (needs_record && Self::grant_held(s, resource, true))
         {
+            // `fencing.gate` reads the row again: only on the version as it is now (a higher
+            // term admitted since the first read decides again).
+            let now = s.tables.fences[resource];
+            // (The code also decides again on a changed binding; the model admits there, which
+            // explores more admissions, never fewer.)
+            let moved = now.is_none_or(|f| f.max_term != term);
+            if moved && !self.has(Plant::BusyGrantOnStaleVersion) {
+                return Self::decide_again(attempt);
+            }
             let max = s.tables.fences[resource].map_or(0, |f| f.max_term);
             if !self.has(Plant::BusyGrantSkipsLeaseCheck)
                 && let Some(refusal) = self.lease_refusal(s, resource, term, max)
@@ -804,9 +840,16 @@ impl Protocol {
                 return Stage::Answered(refusal);
             }
             self.admitted(s, resource, term);
-            return Stage::Answered(self.admit_answer(s, resource, settle, 0));
+            // On the version read, with the epoch read with it.
+            return Stage::Answered(self.admit_answer_at(s, resource, settle, 0, epoch));
         }
         let Some(fence) = s.tables.fences[resource] else { return Self::decide_again(attempt) };
+        // The namespace-grant design: the namespace's lock taken shared, its epoch is read
+        // again (as `fencing.gate` does the lease's): a raise committed since the read decides
+        // again.
+        if !bound && self.ns_scoped() && s.tables.namespace.epoch != epoch {
+            return Self::decide_again(attempt);
+        }
         let lease_holds = match fence.binding {
             Binding::Unbound => true,
             Binding::Lease => lease.term == term && lease.expires > wall,
@@ -975,6 +1018,12 @@ impl Protocol {
             }
             // Admitted here, under the grant (`Grants::admit`), at the grant's term.
             let term = grant.term;
+            if self.ns_scoped() && !self.config.bound(r) && grant.via != resource {
+                Self::witness(s, Witness::NamespaceGrantOtherResource);
+                if s.tables.namespace.epoch > 0 {
+                    Self::witness(s, Witness::NamespaceGrantAfterRaise);
+                }
+            }
             self.admitted(s, r, term);
             Self::stamped(s, owner, term);
             Self::witness(s, Witness::GrantAdmission);
@@ -1017,13 +1066,12 @@ impl Protocol {
         let boot = s.boot(g);
         let resource = usize::from(call.resource);
         let timing = self.config.timing;
-        // The lease's epoch, which the store's answer carries (it answers in this step).
         let bound = self.config.bound(resource);
-        let epoch = if bound { s.tables.lease.epoch } else { s.tables.namespace.epoch };
         let ns_scoped = self.ns_scoped();
         let gateway = &mut s.gateways[g];
         match answer {
-            Answer::Admitted { wait, grant } => {
+            // The epoch the answer carries: read with the version it was decided on.
+            Answer::Admitted { wait, grant, epoch } => {
                 // `FenceStore::remember`: grants below the maximum seen are dropped.
                 if gateway.grants[resource].is_some_and(|held| held.term < call.term) {
                     gateway.grants[resource] = None;
@@ -1068,6 +1116,7 @@ impl Protocol {
                         epoch,
                         deadline: 0,
                         start,
+                        via: 0,
                         latest: latest + stretch,
                     });
                 }
@@ -1080,6 +1129,7 @@ impl Protocol {
                         epoch,
                         deadline: call.asked + lasts,
                         start,
+                        via: if ns_scoped && !bound { call.resource } else { 0 },
                         latest: latest + stretch,
                     };
                     let slot = if self.lease_scoped() && bound {
@@ -1283,8 +1333,8 @@ impl Protocol {
                         }
                         self.gate_read(s, r, term, attempt, stamped)
                     }
-                    (Action::GateGrant { .. }, Stage::ReadGrant { attempt, settle }) => {
-                        self.gate_grant(s, r, term, attempt, settle)
+                    (Action::GateGrant { .. }, Stage::ReadGrant { attempt, settle, epoch }) => {
+                        self.gate_grant(s, r, term, attempt, settle, epoch)
                     }
                     (Action::GateLock { .. }, Stage::ReadRaise { attempt }) => {
                         if Self::fence_locked(s, r) || Self::sql_holds(s, r) || Self::grant_held(s, r, false) {
@@ -1835,7 +1885,23 @@ impl Model for Protocol {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let tables = Tables { lease: Lease::default(), fences: [None; MAX_RESOURCES], namespace: Namespace::default() };
+        let mut tables =
+            Tables { lease: Lease::default(), fences: [None; MAX_RESOURCES], namespace: Namespace::default() };
+        let mut ghost = Ghost::default();
+        if self.config.seeded {
+            for r in (0..self.config.resources()).filter(|r| !self.config.bound(*r)) {
+                tables.fences[r] = Some(Fence {
+                    binding: Binding::Unbound,
+                    max_term: 1,
+                    settle: None,
+                    drain: None,
+                    grant: 0,
+                    grant_ends: None,
+                });
+                ghost.admitted[r] = 1;
+                ghost.sent[r] = 1;
+            }
+        }
         vec![State {
             now: 0,
             wall_offset: 0,
@@ -1849,7 +1915,7 @@ impl Model for Protocol {
             sql: None,
             admin: None,
             admin_actions: 0,
-            ghost: Ghost::default(),
+            ghost,
             bound: self.config.bound_resources,
         }]
     }
@@ -1916,6 +1982,12 @@ impl Model for Protocol {
             }),
             Property::sometimes(Witness::FenceBoundByHand.name(), |_, s: &State| {
                 Witness::FenceBoundByHand.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::NamespaceGrantOtherResource.name(), |_, s: &State| {
+                Witness::NamespaceGrantOtherResource.seen(&s.ghost)
+            }),
+            Property::sometimes(Witness::NamespaceGrantAfterRaise.name(), |_, s: &State| {
+                Witness::NamespaceGrantAfterRaise.seen(&s.ghost)
             }),
         ]
     }

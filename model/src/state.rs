@@ -93,7 +93,7 @@ pub enum Stage {
     /// `fencing.gate` read the fence row (one statement, no lock) and found a write of its
     /// current term that asks for a grant: the statements that take the locks come next.
     /// `settle`: the version read's settle.
-    ReadGrant { attempt: u8, settle: u8 },
+    ReadGrant { attempt: u8, settle: u8, epoch: u8 },
     /// `fencing.gate` read a lower maximum: `SELECT .. FOR UPDATE` comes next.
     ReadRaise { attempt: u8 },
     /// The raise holds the fence row (`FOR UPDATE`) and the fence's advisory lock, asleep in
@@ -124,8 +124,10 @@ pub enum Held {
 /// What `fencing.gate` answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Answer {
-    /// Admitted: wait `wait` from the decision, and a grant of `grant`.
-    Admitted { wait: u8, grant: u8 },
+    /// Admitted: wait `wait` from the decision, and a grant of `grant`; `epoch`: the lease's
+    /// (bound) or the namespace's (unbound, namespace-grant design) epoch read with the version
+    /// it was decided on, which the answer carries.
+    Admitted { wait: u8, grant: u8, epoch: u8 },
     /// Refused (stale, future term, not leader); `max`: the maximum it saw, if any.
     Refused { max: u8 },
     /// The fence kept changing (SQLSTATE 40001): undecided.
@@ -174,6 +176,8 @@ pub struct Grant {
     pub deadline: i8,
     /// The settle's end it was given with (boot clock): writes under it start no earlier.
     pub start: i8,
+    /// The namespace-grant design: the resource the grant was given through (0 otherwise).
+    pub via: u8,
     /// asked + the store's wait: writes under it end no later than this (or now) + forward.
     pub latest: i8,
 }

@@ -199,6 +199,15 @@ BEGIN
                 IF NOT pg_try_advisory_xact_lock_shared(1718183525, fencing.fence_lock_id(p_resource))
                    OR (fence_.lease_key IS NOT NULL
                        AND NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key))) THEN
+                    -- The version read may be older than a term change that committed since
+                    -- (this backend paused between the statements): admitted only on the version
+                    -- as it is now (found by the protocol model, `busy-grant-on-stale-version`).
+                    PERFORM 1 FROM fencing.fences f
+                      WHERE f.resource = p_resource AND f.max_term = p_term
+                        AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key;
+                    IF NOT FOUND THEN
+                        CONTINUE;
+                    END IF;
                     -- The term change in progress may be the lease's own, granted since the read:
                     -- the lease is read again (found by the protocol model with an SQL raise).
                     refused_ := fencing.gate_refusal(fence_.lease_key, p_term, fence_.max_term);
@@ -228,6 +237,14 @@ BEGIN
                     AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
                     FOR NO KEY UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
+                    -- Locked by a term change, or changed since the read: admitted only on the
+                    -- version as it is now (`busy-grant-on-stale-version`).
+                    PERFORM 1 FROM fencing.fences f
+                      WHERE f.resource = p_resource AND f.max_term = p_term
+                        AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key;
+                    IF NOT FOUND THEN
+                        CONTINUE;
+                    END IF;
                     refused_ := fencing.gate_refusal(fence_.lease_key, p_term, fence_.max_term);
                     IF refused_.outcome IS NOT NULL THEN
                         RETURN refused_;

@@ -14,13 +14,18 @@ use crate::Setup;
 use fencing_tests::pg::TestDb;
 
 async fn verify(args: &[&str]) -> (Output, String) {
-    let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-        .arg("verify")
-        .args(args)
-        .env_remove("FENCING_CLIENT_TOKEN")
-        .output()
-        .await
-        .unwrap();
+    run_verify(args, None).await
+}
+
+/// Runs `fencing-gateway verify` with `args`; with `database_url`, as DATABASE_URL (never argv),
+/// and no other way to find a database.
+async fn run_verify(args: &[&str], database_url: Option<String>) -> (Output, String) {
+    let mut command = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap());
+    command.arg("verify").args(args).env_remove("FENCING_CLIENT_TOKEN");
+    if let Some(url) = database_url {
+        command.env("DATABASE_URL", url).env_remove("DATABASE_URL_FILE").env_remove("FENCING_CONFIG");
+    }
+    let output = command.output().await.unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     println!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
     (output, stdout)
@@ -165,18 +170,7 @@ async fn verify_fails_when_the_writes_go_around_the_fence() {
 /// `verify --table` against a table protected by the SQL guard, the database given as
 /// DATABASE_URL (never argv).
 async fn verify_table(db: &TestDb, args: &[&str]) -> (Output, String) {
-    let output = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-        .arg("verify")
-        .args(args)
-        .env("DATABASE_URL", db.url())
-        .env_remove("DATABASE_URL_FILE")
-        .env_remove("FENCING_CONFIG")
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    println!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
-    (output, stdout)
+    run_verify(args, Some(db.url())).await
 }
 
 /// The SQL guard's zombie story: a bound table refuses the zombie before and after B's first
