@@ -195,7 +195,8 @@ BEGIN
                 -- grant is given holding the advisory locks shared, which a term change takes
                 -- exclusively before it sleeps out the grants; taken, the version read is checked
                 -- again. A term change in progress holds them: no grant, and the write is
-                -- admitted on the version read, as in the common case.
+                -- admitted if the row, read again, is still the version read (the same term,
+                -- binding and settle: every change of term or binding takes a new settle id).
                 IF NOT pg_try_advisory_xact_lock_shared(1718183525, fencing.fence_lock_id(p_resource))
                    OR (fence_.lease_key IS NOT NULL
                        AND NOT pg_try_advisory_xact_lock_shared(1818583397, fencing.lease_lock_id(fence_.lease_key))) THEN
@@ -204,7 +205,8 @@ BEGIN
                     -- as it is now (found by the protocol model, `busy-grant-on-stale-version`).
                     PERFORM 1 FROM fencing.fences f
                       WHERE f.resource = p_resource AND f.max_term = p_term
-                        AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key;
+                        AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
+                        AND f.settle_id IS NOT DISTINCT FROM fence_.settle_id;
                     IF NOT FOUND THEN
                         CONTINUE;
                     END IF;
@@ -241,7 +243,8 @@ BEGIN
                     -- version as it is now (`busy-grant-on-stale-version`).
                     PERFORM 1 FROM fencing.fences f
                       WHERE f.resource = p_resource AND f.max_term = p_term
-                        AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key;
+                        AND f.lease_key IS NOT DISTINCT FROM fence_.lease_key
+                        AND f.settle_id IS NOT DISTINCT FROM fence_.settle_id;
                     IF NOT FOUND THEN
                         CONTINUE;
                     END IF;
