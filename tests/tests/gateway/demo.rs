@@ -4,22 +4,22 @@ use std::time::Duration;
 
 use fencing_tests::workspace_bin;
 
+/// Runs `fencing-gateway demo --exit-after-story` with `args`, in `cwd` if given; its output.
+async fn demo(args: &[&std::ffi::OsStr], cwd: Option<&std::path::Path>) -> std::process::Output {
+    let mut command = tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap());
+    command.args(["demo", "--control-listen", "127.0.0.1:0", "--exit-after-story"]).args(args);
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    let output = command.env("RUST_LOG", "error").kill_on_drop(true).output();
+    tokio::time::timeout(Duration::from_secs(120), output).await.expect("the demo finishes").unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_tells_the_zombie_story_and_stops_everything_it_started() {
     let dir = std::env::temp_dir().join(format!("fencing-demo-{}-{}", std::process::id(), rand::random::<u32>()));
     let data_dir = dir.join("pgdata");
-    let output = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-            .args(["demo", "--control-listen", "127.0.0.1:0", "--exit-after-story", "--data-dir"])
-            .arg(&data_dir)
-            .env("RUST_LOG", "error")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the demo finishes")
-    .unwrap();
+    let output = demo(&[std::ffi::OsStr::new("--data-dir"), data_dir.as_os_str()], None).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     let steps = [
@@ -56,18 +56,7 @@ async fn the_demo_run_as_root_where_postgres_cannot_enter_chooses_a_directory_it
     let here = locked.join("project");
     std::fs::create_dir_all(&here).unwrap();
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let output = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(workspace_bin("fencing-gateway").unwrap())
-            .args(["demo", "--control-listen", "127.0.0.1:0", "--exit-after-story"])
-            .current_dir(&here)
-            .env("RUST_LOG", "error")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the demo finishes")
-    .unwrap();
+    let output = demo(&[], Some(&here)).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let _ = std::fs::remove_dir_all(&locked);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
