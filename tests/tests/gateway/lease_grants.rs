@@ -109,13 +109,16 @@ async fn one_lease_grant_covers_every_resource_of_a_bound_route_and_a_new_term_w
     let decisions_before = counter(&gateway, "fencing_check_duration_seconds_count").await;
     let renewals_before = counter(&gateway, "fencing_grant_renewals_total{result=\"ok\"}").await;
     let before = transactions(&sql).await;
+    // At least two seconds and three writes per resource, whichever takes longer (a loaded
+    // machine writes slower; the count, not the time, is what the test needs).
     let started = Instant::now();
     let mut n = 0;
-    while started.elapsed() < Duration::from_secs(2) {
+    while started.elapsed() < Duration::from_secs(2) || n < 3 * RESOURCES {
         let resource = format!("r{}", n % RESOURCES);
         assert_eq!(write(gateway.proxy, &resource, 1, &format!("spread-{n}")).await, StatusCode::OK);
         n += 1;
     }
+    let elapsed = started.elapsed().as_secs_f64();
     let decisions = counter(&gateway, "fencing_check_duration_seconds_count").await - decisions_before;
     // Postgres counts a backend's transactions within a second or so (its statistics are flushed
     // at most once a second): both readings are taken after such a pause.
@@ -123,14 +126,16 @@ async fn one_lease_grant_covers_every_resource_of_a_bound_route_and_a_new_term_w
     let spent = transactions(&sql).await - before;
     let granted = counter(&gateway, "fencing_granted_writes_total").await - granted_before;
     println!(
-        "{n} writes over {RESOURCES} resources: {granted} under the lease grant, {decisions} decisions asked for, {spent} transactions in 3.1 s"
+        "{n} writes over {RESOURCES} resources in {elapsed:.1} s: {granted} under the lease grant, {decisions} decisions asked for, {spent} transactions"
     );
-    assert!(n > 2 * RESOURCES, "only {n} writes in two seconds: the test proves nothing");
+    assert!(n >= 3 * RESOURCES, "only {n} writes: the test proves nothing");
     assert!(granted >= n as f64 - 5.0, "only {granted} of {n} writes were admitted under the lease grant");
     // Every resource had its decision before: none needs the store.
-    assert!(decisions <= 2.0, "{decisions} decisions for {n} writes over {RESOURCES} resources in two seconds");
+    assert!(decisions <= 2.0, "{decisions} decisions for {n} writes over {RESOURCES} resources in {elapsed:.1} s");
     let renewals = counter(&gateway, "fencing_grant_renewals_total{result=\"ok\"}").await - renewals_before;
-    assert!(renewals <= 12.0, "{renewals} renewals in two seconds of a 400 ms grant");
+    // One renewal per half grant (200 ms) at most, plus two: 12 in two seconds.
+    let most = (elapsed / 0.2).ceil() + 2.0;
+    assert!(renewals <= most, "{renewals} renewals in {elapsed:.1} s of a 400 ms grant (at most {most})");
     // The gauges (set every second, while writes flow): one grant, covering every resource.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut n = 0;
