@@ -78,6 +78,7 @@ pub mod daemons;
 mod error;
 pub mod membership;
 pub mod metrics;
+pub mod pool;
 mod runtime;
 pub mod state;
 pub mod watch;

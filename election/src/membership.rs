@@ -227,10 +227,10 @@ impl Membership {
         call: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, fencing_schema::Error>,
     ) -> Result<T, String> {
         let deadline = Instant::now() + self.query_timeout;
-        let client = match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(format!("get a connection: {error}")),
-            Err(_) => return Err("timed out getting a connection".to_owned()),
+        let client = match crate::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            Some(Err(error)) => return Err(format!("get a connection: {error}")),
+            None => return Err("timed out getting a connection".to_owned()),
         };
         let limit = deadline.saturating_duration_since(Instant::now()).as_millis().max(1);
         // The idle limit: a process paused between two statements of the transaction (or before

@@ -224,10 +224,10 @@ impl ElectorHandle {
         let term = self.current_term().ok_or_else(|| Error::NotLeader { key: key.clone() })?;
         let deadline = Instant::now() + self.query_timeout;
         let failed = |message: String| Error::Store { key: key.clone(), message };
-        let client = match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
-            Err(_) => return Err(failed("timed out getting a connection".to_owned())),
+        let client = match crate::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            Some(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
+            None => return Err(failed("timed out getting a connection".to_owned())),
         };
         match timeout_at(deadline, store::set_lease_value(&**client, &key, &self.shared.owner, term, &text)).await {
             Ok(Ok(true)) => Ok(()),
@@ -684,12 +684,12 @@ impl Runtime {
     }
 
     async fn pooled(&self, call_deadline: Instant) -> Result<Object, CallError> {
-        match timeout_at(call_deadline, self.elector.pool.get()).await {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(error)) => {
+        match crate::pool::connection_by(&self.elector.pool, call_deadline).await {
+            Some(Ok(client)) => Ok(client),
+            Some(Err(error)) => {
                 Err(CallError::Failed(format!("get a connection from the pool: {}", error_chain(&error))))
             }
-            Err(_) => Err(CallError::TimedOut),
+            None => Err(CallError::TimedOut),
         }
     }
 
@@ -788,10 +788,10 @@ pub(crate) async fn read_within<T>(
 ) -> Result<T, Error> {
     let failed = |message: String| Error::Store { key: key.to_owned(), message };
     let deadline = Instant::now() + limit;
-    let client = match timeout_at(deadline, pool.get()).await {
-        Ok(Ok(client)) => client,
-        Ok(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
-        Err(_) => return Err(failed("timed out getting a connection".to_owned())),
+    let client = match crate::pool::connection_by(pool, deadline).await {
+        Some(Ok(client)) => client,
+        Some(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
+        None => return Err(failed("timed out getting a connection".to_owned())),
     };
     match timeout_at(deadline, read(&**client)).await {
         Ok(Ok(value)) => Ok(value),

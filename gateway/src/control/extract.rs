@@ -147,15 +147,15 @@ impl ControlState {
         Fut: Future<Output = (Object, Result<T, fencing_schema::Error>)>,
     {
         let deadline = Instant::now() + self.config.database.fence_check_timeout;
-        let client = match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
+        let client = match fencing_election::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            Some(Err(error)) => {
                 // The cause (a refused connection, a failed TLS handshake with the names it
                 // expected) goes to the log, not to unauthenticated callers of /readyz.
                 warn!(error = %crate::error_chain(&error), "control API: no database connection");
                 return Err(unavailable("the fence store cannot be reached; the gateway's log says why"));
             }
-            Err(_) => return Err(unavailable("the fence store did not answer in time")),
+            None => return Err(unavailable("the fence store did not answer in time")),
         };
         match timeout_at(deadline, call(client)).await {
             Ok((client, Err(error))) => {

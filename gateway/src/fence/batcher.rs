@@ -98,12 +98,12 @@ impl Batcher {
     }
 
     async fn call(&self, batch: &[Pending], deadline: Instant) -> Result<Vec<Gate>, Undecided> {
-        let client = match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
+        let client = match fencing_election::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            Some(Err(error)) => {
                 return Err(Undecided::Failed(format!("get a connection: {}", crate::error_chain(&error))));
             }
-            Err(_) => return Err(Undecided::TimedOut),
+            None => return Err(Undecided::TimedOut),
         };
         let resources: Vec<&str> = batch.iter().map(|item| item.resource.as_str()).collect();
         let mut terms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
