@@ -93,12 +93,17 @@ $$;
 -- Refuses, with SQLSTATE 22023, a new fence under a name the schema keeps for its own fences:
 -- 'fencing.daemons/<cluster>' fences a cluster's daemon assignments, created and bound only by
 -- fencing.reconcile_daemons (a fence made first by any other writer could be given a maximum
--- or a lease no daemons leader could ever pass).
+-- or a lease no daemons leader could ever pass); 'fencing.log/<stream>' fences a fenced log's
+-- appends, created and bound only by fencing.create_stream.
 CREATE OR REPLACE FUNCTION fencing.check_unreserved(resource text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF left(resource, 16) = 'fencing.daemons/' THEN
         RAISE EXCEPTION 'fencing: resource names beginning with fencing.daemons/ are the daemons'' own, got "%"', resource
+            USING ERRCODE = '22023';
+    END IF;
+    IF left(resource, 12) = 'fencing.log/' THEN
+        RAISE EXCEPTION 'fencing: resource names beginning with fencing.log/ are the fenced logs'' own (fencing.create_stream), got "%"', resource
             USING ERRCODE = '22023';
     END IF;
 END

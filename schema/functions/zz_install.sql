@@ -9,6 +9,9 @@
 --       fencing.release(text, text), fencing.admit(text, bigint),
 --       fencing.set_lease_value(text, text, bigint, jsonb), fencing.read_lease(text),
 --       fencing.observe_lease(text) TO app;
+--   and for a fenced log (schema version 16), to its leader and its followers:
+--   GRANT EXECUTE ON FUNCTION fencing.append(text, bigint, jsonb), fencing.append(text, bigint, jsonb[]),
+--       fencing.read_stream(text, bigint, integer), fencing.report_position(text, text, bigint) TO app;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencing FROM PUBLIC;
 ALTER DEFAULT PRIVILEGES IN SCHEMA fencing REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA fencing FROM PUBLIC;

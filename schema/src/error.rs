@@ -9,6 +9,12 @@ use tokio_postgres::error::SqlState;
 /// current term or while that lease is not held, and when a guarded write presents no term.
 pub const SQLSTATE_REFUSED: &str = "ZF409";
 
+/// The SQLSTATE of a read of a fenced log's entries that retention removed (schema version 16).
+pub const SQLSTATE_COMPACTED: &str = "ZF410";
+
+/// The SQLSTATE of a fenced log's stream that does not exist (`undefined_object`).
+pub const SQLSTATE_NO_STREAM: &str = "42704";
+
 /// The SQLSTATE every invalid argument raises (`invalid_parameter_value`).
 pub const SQLSTATE_INVALID_ARGUMENT: &str = "22023";
 
@@ -85,6 +91,23 @@ pub enum Error {
         message: String,
     },
 
+    /// A read of a fenced log asked for entries retention removed (SQLSTATE `ZF410`): the reader
+    /// must take a snapshot of the state up to `first_seq - 1` and read after it.
+    #[error("{message}")]
+    Compacted {
+        /// Postgres's message.
+        message: String,
+        /// The stream's oldest kept entry.
+        first_seq: i64,
+    },
+
+    /// A fenced log's stream that does not exist (SQLSTATE `42704`).
+    #[error("{message}")]
+    NoStream {
+        /// Postgres's message, naming the stream.
+        message: String,
+    },
+
     /// A function answered in a shape this binary does not know (a schema from another release).
     #[error("unexpected reply from the fence store: {message}")]
     UnexpectedReply {
@@ -114,6 +137,16 @@ impl From<tokio_postgres::Error> for Error {
         let code = db.code();
         if code == &SqlState::from_code(SQLSTATE_REFUSED) {
             Error::Refused { message: db.message().to_owned() }
+        } else if code == &SqlState::from_code(SQLSTATE_COMPACTED) {
+            let first_seq = db.detail().and_then(|detail| detail.strip_prefix("first_seq=")?.parse().ok());
+            match first_seq {
+                Some(first_seq) => Error::Compacted { message: db.message().to_owned(), first_seq },
+                None => Error::UnexpectedReply {
+                    message: format!("a compacted stream without its first_seq: {}", db.message()),
+                },
+            }
+        } else if code == &SqlState::from_code(SQLSTATE_NO_STREAM) && db.message().starts_with("fencing: no stream") {
+            Error::NoStream { message: db.message().to_owned() }
         } else if code == &SqlState::from_code(SQLSTATE_INVALID_ARGUMENT)
             // Text a caller sent that Postgres cannot read as the type asked for (a lease value
             // that is no JSON Postgres accepts: a \u0000 in a string): bad input too.

@@ -14,13 +14,16 @@
 //! - [`schema_version`] and [`check_schema_version`] tell whether a database is at the version this
 //!   binary expects.
 //! - [`store`] calls the SQL functions and decodes their rows.
+//! - [`log`] calls the fenced log's functions (schema version 16): streams, appends, reads,
+//!   followers' positions and retention.
 //! - [`Error`] is this crate's one error type.
 
 mod error;
+pub mod log;
 mod migrations;
 pub mod store;
 
-pub use error::{Error, SQLSTATE_INVALID_ARGUMENT, SQLSTATE_REFUSED};
+pub use error::{Error, SQLSTATE_COMPACTED, SQLSTATE_INVALID_ARGUMENT, SQLSTATE_NO_STREAM, SQLSTATE_REFUSED};
 pub use migrations::{
     ADVISORY_LOCK_KEY, FUNCTIONS, LATEST_VERSION, MIGRATIONS, Migration, MigrationReport, Repeatable,
     check_schema_version, migrate, schema_version,

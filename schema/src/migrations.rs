@@ -50,6 +50,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 13, name: "watch", sql: include_str!("../migrations/0013_watch.sql") },
     Migration { version: 14, name: "handover", sql: include_str!("../migrations/0014_handover.sql") },
     Migration { version: 15, name: "members_at_scale", sql: include_str!("../migrations/0015_members_at_scale.sql") },
+    Migration { version: 16, name: "log", sql: include_str!("../migrations/0016_log.sql") },
 ];
 
 macro_rules! repeatable {
@@ -75,6 +76,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
     "handover",
     "lease_value",
     "lock_delay",
+    "log",
     "members",
     "presented_term",
     "probe_newest",
@@ -90,7 +92,7 @@ pub const FUNCTIONS: &[Repeatable] = repeatable![
 ];
 
 /// The schema version this binary expects to find.
-pub const LATEST_VERSION: i32 = 15;
+pub const LATEST_VERSION: i32 = 16;
 
 /// The advisory lock key migrations are serialised on: "fencing" in ASCII.
 pub const ADVISORY_LOCK_KEY: i64 = 0x0066_656e_6369_6e67;

@@ -349,11 +349,36 @@ fn cpu_time(pid: Option<i32>) -> Duration {
     Duration::from_micros((ticks(11) + ticks(12)) * 1_000_000 / hz)
 }
 
+/// A running nginx. Its master process is stopped with SIGTERM, which stops its workers too,
+/// when this is dropped: a SIGKILL (`kill_on_drop`) ends the master alone and leaves its
+/// workers running, holding the upstream's connections and CPU time into the next run.
+struct Nginx {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+}
+
+impl Nginx {
+    /// Stops nginx and waits (at most 10 s) for its master to end.
+    async fn stop(mut self) {
+        self.terminate();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+    }
+
+    fn terminate(&self) {
+        if let Some(pid) = self.child.id().and_then(|id| i32::try_from(id).ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
 /// nginx as a plain reverse proxy to `upstream`, when the binary is installed.
-async fn start_nginx(
-    upstream: SocketAddr,
-    dir: &std::path::Path,
-) -> Result<Option<(tokio::process::Child, SocketAddr)>> {
+async fn start_nginx(upstream: SocketAddr, dir: &std::path::Path) -> Result<Option<Nginx>> {
     let Some(binary) = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx"]
         .into_iter()
         .map(std::path::PathBuf::from)
@@ -381,11 +406,11 @@ async fn start_nginx(
         .args(["-p", &dir.display().to_string(), "-c", &config.display().to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()?;
+    let nginx = Nginx { child, addr };
     for _ in 0..100 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(Some((child, addr)));
+            return Ok(Some(nginx));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -496,7 +521,7 @@ async fn run(options: &Options) -> Result<()> {
             cpu_pid: passthrough_pid,
         },
     ];
-    if let Some((_, addr)) = &nginx {
+    if let Some(Nginx { addr, .. }) = &nginx {
         targets.push(Target {
             name: "nginx",
             addr: *addr,
@@ -596,7 +621,7 @@ async fn run(options: &Options) -> Result<()> {
             None,
             passthrough_pid,
         ));
-        if let Some((_, addr)) = &nginx {
+        if let Some(Nginx { addr, .. }) = &nginx {
             targets.push(spread(name("nginx"), *addr, format!("/ledger/n{n}-{{n}}/entries"), vec![], None, None));
         }
         targets.push(spread(
@@ -790,8 +815,8 @@ async fn run(options: &Options) -> Result<()> {
     );
     drop(gateways);
     term_change_cost(&cluster).await?;
-    if let Some((mut child, _)) = nginx {
-        child.kill().await.ok();
+    if let Some(nginx) = nginx {
+        nginx.stop().await;
     }
     std::fs::remove_dir_all(&scratch).ok();
     upstream.kill().await.ok();

@@ -21,6 +21,7 @@ mod harness;
 mod isolation;
 mod lease_values;
 mod lock_delay;
+mod log;
 mod members;
 mod migrations;
 mod plants;
