@@ -11,7 +11,7 @@ const FORWARD: Duration = Duration::from_secs(2);
 
 /// A cluster whose database commits asynchronously, and whose WAL writer flushes rarely, so an
 /// asynchronous commit is lost in a crash unless something forced it to disk.
-async fn asynchronous_cluster() -> (PgCluster, String) {
+pub(crate) async fn asynchronous_cluster() -> (PgCluster, String) {
     let cluster =
         PgCluster::start_with_settings(Durability::Off, "synchronous_commit = off\nwal_writer_delay = 10s\n").unwrap();
     let admin = connect(&cluster.url("postgres")).await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fencing_schema::log::{self, Retention};
 use fencing_schema::{Error, store};
-use fencing_tests::pg::{Durability, PgCluster, TestDb, connect};
+use fencing_tests::pg::{TestDb, connect};
 use tokio::sync::Mutex;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -369,13 +369,8 @@ async fn bad_input_to_the_log_is_refused_with_22023_and_changes_nothing() {
 /// applied it never finds it gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_an_append_answered_under_asynchronous_commit_survives_a_crash_of_postgres() {
-    let cluster =
-        PgCluster::start_with_settings(Durability::Off, "synchronous_commit = off\nwal_writer_delay = 10s\n").unwrap();
-    let admin = connect(&cluster.url("postgres")).await;
-    admin.batch_execute("CREATE DATABASE durable").await.unwrap();
-    let url = cluster.url("durable");
-    let mut client = connect(&url).await;
-    fencing_schema::migrate(&mut client).await.unwrap();
+    let (cluster, url) = crate::durability::asynchronous_cluster().await;
+    let client = connect(&url).await;
     log::create_stream(&client, "s", "k", Retention::default()).await.unwrap();
     let term = store::acquire(&client, "k", "a", TTL).await.unwrap().term.unwrap();
     client.batch_execute("CHECKPOINT").await.unwrap();
