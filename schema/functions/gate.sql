@@ -130,8 +130,9 @@ BEGIN
         END IF;
 
         IF NOT FOUND OR fence_.resource IS NULL THEN
-            -- The first write ever. Never to a fence the daemons keep for themselves.
-            IF left(p_resource, 16) = 'fencing.daemons/' THEN
+            -- The first write ever. Never to a fence the daemons or a fenced log keep for
+            -- themselves (fencing.check_unreserved).
+            IF left(p_resource, 16) = 'fencing.daemons/' OR left(p_resource, 12) = 'fencing.log/' THEN
                 RETURN (false, 'wrong_lease', p_term, NULL, bind_lease, NULL, 0, 0, NULL, NULL)::fencing.gate_result;
             END IF;
             -- Bound: only the lease's current term while it is held.

@@ -6,13 +6,26 @@
 CREATE OR REPLACE FUNCTION fencing.log_resource(stream text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'fencing.log/' || stream $$;
 
+-- Refuses a stream name that is null, empty or longer than 244 characters (its fence's name,
+-- 'fencing.log/' and the stream's, is then at most 256, as every resource name), SQLSTATE 22023.
+CREATE OR REPLACE FUNCTION fencing.check_stream(stream text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM fencing.check_name('stream', stream);
+    IF length(stream) > 244 THEN
+        RAISE EXCEPTION 'fencing: stream must be at most 244 characters, got %', length(stream)
+            USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
 -- Refuses a retention setting that is not positive (NULL: no such limit), SQLSTATE 22023.
 CREATE OR REPLACE FUNCTION fencing.check_retention(keep_count bigint, keep_age interval, max_entries bigint)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF keep_count < 1 OR keep_age <= interval '0' OR max_entries < 1 THEN
-        RAISE EXCEPTION 'fencing: keep_count, keep_age and max_entries must be positive or null, got %, %, %',
+    IF keep_count < 1 OR keep_age <= interval '0' OR keep_age > interval '100 years' OR max_entries < 1 THEN
+        RAISE EXCEPTION 'fencing: keep_count, keep_age (at most 100 years) and max_entries must be positive or null, got %, %, %',
             keep_count, keep_age, max_entries
             USING ERRCODE = '22023';
     END IF;
@@ -50,7 +63,7 @@ DECLARE
     bound_      text;
     created_    boolean;
 BEGIN
-    PERFORM fencing.check_name('stream', p_stream);
+    PERFORM fencing.check_stream(p_stream);
     PERFORM fencing.check_name('lease key', p_lease_key);
     PERFORM fencing.check_retention(keep_count, keep_age, max_entries);
     PERFORM fencing.commit_durably();
@@ -78,7 +91,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_stream ALIAS FOR stream;
 BEGIN
-    PERFORM fencing.check_name('stream', p_stream);
+    PERFORM fencing.check_stream(p_stream);
     PERFORM fencing.check_retention(keep_count, keep_age, max_entries);
     PERFORM fencing.stream_row(p_stream);
     UPDATE fencing.streams s SET keep_count = set_retention.keep_count, keep_age = set_retention.keep_age,
@@ -106,10 +119,14 @@ DECLARE
     head_    bigint;
     now_     timestamptz;
 BEGIN
-    PERFORM fencing.check_name('stream', p_stream);
+    PERFORM fencing.check_stream(p_stream);
     PERFORM fencing.check_term(p_term);
     IF count_ < 1 OR count_ > 1000 THEN
         RAISE EXCEPTION 'fencing: an append carries 1 to 1000 entries, got %', count_
+            USING ERRCODE = '22023';
+    END IF;
+    IF array_ndims(payloads) <> 1 THEN
+        RAISE EXCEPTION 'fencing: the entries of an append are a one-dimensional array'
             USING ERRCODE = '22023';
     END IF;
     IF array_position(payloads, NULL) IS NOT NULL THEN
@@ -156,7 +173,7 @@ DECLARE
     p_stream ALIAS FOR stream;
     stream_  fencing.streams;
 BEGIN
-    PERFORM fencing.check_name('stream', p_stream);
+    PERFORM fencing.check_stream(p_stream);
     IF after IS NULL OR after < 0 THEN
         RAISE EXCEPTION 'fencing: after must be a sequence number >= 0, got %', coalesce(after::text, 'null')
             USING ERRCODE = '22023';
@@ -166,7 +183,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     stream_ := fencing.stream_row(p_stream);
-    IF after + 1 < stream_.first_seq THEN
+    IF after < stream_.first_seq - 1 THEN
         RAISE EXCEPTION 'fencing: stream "%" is compacted: entries % to % are gone; resnapshot from sequence %',
             p_stream, after + 1, stream_.first_seq - 1, stream_.first_seq
             USING ERRCODE = 'ZF410',
@@ -198,9 +215,13 @@ DECLARE
     p_follower ALIAS FOR follower;
     stream_    fencing.streams;
 BEGIN
-    PERFORM fencing.check_name('stream', p_stream);
+    PERFORM fencing.check_stream(p_stream);
     PERFORM fencing.check_name('follower', p_follower);
-    stream_ := fencing.stream_row(p_stream);
+    PERFORM fencing.stream_row(p_stream);
+    -- Checked on the row as retention leaves it: a retention running now waits for this report
+    -- (its FOR UPDATE conflicts with FOR KEY SHARE; an append's update does not), or this waits
+    -- for it and checks against the entries it left.
+    SELECT * INTO stream_ FROM fencing.streams s WHERE s.stream = p_stream FOR KEY SHARE;
     IF applied IS NULL OR applied < stream_.first_seq - 1 OR applied > stream_.head THEN
         RAISE EXCEPTION 'fencing: follower "%" of stream "%" reports sequence %, outside % to %',
             p_follower, p_stream, coalesce(applied::text, 'null'), stream_.first_seq - 1, stream_.head
@@ -218,6 +239,9 @@ CREATE OR REPLACE FUNCTION fencing.forget_follower(stream text, follower text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    PERFORM fencing.check_stream(forget_follower.stream);
+    PERFORM fencing.check_name('follower', forget_follower.follower);
+    PERFORM fencing.stream_row(forget_follower.stream);
     DELETE FROM fencing.stream_followers f WHERE f.stream = forget_follower.stream AND f.follower = forget_follower.follower;
     RETURN FOUND;
 END
@@ -235,6 +259,7 @@ DECLARE
     stream_  fencing.streams;
     now_     timestamptz := clock_timestamp();
 BEGIN
+    PERFORM fencing.check_stream(p_stream);
     stream_ := fencing.stream_row(p_stream);
     RETURN QUERY
         SELECT f.follower, f.position, stream_.head - f.position,
@@ -263,7 +288,14 @@ DECLARE
     slowest_ bigint;
     removed_ bigint;
 BEGIN
-    PERFORM fencing.check_name('stream', p_stream);
+    PERFORM fencing.check_stream(p_stream);
+    -- The followers are read after the stream row's lock, on the newest rows: a snapshot older
+    -- than a follower's report would remove what it has not applied.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'fencing: retention runs at READ COMMITTED only, not at % (a snapshot may predate a follower''s report)',
+            current_setting('transaction_isolation')
+            USING ERRCODE = '0A000';
+    END IF;
     PERFORM fencing.stream_row(p_stream);
     SELECT * INTO stream_ FROM fencing.streams s WHERE s.stream = p_stream FOR UPDATE;
     cut_ := stream_.first_seq - 1;
@@ -283,11 +315,12 @@ BEGIN
     IF cut_ < stream_.first_seq THEN
         RETURN 0;
     END IF;
+    -- first_seq first: the guard lets retention remove only entries below it.
+    UPDATE fencing.streams s SET first_seq = cut_ + 1 WHERE s.stream = p_stream;
     PERFORM set_config('fencing.log_writer', 'retain', true);
     DELETE FROM fencing.stream_entries e WHERE e.stream = p_stream AND e.seq <= cut_;
     GET DIAGNOSTICS removed_ = ROW_COUNT;
     PERFORM set_config('fencing.log_writer', '', true);
-    UPDATE fencing.streams s SET first_seq = cut_ + 1 WHERE s.stream = p_stream;
     RETURN removed_;
 END
 $$;
@@ -302,6 +335,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 DECLARE
     p_stream ALIAS FOR stream;
 BEGIN
+    PERFORM fencing.check_stream(p_stream);
     PERFORM fencing.stream_row(p_stream);
     RETURN QUERY
         SELECT f.lease_key, f.max_term, s.head, s.first_seq, s.appended_at, s.keep_count, s.keep_age,
@@ -313,17 +347,24 @@ END
 $$;
 
 -- The entries' guard: entries are written by fencing.append and removed by retention only.
--- (The schema's owner can drop the trigger: this refuses mistakes and stray writers, which
--- need the table privileges no application is granted.)
+-- This refuses mistakes of the roles that hold the table's privileges (no application is
+-- granted them): the schema's owner can still drop the trigger, or write entries where append
+-- and retention would (a number at or below the head that no committed entry holds, an entry
+-- already below the first kept one).
 CREATE OR REPLACE FUNCTION fencing.entries_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     writer_ text := coalesce(current_setting('fencing.log_writer', true), '');
 BEGIN
-    IF TG_OP = 'INSERT' AND writer_ = 'append' THEN
+    -- Even with the setting, only where append and retention write: an entry numbered by its
+    -- stream's head, a removal below its first kept entry.
+    IF TG_OP = 'INSERT' AND writer_ = 'append'
+       AND EXISTS (SELECT 1 FROM fencing.streams s
+                    WHERE s.stream = NEW.stream AND NEW.seq BETWEEN s.first_seq AND s.head) THEN
         RETURN NEW;
     END IF;
-    IF TG_OP = 'DELETE' AND writer_ = 'retain' THEN
+    IF TG_OP = 'DELETE' AND writer_ = 'retain'
+       AND EXISTS (SELECT 1 FROM fencing.streams s WHERE s.stream = OLD.stream AND OLD.seq < s.first_seq) THEN
         RETURN OLD;
     END IF;
     RAISE EXCEPTION 'fencing: the entries of a fenced log are immutable: % is refused (entries are added by fencing.append and removed by fencing.retain_stream only)',
@@ -338,13 +379,15 @@ BEGIN
                     WHERE t.tgrelid = 'fencing.stream_entries'::regclass AND t.tgname = 'fencing_entries_guard') THEN
         CREATE TRIGGER fencing_entries_guard BEFORE INSERT OR UPDATE OR DELETE ON fencing.stream_entries
             FOR EACH ROW EXECUTE FUNCTION fencing.entries_guard();
-        ALTER TABLE fencing.stream_entries ENABLE ALWAYS TRIGGER fencing_entries_guard;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_trigger t
                     WHERE t.tgrelid = 'fencing.stream_entries'::regclass AND t.tgname = 'fencing_entries_truncate') THEN
         CREATE TRIGGER fencing_entries_truncate BEFORE TRUNCATE ON fencing.stream_entries
             FOR EACH STATEMENT EXECUTE FUNCTION fencing.entries_guard();
-        ALTER TABLE fencing.stream_entries ENABLE ALWAYS TRIGGER fencing_entries_truncate;
     END IF;
+    -- Every time the file is applied: a guard disabled since is on again, in every
+    -- session_replication_role.
+    ALTER TABLE fencing.stream_entries ENABLE ALWAYS TRIGGER fencing_entries_guard;
+    ALTER TABLE fencing.stream_entries ENABLE ALWAYS TRIGGER fencing_entries_truncate;
 END
 $$;

@@ -14,9 +14,17 @@ use tokio::sync::Mutex;
 
 const TTL: Duration = Duration::from_secs(60);
 
+/// The refusal's message, which must name `outcome` (`stale`, `not_leader`, `future_term`).
 fn refused(result: Result<i64, Error>, outcome: &str) -> String {
     match result {
-        Err(Error::Refused { message }) => message,
+        Err(Error::Refused { message }) => {
+            let named = match outcome {
+                "stale" => "(stale term)".to_owned(),
+                other => format!("({})", other.replace('_', " ")),
+            };
+            assert!(message.contains(&named), "expected a {outcome} refusal: {message}");
+            message
+        }
         other => panic!("expected a {outcome} refusal, got {other:?}"),
     }
 }
@@ -28,21 +36,21 @@ async fn s4_a_stream_admits_only_its_leases_current_term_and_the_zombies_append_
     assert!(log::create_stream(&client, "orders", "orders-leader", Retention::default()).await.unwrap());
     assert!(!log::create_stream(&client, "orders", "orders-leader", Retention::default()).await.unwrap(), "exists");
 
-    // No leader yet: any term is refused (not_leader), nothing appended.
-    refused(log::append(&client, "orders", 1, &[r#"{"n":0}"#]).await, "not_leader");
-    let a = store::acquire(&client, "orders-leader", "a", Duration::from_millis(400)).await.unwrap().term.unwrap();
+    // No leader yet: any term is beyond the lease's (it has none), nothing appended.
+    refused(log::append(&client, "orders", 1, &[r#"{"n":0}"#]).await, "future_term");
+    let a = store::acquire(&client, "orders-leader", "a", TTL).await.unwrap().term.unwrap();
     assert_eq!(log::append(&client, "orders", a, &[r#"{"n":1}"#, r#"{"n":2}"#]).await.unwrap(), 1);
     // A future or forged term is refused and does not poison the fence.
     refused(log::append(&client, "orders", a + 1, &[r#"{"forged":true}"#]).await, "future_term");
     assert_eq!(log::append(&client, "orders", a, &[r#"{"n":3}"#]).await.unwrap(), 3);
 
-    // a's lease runs out; b leads with a higher term before writing anything: a (a zombie that
-    // does not know) is refused at once.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    refused(log::append(&client, "orders", a, &[r#"{"late":true}"#]).await, "not_leader (expired)");
+    // a's lease ends (as it would run out); b leads with a higher term before writing anything:
+    // a (a zombie that does not know) is refused at once.
+    store::force_release(&client, "orders-leader", "test", "a's lease ends").await.unwrap();
+    refused(log::append(&client, "orders", a, &[r#"{"late":true}"#]).await, "not_leader");
     let b = store::acquire(&client, "orders-leader", "b", TTL).await.unwrap().term.unwrap();
     assert!(b > a);
-    let message = refused(log::append(&client, "orders", a, &[r#"{"zombie":true}"#]).await, "not_leader");
+    let message = refused(log::append(&client, "orders", a, &[r#"{"zombie":true}"#]).await, "stale");
     assert!(message.contains("fencing.log/orders"), "{message}");
     assert_eq!(log::append(&client, "orders", b, &[r#"{"n":4}"#]).await.unwrap(), 4);
     refused(log::append(&client, "orders", a, &[r#"{"zombie":true}"#]).await, "stale");
@@ -63,6 +71,19 @@ async fn s4_a_stream_admits_only_its_leases_current_term_and_the_zombies_append_
     // The stream's fence is the log's own: no one else binds or writes it, and the stream stays
     // bound to its lease unless an admin rebinds it.
     assert!(matches!(store::bind(&client, "fencing.log/other", "x").await, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(store::admit(&client, "fencing.log/other", 1).await, Err(Error::InvalidArgument { .. })));
+    let gate =
+        store::gate(&client, "fencing.log/other", b, Duration::from_secs(1), Some("orders-leader")).await.unwrap();
+    assert!(!gate.is_admitted(), "the gateway's gate makes no log fence either: {gate:?}");
+    assert!(store::get_fence(&client, "fencing.log/other").await.unwrap().is_none());
+    // A stream's fence name is a resource name too: at most 256 characters.
+    let longest = "s".repeat(244);
+    assert!(log::create_stream(&client, &longest, "orders-leader", Retention::default()).await.unwrap());
+    assert_eq!(log::append(&client, &longest, b, &["1"]).await.unwrap(), 1);
+    assert!(matches!(
+        log::create_stream(&client, &"s".repeat(245), "orders-leader", Retention::default()).await,
+        Err(Error::InvalidArgument { .. })
+    ));
     match log::create_stream(&client, "orders", "another-lease", Retention::default()).await {
         Err(Error::InvalidArgument { message }) => assert!(message.contains("fencing.rebind"), "{message}"),
         other => panic!("expected a refusal to move the stream, got {other:?}"),
@@ -79,14 +100,18 @@ async fn s3_a_new_terms_first_append_waits_for_the_old_terms_open_append_and_fol
     let db = TestDb::new().await;
     let (mut old, new) = (db.connect().await, db.connect().await);
     log::create_stream(&new, "jobs", "jobs-leader", Retention::default()).await.unwrap();
-    let a = store::acquire(&new, "jobs-leader", "a", Duration::from_millis(300)).await.unwrap().term.unwrap();
+    let a = store::acquire(&new, "jobs-leader", "a", Duration::from_secs(2)).await.unwrap().term.unwrap();
     let open = old.transaction().await.unwrap();
     assert_eq!(log::append(&open, "jobs", a, &[r#""a1""#]).await.unwrap(), 1);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     let b = store::acquire(&new, "jobs-leader", "b", TTL).await.unwrap().term.unwrap();
     let waiting = tokio::spawn(async move { log::append(&new, "jobs", b, &[r#""b1""#]).await.map(|seq| (seq, new)) });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "the new term's append waits for the old term's open one");
+    // It waits on the fence (not only on the stream row): b has not raised it yet (a's raise to
+    // a is not committed either).
+    let watcher = db.connect().await;
+    assert!(store::get_fence(&watcher, "fencing.log/jobs").await.unwrap().unwrap().max_term < b);
     open.commit().await.unwrap();
     let (seq, new) = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().unwrap();
     assert_eq!(seq, 2);
@@ -146,8 +171,9 @@ async fn a_reader_never_sees_an_entry_before_an_earlier_one_commits_unlike_a_pla
     assert_eq!(log::append(&first, "s", term, &[r#""three""#]).await.unwrap(), 3);
 }
 
-/// Appenders on four connections commit out of order on purpose (a random pause between the
-/// append and its commit), some roll back, and three readers tail the stream as fast as they can.
+/// Appenders on four connections pause a random while between an append and its commit (the
+/// moment a plain sequence would let a later number commit first), some roll back, and three
+/// readers tail the stream as fast as they can.
 /// Every batch a reader gets starts right after its cursor and has no gap, and every reader ends
 /// with exactly the committed entries, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,6 +280,11 @@ async fn entries_cannot_be_changed_removed_or_slipped_in_except_by_append_and_re
             "TRUNCATE fencing.stream_entries",
             "INSERT INTO fencing.stream_entries VALUES ('s', 2, 99, now(), '\"slipped\"')",
             "SELECT set_config('fencing.log_writer', 'x', true); DELETE FROM fencing.stream_entries",
+            // The setting append and retention use does not open the table either: retention
+            // removes only below the first kept entry, append writes only up to the head.
+            "SELECT set_config('fencing.log_writer', 'retain', true); DELETE FROM fencing.stream_entries",
+            "SELECT set_config('fencing.log_writer', 'append', true); \
+             INSERT INTO fencing.stream_entries VALUES ('s', 2, 99, now(), '\"slipped\"')",
         ] {
             let error = client.batch_execute(statement).await.unwrap_err();
             assert!(
@@ -285,7 +316,6 @@ async fn retention_keeps_what_a_follower_has_not_applied_unless_the_limit_says_s
     let followers = log::followers(&client, "r").await.unwrap();
     let slow = followers.iter().find(|f| f.follower == "slow").unwrap();
     assert_eq!((slow.applied, slow.lag_entries), (0, 10));
-    assert!(slow.lag > Duration::ZERO || slow.lag_entries > 0);
     let fast = followers.iter().find(|f| f.follower == "fast").unwrap();
     assert_eq!((fast.lag_entries, fast.lag), (0, Duration::ZERO));
     assert_eq!(log::retain(&client, "r").await.unwrap(), 2);
@@ -322,8 +352,10 @@ async fn retention_keeps_what_a_follower_has_not_applied_unless_the_limit_says_s
     log::set_retention(&client, "r", by_age(Duration::from_secs(1))).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(log::append(&client, "r", term, &["11"]).await.unwrap(), 11);
-    assert_eq!(log::retain(&client, "r").await.unwrap(), 3);
-    assert_eq!(log::read(&client, "r", 10, 10).await.unwrap().iter().map(|e| e.seq).collect::<Vec<_>>(), vec![11]);
+    // 8-10 are older than a second; 11 is not, unless this machine stalled for a second.
+    let removed = log::retain(&client, "r").await.unwrap();
+    assert!(removed == 3 || removed == 4, "{removed}");
+    assert_eq!(log::status(&client, "r").await.unwrap().first_seq, 8 + removed);
     // Without any limit nothing goes.
     log::set_retention(&client, "r", Retention::default()).await.unwrap();
     assert_eq!(log::append(&client, "r", term, &["12"]).await.unwrap(), 12);
@@ -354,6 +386,16 @@ async fn bad_input_to_the_log_is_refused_with_22023_and_changes_nothing() {
         .map(|_| 0)
         .map_err(Error::from);
     invalid(null_entry, "a null entry");
+    let two_dimensional = client
+        .query_one("SELECT fencing.append('s', $1, ARRAY[['1'::jsonb, '2'::jsonb]])", &[&term])
+        .await
+        .map(|_| 0)
+        .map_err(Error::from);
+    invalid(two_dimensional, "a two-dimensional array");
+    invalid(log::read(&client, "s", i64::MAX, 10).await.map(|_| 0), "after i64::MAX");
+    let ages =
+        Retention { keep_count: None, keep_age: Some(Duration::from_secs(200 * 366 * 86_400)), max_entries: None };
+    invalid(log::set_retention(&client, "s", ages).await.map(|()| 0), "keep_age of 200 years");
     invalid(log::read(&client, "s", -1, 10).await.map(|_| 0), "after -1");
     invalid(log::read(&client, "s", 0, 0).await.map(|_| 0), "max_count 0");
     invalid(log::read(&client, "s", 0, 10_001).await.map(|_| 0), "max_count 10001");
