@@ -24,6 +24,30 @@ pub enum Error {
         message: String,
     },
 
+    /// A follower of a fenced log is behind its retention: the entries after `applied` up to
+    /// `first_seq - 1` are gone. Take a snapshot of the state up to `first_seq - 1`, report that
+    /// position, and follow again.
+    #[error("stream {stream:?} is compacted: entries after {applied} up to {} are gone; resnapshot from sequence {first_seq}", first_seq - 1)]
+    Compacted {
+        /// The stream.
+        stream: String,
+        /// The follower's last applied sequence.
+        applied: i64,
+        /// The stream's first kept entry.
+        first_seq: i64,
+    },
+
+    /// A follower's `apply` failed on an entry (not reported as applied: it is applied again).
+    #[error("stream {stream:?}: applying entry {seq} failed: {message}")]
+    Apply {
+        /// The stream.
+        stream: String,
+        /// The entry's sequence number.
+        seq: i64,
+        /// What `apply` said.
+        message: String,
+    },
+
     /// The leadership ended while a fenced send was in flight: it may or may not have reached
     /// its destination. Treat the write as indeterminate.
     #[error("leadership of lease {key:?} ended while a fenced send was in flight; its outcome is unknown")]

@@ -69,6 +69,10 @@
 //!   the fence, with an acknowledged lifecycle ([`daemons::Daemons`]).
 //! - [`watch`]: wait for a lease or a cluster's members to change ([`watch::LeaseWatch`],
 //!   [`watch::MembersWatch`]), woken by Postgres LISTEN/NOTIFY ([`watch::Wakeups`]).
+//! - [`log`]: replication model B on the fenced log: the leader's [`log::Appender`]
+//!   ([`ElectorHandle::appender`]) and a [`log::Follower`] that tails a stream in order into a
+//!   projection, with its lag.
+//! - [`pool`]: a connection by a deadline, without abandoning one being opened.
 //! - [`metrics`]: the names of the metrics it records.
 //! - [`Error`]: this crate's one error type.
 
@@ -76,6 +80,7 @@ pub mod clock;
 pub mod config;
 pub mod daemons;
 mod error;
+pub mod log;
 pub mod membership;
 pub mod metrics;
 pub mod pool;

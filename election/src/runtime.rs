@@ -245,6 +245,20 @@ impl ElectorHandle {
         }
     }
 
+    /// An appender to `stream` of the fenced log (schema version 16) under this process's
+    /// leadership: its appends carry the current term, stop at the period's deadline, and are
+    /// refused by the store for a term that no longer leads (see [`crate::log`]). The stream
+    /// must exist, bound to this elector's lease (`fencing.create_stream`).
+    pub fn appender(&self, stream: impl Into<String>) -> crate::log::Appender {
+        crate::log::Appender::new(
+            Arc::clone(&self.shared.key),
+            stream.into(),
+            self.pool.clone(),
+            self.query_timeout,
+            self.shared.leadership.subscribe(),
+        )
+    }
+
     /// The token that stops the elector's task (as dropping this handle does).
     pub(crate) fn stop_token(&self) -> CancellationToken {
         self.shutdown.clone()

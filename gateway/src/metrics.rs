@@ -66,6 +66,8 @@ pub const LEASE_RENEW_FAILURES: &str = "fencing_lease_renew_failures_total";
 pub const WATCHERS: &str = "fencing_watchers";
 /// Counter `{limit}`: watches refused with 429 because a cap was reached (`client`, `gateway`).
 pub const WATCH_REFUSALS: &str = "fencing_watch_refusals_total";
+/// Appends to the fenced log through the control API, by outcome (`admitted`, `refused`).
+pub const LOG_APPENDS: &str = "fencing_log_appends_total";
 /// Gauge: 1 while this gateway's connection listening for changes (LISTEN fencing_watch) is up;
 /// 0 while watchers fall back to polling every second.
 pub const WATCH_LISTENING: &str = "fencing_watch_listening";

@@ -207,8 +207,10 @@ $$;
 -- A follower's report: the last sequence number it applied (from the stream's first kept entry
 -- minus one up to its head). Registers the follower: retention keeps every entry it has not
 -- applied (unless the stream's max_entries says otherwise) until fencing.forget_follower.
+-- Returns the stream's head and how long ago the first entry the follower has not applied was
+-- appended, by the store's clock (0 when it applied all): its lag in entries and in time.
 CREATE OR REPLACE FUNCTION fencing.report_position(stream text, follower text, applied bigint)
-RETURNS void
+RETURNS TABLE (head bigint, lag_ms bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_stream   ALIAS FOR stream;
@@ -231,6 +233,10 @@ BEGIN
     VALUES (p_stream, p_follower, applied, clock_timestamp())
     ON CONFLICT ON CONSTRAINT stream_followers_pkey
     DO UPDATE SET position = EXCLUDED.position, reported_at = EXCLUDED.reported_at;
+    RETURN QUERY
+        SELECT stream_.head,
+               coalesce((SELECT greatest(0, floor(extract(epoch FROM clock_timestamp() - e.appended_at) * 1000))::bigint
+                           FROM fencing.stream_entries e WHERE e.stream = p_stream AND e.seq = applied + 1), 0);
 END
 $$;
 

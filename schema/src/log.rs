@@ -129,15 +129,37 @@ pub async fn read(client: &impl GenericClient, stream: &str, after: i64, max_cou
         .collect()
 }
 
+/// What a follower's report answers: the stream's head and the follower's lag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// The stream's last sequence number.
+    pub head: i64,
+    /// How long ago the first entry the follower has not applied was appended, by the store's
+    /// clock (zero when it applied all).
+    pub lag: Duration,
+}
+
 /// Calls `fencing.report_position`: `follower` applied every entry up to `applied`.
 pub async fn report_position(
     client: &impl GenericClient,
     stream: &str,
     follower: &str,
     applied: i64,
-) -> Result<(), Error> {
-    client.execute("SELECT fencing.report_position($1, $2, $3)", &[&stream, &follower, &applied]).await?;
-    Ok(())
+) -> Result<Reported, Error> {
+    let row = client
+        .query_one("SELECT head, lag_ms FROM fencing.report_position($1, $2, $3)", &[&stream, &follower, &applied])
+        .await?;
+    let lag: i64 = row.try_get("lag_ms").map_err(Error::Store)?;
+    Ok(Reported {
+        head: row.try_get("head").map_err(Error::Store)?,
+        lag: Duration::from_millis(u64::try_from(lag).unwrap_or(0)),
+    })
+}
+
+/// The last sequence `follower` reported applied (its durable cursor), `None` when it never
+/// reported (or was forgotten).
+pub async fn position(client: &impl GenericClient, stream: &str, follower: &str) -> Result<Option<i64>, Error> {
+    Ok(followers(client, stream).await?.into_iter().find(|row| row.follower == follower).map(|row| row.applied))
 }
 
 /// Calls `fencing.forget_follower`: true when it was registered.

@@ -65,6 +65,7 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         gateway_metrics::WATCHERS,
         gateway_metrics::WATCH_REFUSALS,
         gateway_metrics::WATCH_LISTENING,
+        gateway_metrics::LOG_APPENDS,
         fencing_election::metrics::CLOCK_DISAGREEMENTS,
         fencing_election::membership::CLOCK_DISAGREEMENTS,
         fencing_election::metrics::IS_LEADER,

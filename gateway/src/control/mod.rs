@@ -1,5 +1,5 @@
 //! The control listener: the lease API for leaders in any language, fences, clusters and their
-//! nodes, daemons, metrics and health; one file per resource, sharing the checks and answers of
+//! nodes, daemons, the fenced log's streams, metrics and health; one file per resource, sharing the checks and answers of
 //! [`extract`].
 //!
 //! Every request is checked first (`Host`, then with clients the bearer token, but for the
@@ -14,6 +14,7 @@ pub mod lease_view;
 mod leases;
 mod nodes;
 mod state;
+mod streams;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -52,6 +53,9 @@ pub fn router(state: ControlState) -> Router {
         .route("/v1/clusters/{cluster}/nodes/{node}/assignments/{daemon}/stopped", post(daemons::stopped_assignment))
         .route("/v1/clusters/{cluster}/daemons", get(daemons::list_daemons))
         .route("/v1/clusters/{cluster}/reconcile", post(daemons::reconcile))
+        .route("/v1/streams/{stream}/entries", post(streams::append).get(streams::read))
+        .route("/v1/streams/{stream}/followers/{follower}", put(streams::report_position))
+        .route("/v1/streams/{stream}", get(streams::get_stream))
         .route("/metrics", get(health::render_metrics))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

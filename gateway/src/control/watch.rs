@@ -65,7 +65,7 @@ impl WatchQuery {
 }
 
 /// `30s`, `500ms`, `2m`: a whole number and a unit.
-fn parse_wait(value: &str) -> Result<Duration, Problem> {
+pub(super) fn parse_wait(value: &str) -> Result<Duration, Problem> {
     let split = value.find(|c: char| !c.is_ascii_digit()).unwrap_or(value.len());
     let (number, unit) = value.split_at(split);
     let number: Option<u64> = number.parse().ok();

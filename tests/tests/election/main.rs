@@ -5,5 +5,6 @@
 
 mod daemons;
 mod in_process;
+mod log;
 mod membership;
 mod processes;

@@ -23,6 +23,7 @@ mod replicas;
 mod s8_nothing_goes_around;
 mod security;
 mod shutdown;
+mod streams;
 mod tls;
 mod upstream_connections;
 mod verify;

@@ -343,6 +343,11 @@ async fn retention_keeps_what_a_follower_has_not_applied_unless_the_limit_says_s
     assert!(matches!(log::read(&client, "r", 11, 10).await, Err(Error::InvalidArgument { .. })));
     assert!(matches!(log::report_position(&client, "r", "x", 11).await, Err(Error::InvalidArgument { .. })));
     assert!(matches!(log::report_position(&client, "r", "x", 3).await, Err(Error::InvalidArgument { .. })));
+    let reported = log::report_position(&client, "r", "fast", 9).await.unwrap();
+    assert_eq!(reported.head, 10);
+    assert_eq!(log::position(&client, "r", "fast").await.unwrap(), Some(9));
+    assert_eq!(log::position(&client, "r", "never").await.unwrap(), None);
+    log::report_position(&client, "r", "fast", 10).await.unwrap();
 
     // By age: entries older than the age go (none is older than an hour; after a second, all
     // but the one appended since).

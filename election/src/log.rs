@@ -1,0 +1,342 @@
+//! Replication model B on the fenced log (`fencing.append`, schema version 16): the leader
+//! appends its decisions with its term ([`Appender`]), followers tail them in order into a
+//! projection of their own ([`Follower`]).
+//!
+//! - An append is admitted by the store only for the stream's lease's current term while the
+//!   lease is held: a zombie's append is refused ([`Error::NotLeader`]), and this process's own
+//!   appender stops at its local deadline, like any fenced send ([`crate::Leadership::run_send`]).
+//! - A follower applies entries in sequence order, each at least once: it reports the last
+//!   applied sequence to the store (its durable cursor, `fencing.report_position`) after each
+//!   batch, and a restarted follower resumes after it, so an entry applied and not yet reported
+//!   is applied again. `apply` gets the sequence number to make that idempotent.
+//! - The store numbers entries without a gap in commit order, so a follower never skips one;
+//!   one behind retention is told to resnapshot ([`Error::Compacted`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use fencing_schema::log as store;
+pub use fencing_schema::log::Entry;
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Error;
+use crate::runtime::{discard, error_chain};
+use crate::state::Leadership;
+use crate::watch::{Wake, Wakeups};
+
+/// Appends to one stream as this process's leader: see [`crate::ElectorHandle::appender`].
+#[derive(Debug, Clone)]
+pub struct Appender {
+    key: Arc<str>,
+    stream: String,
+    pool: Pool,
+    query_timeout: Duration,
+    leadership: watch::Receiver<Option<Leadership>>,
+}
+
+impl Appender {
+    pub(crate) fn new(
+        key: Arc<str>,
+        stream: String,
+        pool: Pool,
+        query_timeout: Duration,
+        leadership: watch::Receiver<Option<Leadership>>,
+    ) -> Appender {
+        Appender { key, stream, pool, query_timeout, leadership }
+    }
+
+    /// The stream appended to.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Appends `payloads` (1 to 1000 JSON values) with this process's current term, and returns
+    /// the sequence number of the first (the others follow it without a gap).
+    ///
+    /// - [`Error::NotLeader`]: this process does not lead, or the store refused the term (a
+    ///   newer term leads the lease, or the lease is not held): nothing was appended.
+    /// - [`Error::OutcomeUnknown`]: the leadership ended while the append was in flight; it may
+    ///   have committed. A follower will see it if it did.
+    /// - [`Error::Store`]: the store failed or did not answer within the query timeout (the
+    ///   outcome is unknown too when the message says so).
+    pub async fn append(&self, payloads: &[serde_json::Value]) -> Result<i64, Error> {
+        let leadership = self
+            .leadership
+            .borrow()
+            .clone()
+            .filter(Leadership::is_valid)
+            .ok_or_else(|| Error::NotLeader { key: self.key.to_string() })?;
+        let term = leadership.check()?;
+        let texts: Vec<String> = payloads.iter().map(serde_json::Value::to_string).collect();
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let failed = |message: String| Error::Store { key: self.key.to_string(), message };
+        // Bounded by the query timeout and by the period: a send past the deadline is never
+        // started, and one in flight when it passes has an unknown outcome.
+        let deadline = (Instant::now() + self.query_timeout).min(leadership.deadline());
+        let client = match crate::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            Some(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
+            None => return Err(failed("timed out getting a connection".to_owned())),
+        };
+        let sent =
+            leadership.run_send(timeout_at(deadline, store::append(&**client, &self.stream, term, &texts))).await;
+        match sent {
+            Ok(Ok(Ok(seq))) => Ok(seq),
+            Ok(Ok(Err(fencing_schema::Error::Refused { .. }))) => Err(Error::NotLeader { key: self.key.to_string() }),
+            Ok(Ok(Err(error))) => {
+                if error.is_store_failure() {
+                    discard(client);
+                }
+                Err(failed(format!("append to stream {:?}: {}", self.stream, error_chain(&error))))
+            }
+            Ok(Err(_)) => {
+                discard(client);
+                Err(failed(format!("append to stream {:?}: no answer in time; it may have committed", self.stream)))
+            }
+            Err(error) => {
+                discard(client);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// How far a follower is behind the stream, as of its last read or report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lag {
+    /// The last sequence applied (and reported).
+    pub applied: i64,
+    /// Entries appended and not applied, as the store said at `as_of`.
+    pub entries: i64,
+    /// How long ago the first entry not applied was appended, as the store said at `as_of`
+    /// (zero when none).
+    pub behind: Duration,
+    /// When the store said so, on this process's monotonic clock (the instant the question was
+    /// sent, so that the bound below errs on the safe side).
+    pub as_of: Instant,
+}
+
+impl Lag {
+    /// Whether the follower's state is at most `bound` behind the stream now: every entry it
+    /// has not applied was appended at most `bound` ago. Counted without guessing: an entry
+    /// appended since `as_of` may exist unseen, so the lag now is at most `behind` plus the time
+    /// since `as_of`. A follower outside the bound says so, and the caller reads from the leader.
+    pub fn within(&self, bound: Duration) -> bool {
+        self.behind.saturating_add(self.as_of.elapsed()) <= bound
+    }
+}
+
+/// A follower of one stream: see [`Follower::run`].
+#[derive(Debug)]
+pub struct Follower {
+    pool: Pool,
+    stream: String,
+    name: String,
+    wakeups: Wakeups,
+    batch: i32,
+    query_timeout: Duration,
+    poll: Duration,
+    lag: watch::Sender<Option<Lag>>,
+}
+
+/// The most entries one read asks for.
+pub const DEFAULT_BATCH: i32 = 100;
+
+/// How long a read or report may take.
+pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a caught-up follower reads when no wake-up comes (while the wake-ups' listening
+/// connection is down, or with [`Wakeups::polling`]).
+pub const POLL: Duration = Duration::from_millis(250);
+
+/// How often it reads while the wake-ups' connection listens (a lost wake-up costs this much).
+pub const POLL_LISTENING: Duration = Duration::from_secs(5);
+
+impl Follower {
+    /// A follower named `name` (unique per stream: its cursor is kept under it) of `stream`,
+    /// woken by `wakeups` on every append (`Wakeups::polling()` to poll only).
+    pub fn new(pool: Pool, stream: impl Into<String>, name: impl Into<String>, wakeups: Wakeups) -> Follower {
+        Follower {
+            pool,
+            stream: stream.into(),
+            name: name.into(),
+            wakeups,
+            batch: DEFAULT_BATCH,
+            query_timeout: DEFAULT_QUERY_TIMEOUT,
+            poll: POLL,
+            lag: watch::Sender::new(None),
+        }
+    }
+
+    /// The most entries one read asks for (1 to 10,000).
+    pub fn batch(mut self, entries: i32) -> Follower {
+        self.batch = entries.clamp(1, 10_000);
+        self
+    }
+
+    /// How long each read or report may take.
+    pub fn query_timeout(mut self, limit: Duration) -> Follower {
+        self.query_timeout = limit;
+        self
+    }
+
+    /// The lag as of the last read or report; `None` before the first.
+    pub fn lag(&self) -> watch::Receiver<Option<Lag>> {
+        self.lag.subscribe()
+    }
+
+    /// Whether this follower's projection is within `bound` of the stream now (see
+    /// [`Lag::within`]); false before its first read.
+    pub fn within(&self, bound: Duration) -> bool {
+        self.lag.borrow().is_some_and(|lag| lag.within(bound))
+    }
+
+    /// Tails the stream until `stop` is cancelled: from the follower's durable cursor (its last
+    /// reported sequence; 0 for a new follower), calls `apply` with every entry in order, and
+    /// reports the last applied sequence after each batch. An entry applied and not reported
+    /// when the process stops is applied again by the next run: make `apply` idempotent with the
+    /// entry's sequence. Waits for new entries on the wake-ups (an append notifies
+    /// `log:<stream>`), and reads every [`POLL`] without them.
+    ///
+    /// Returns `Ok` when stopped, [`Error::Compacted`] when retention removed entries this
+    /// follower has not applied (take a snapshot and report its position, then run again), and
+    /// [`Error::Apply`] when `apply` failed (that entry was not reported; the next run applies
+    /// it again). A store that fails or does not answer is retried with backoff.
+    pub async fn run<F, Fut, E>(&self, mut apply: F, stop: CancellationToken) -> Result<(), Error>
+    where
+        F: FnMut(Entry) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let mut failures: u32 = 0;
+        let mut applied = loop {
+            match self.call(async |client| store::position(client, &self.stream, &self.name).await).await {
+                Ok(position) => break position.unwrap_or(0),
+                Err(error) => self.failed(&error, &mut failures, &stop).await?,
+            }
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+        };
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            // Subscribed before the read: an append that commits after it wakes the wait.
+            let mut wakes = self.wakeups.subscribe();
+            let asked = Instant::now();
+            let batch =
+                match self.call(async |client| store::read(client, &self.stream, applied, self.batch).await).await {
+                    Ok(batch) => batch,
+                    Err(fencing_schema::Error::Compacted { first_seq, .. }) => {
+                        return Err(Error::Compacted { stream: self.stream.clone(), applied, first_seq });
+                    }
+                    Err(error) => {
+                        self.failed(&error, &mut failures, &stop).await?;
+                        continue;
+                    }
+                };
+            failures = 0;
+            let full = batch.len() >= usize::try_from(self.batch).unwrap_or(usize::MAX);
+            let had_entries = !batch.is_empty();
+            for entry in batch {
+                let seq = entry.seq;
+                if let Err(error) = apply(entry).await {
+                    // What was applied before it is reported, so the next run starts at it.
+                    let _ = self.report(applied, asked).await;
+                    return Err(Error::Apply { stream: self.stream.clone(), seq, message: error.to_string() });
+                }
+                applied = seq;
+            }
+            if let Err(error) = self.report(applied, asked).await {
+                self.failed(&error, &mut failures, &stop).await?;
+                continue;
+            }
+            if full || (had_entries && !self.wakeups.listening()) {
+                continue;
+            }
+            let poll = if self.wakeups.listening() { POLL_LISTENING } else { self.poll };
+            let topic = format!("log:{}", self.stream);
+            let until = Instant::now() + poll;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep_until(until) => break,
+                    wake = wakes.recv() => match wake {
+                        Ok(Wake::Topic(name)) if *name != *topic.as_str() => continue,
+                        _ => break,
+                    },
+                }
+            }
+        }
+    }
+
+    /// Reports `applied` and publishes the lag it answers.
+    async fn report(&self, applied: i64, asked: Instant) -> Result<(), fencing_schema::Error> {
+        let reported =
+            self.call(async |client| store::report_position(client, &self.stream, &self.name, applied).await).await?;
+        self.lag.send_replace(Some(Lag {
+            applied,
+            entries: (reported.head - applied).max(0),
+            behind: reported.lag,
+            as_of: asked,
+        }));
+        Ok(())
+    }
+
+    /// One call on a pooled connection, bounded by the query timeout.
+    async fn call<T>(
+        &self,
+        call: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, fencing_schema::Error>,
+    ) -> Result<T, fencing_schema::Error> {
+        let deadline = Instant::now() + self.query_timeout;
+        let client = match crate::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            Some(Err(error)) => {
+                return Err(fencing_schema::Error::UnexpectedReply {
+                    message: format!("get a connection from the pool: {}", error_chain(&error)),
+                });
+            }
+            None => {
+                return Err(fencing_schema::Error::UnexpectedReply {
+                    message: "timed out getting a connection".to_owned(),
+                });
+            }
+        };
+        match timeout_at(deadline, call(&client)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                if error.is_store_failure() {
+                    discard(client);
+                }
+                Err(error)
+            }
+            Err(_) => {
+                discard(client);
+                Err(fencing_schema::Error::UnexpectedReply { message: "no answer in time".to_owned() })
+            }
+        }
+    }
+
+    /// After a failed call: an error for bad input or a missing stream, else a backoff sleep
+    /// (bounded by a second, cut short by `stop`, after which the caller sees `stop` cancelled).
+    async fn failed(
+        &self,
+        error: &fencing_schema::Error,
+        failures: &mut u32,
+        stop: &CancellationToken,
+    ) -> Result<(), Error> {
+        if matches!(error, fencing_schema::Error::NoStream { .. } | fencing_schema::Error::InvalidArgument { .. }) {
+            return Err(Error::Store { key: self.stream.clone(), message: error_chain(error) });
+        }
+        *failures = failures.saturating_add(1);
+        let backoff = Duration::from_millis(50).saturating_mul(1 << (*failures).min(5)).min(Duration::from_secs(1));
+        tracing::warn!(stream = %self.stream, follower = %self.name, error = %error_chain(error), "follower: read or report failed; retrying");
+        let _ = timeout(backoff, stop.cancelled()).await;
+        Ok(())
+    }
+}
