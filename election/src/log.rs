@@ -27,6 +27,17 @@ use crate::runtime::{discard, error_chain};
 use crate::state::Leadership;
 use crate::watch::{Wake, Wakeups};
 
+/// Counter: appends by an [`Appender`], by `stream` and `outcome`: `admitted`, `refused` (the
+/// store refused the term, or this process did not lead), `unknown` (the outcome is unknown: the
+/// period ended in flight or no answer came in time), `failed` (the store failed; nothing
+/// appended).
+pub const APPENDS: &str = "election_log_appends_total";
+/// Gauge: entries of `stream` appended and not applied by `follower`, as of its last report.
+pub const FOLLOWER_LAG_ENTRIES: &str = "election_follower_lag_entries";
+/// Gauge: how long ago the first entry of `stream` that `follower` has not applied was appended,
+/// in seconds, as of its last report (0 when it applied all).
+pub const FOLLOWER_LAG_SECONDS: &str = "election_follower_lag_seconds";
+
 /// Appends to one stream as this process's leader: see [`crate::ElectorHandle::appender`].
 #[derive(Debug, Clone)]
 pub struct Appender {
@@ -63,13 +74,12 @@ impl Appender {
     /// - [`Error::Store`]: the store failed or did not answer within the query timeout (the
     ///   outcome is unknown too when the message says so).
     pub async fn append(&self, payloads: &[serde_json::Value]) -> Result<i64, Error> {
-        let leadership = self
-            .leadership
-            .borrow()
-            .clone()
-            .filter(Leadership::is_valid)
-            .ok_or_else(|| Error::NotLeader { key: self.key.to_string() })?;
-        let term = leadership.check()?;
+        let refused = || {
+            metrics::counter!(APPENDS, "stream" => self.stream.clone(), "outcome" => "refused").increment(1);
+            Error::NotLeader { key: self.key.to_string() }
+        };
+        let leadership = self.leadership.borrow().clone().filter(Leadership::is_valid).ok_or_else(refused)?;
+        let term = leadership.check().map_err(|_| refused())?;
         let texts: Vec<String> = payloads.iter().map(serde_json::Value::to_string).collect();
         let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
         let failed = |message: String| Error::Store { key: self.key.to_string(), message };
@@ -83,6 +93,14 @@ impl Appender {
         };
         let sent =
             leadership.run_send(timeout_at(deadline, store::append(&**client, &self.stream, term, &texts))).await;
+        let outcome = match &sent {
+            Ok(Ok(Ok(_))) => "admitted",
+            Ok(Ok(Err(fencing_schema::Error::Refused { .. }))) => "refused",
+            Ok(Ok(Err(_))) => "failed",
+            Ok(Err(_)) | Err(Error::OutcomeUnknown { .. }) => "unknown",
+            Err(_) => "refused",
+        };
+        metrics::counter!(APPENDS, "stream" => self.stream.clone(), "outcome" => outcome).increment(1);
         match sent {
             Ok(Ok(Ok(seq))) => Ok(seq),
             Ok(Ok(Err(fencing_schema::Error::Refused { .. }))) => Err(Error::NotLeader { key: self.key.to_string() }),
@@ -279,12 +297,11 @@ impl Follower {
     async fn report(&self, applied: i64, asked: Instant) -> Result<(), fencing_schema::Error> {
         let reported =
             self.call(async |client| store::report_position(client, &self.stream, &self.name, applied).await).await?;
-        self.lag.send_replace(Some(Lag {
-            applied,
-            entries: (reported.head - applied).max(0),
-            behind: reported.lag,
-            as_of: asked,
-        }));
+        let entries = (reported.head - applied).max(0);
+        self.lag.send_replace(Some(Lag { applied, entries, behind: reported.lag, as_of: asked }));
+        let labels = [("stream", self.stream.clone()), ("follower", self.name.clone())];
+        metrics::gauge!(FOLLOWER_LAG_ENTRIES, &labels).set(entries as f64);
+        metrics::gauge!(FOLLOWER_LAG_SECONDS, &labels).set(reported.lag.as_secs_f64());
         Ok(())
     }
 
