@@ -5,8 +5,16 @@
 //!     --database-url postgres://postgres@127.0.0.1:5432/app --key demo [--owner NAME] \
 //!     [--ttl-ms 10000] [--renew-ms N] [--margin-ms N] [--query-timeout-ms N] [--tick-ms 100] \
 //!     [--metrics-listen 127.0.0.1:9464] \
-//!     [--cluster NAME --node-id ID [--heartbeat-ms 15000] [--registration-ttl-ms 90000]]
+//!     [--cluster NAME --node-id ID [--heartbeat-ms 15000] [--registration-ttl-ms 90000]] \
+//!     [--append-stream STREAM] [--follow-stream STREAM --follower NAME --projection FILE]
 //! ```
+//!
+//! With `--append-stream`, its leader work appends one entry per tick to that stream of the
+//! fenced log (`{"owner", "term", "n"}`, printing `appended` with `seq` and `term`, or
+//! `append_refused`). With `--follow-stream`, it also follows that stream as `--follower`: each
+//! entry is applied to the projection file (one JSON line per entry) unless the file already has
+//! its sequence (an idempotent apply: the follower applies at least once), and `applied` lines
+//! are printed.
 //!
 //! With `--cluster`, it is also a node of that cluster (`fencing_election::membership`) and
 //! prints `node_joined`, `node_left` (each with `node` and `started_ms`, the node's start on the
@@ -21,7 +29,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use fencing_election::log::{Entry, Follower};
 use fencing_election::membership::{MemberEvent, Membership};
+use fencing_election::watch::Wakeups;
 use fencing_election::{Elector, Event, LeaderState};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
@@ -41,6 +51,10 @@ struct Args {
     node_id: Option<String>,
     heartbeat: Option<Duration>,
     registration_ttl: Option<Duration>,
+    append_stream: Option<String>,
+    follow_stream: Option<String>,
+    follower: Option<String>,
+    projection: Option<std::path::PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +72,10 @@ fn parse_args() -> Result<Args, String> {
         node_id: None,
         heartbeat: None,
         registration_ttl: None,
+        append_stream: None,
+        follow_stream: None,
+        follower: None,
+        projection: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
@@ -76,9 +94,16 @@ fn parse_args() -> Result<Args, String> {
             "--node-id" => args.node_id = Some(value.clone()),
             "--heartbeat-ms" => args.heartbeat = Some(ms()?),
             "--registration-ttl-ms" => args.registration_ttl = Some(ms()?),
+            "--append-stream" => args.append_stream = Some(value.clone()),
+            "--follow-stream" => args.follow_stream = Some(value.clone()),
+            "--follower" => args.follower = Some(value.clone()),
+            "--projection" => args.projection = Some(value.clone().into()),
             "--metrics-listen" => args.metrics_listen = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?),
             other => return Err(format!("unknown flag {other}")),
         }
+    }
+    if args.follow_stream.is_some() && (args.follower.is_none() || args.projection.is_none()) {
+        return Err("--follow-stream needs --follower and --projection".to_owned());
     }
     if args.database_url.is_empty() || args.key.is_empty() {
         return Err("--database-url and --key are required".to_owned());
@@ -128,6 +153,40 @@ fn member_line(event: &str, at_ms: u128, member: &fencing_election::membership::
     format!(r#"{{"event":"{event}","at_ms":{at_ms},"node":{},"started_ms":{started_ms}}}"#, quote(&member.node_id))
 }
 
+/// The last sequence in the projection file (0 for none).
+fn last_projected(path: &std::path::Path) -> i64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok()?["seq"].as_i64())
+        .unwrap_or(0)
+}
+
+/// Applies `entry` to the projection file once: an entry at or below the last one projected is
+/// skipped (applied already, before a restart), a gap is an error.
+fn project(path: &std::path::Path, last: &std::sync::Mutex<i64>, entry: &Entry, at_ms: u128) -> Result<(), String> {
+    use std::io::Write;
+    let mut last = last.lock().map_err(|_| "the projection's lock is poisoned".to_owned())?;
+    if entry.seq <= *last {
+        println!(r#"{{"event":"skipped","at_ms":{at_ms},"seq":{}}}"#, entry.seq);
+        return Ok(());
+    }
+    if entry.seq != *last + 1 {
+        return Err(format!("entry {} after {}: a gap", entry.seq, *last));
+    }
+    let line = serde_json::json!({"seq": entry.seq, "term": entry.term, "payload": entry.payload});
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|error| format!("open {}: {error}", path.display()))?;
+    writeln!(file, "{line}").map_err(|error| format!("write {}: {error}", path.display()))?;
+    *last = entry.seq;
+    println!(r#"{{"event":"applied","at_ms":{at_ms},"seq":{},"term":{}}}"#, entry.seq, entry.term);
+    Ok(())
+}
+
 fn ms_since(origin: Instant, instant: Instant) -> u128 {
     instant.saturating_duration_since(origin).as_millis()
 }
@@ -159,7 +218,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
-    let manager = Manager::from_config(pg_config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let manager =
+        Manager::from_config(pg_config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let pool = match Pool::builder(manager).max_size(3).build() {
         Ok(pool) => pool,
         Err(error) => {
@@ -177,6 +237,14 @@ async fn main() -> ExitCode {
             eprintln!("elector: {error}");
             return ExitCode::from(64);
         }
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let follower = match (args.follow_stream, args.follower, args.projection) {
+        (Some(stream), Some(name), Some(path)) => {
+            let wakeups = Wakeups::listen(pg_config, NoTls, stop.clone());
+            Some((Follower::new(pool.clone(), stream, name, wakeups), path))
+        }
+        _ => None,
     };
     let mut builder = Elector::builder(pool, args.key).ttl(args.ttl);
     if let Some(owner) = args.owner {
@@ -281,22 +349,61 @@ async fn main() -> ExitCode {
     });
 
     let tick = args.tick;
-    handle.spawn_leader_work(move |leadership| async move {
-        loop {
-            // Checked immediately before the visible action, on this process's monotonic clock.
-            let Ok(term) = leadership.check() else { return };
-            println!(
-                r#"{{"event":"tick","at_ms":{},"term":{term},"deadline_ms":{}}}"#,
-                at(),
-                ms_since(origin, leadership.deadline())
-            );
-            tokio::time::sleep(tick).await;
+    let appender = args.append_stream.map(|stream| handle.appender(stream));
+    let owner = handle.owner().to_owned();
+    handle.spawn_leader_work(move |leadership| {
+        let (appender, owner) = (appender.clone(), owner.clone());
+        async move {
+            let mut n: u64 = 0;
+            loop {
+                // Checked immediately before the visible action, on this process's monotonic clock.
+                let Ok(term) = leadership.check() else { return };
+                println!(
+                    r#"{{"event":"tick","at_ms":{},"term":{term},"deadline_ms":{}}}"#,
+                    at(),
+                    ms_since(origin, leadership.deadline())
+                );
+                if let Some(appender) = &appender {
+                    n += 1;
+                    let entry = serde_json::json!({"owner": owner, "term": term, "n": n});
+                    match appender.append(&[entry]).await {
+                        Ok(seq) => println!(r#"{{"event":"appended","at_ms":{},"seq":{seq},"term":{term}}}"#, at()),
+                        Err(error) => println!(
+                            r#"{{"event":"append_refused","at_ms":{},"term":{term},"error":{}}}"#,
+                            at(),
+                            quote(&error.to_string())
+                        ),
+                    }
+                }
+                tokio::time::sleep(tick).await;
+            }
         }
+    });
+    let following = follower.map(|(follower, path)| {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let last = std::sync::Arc::new(std::sync::Mutex::new(last_projected(&path)));
+            let result = follower
+                .run(
+                    |entry: Entry| {
+                        let (path, last) = (path.clone(), std::sync::Arc::clone(&last));
+                        async move { project(&path, &last, &entry, at()) }
+                    },
+                    stop,
+                )
+                .await;
+            let error = result.err().map_or_else(|| "null".to_owned(), |error| quote(&error.to_string()));
+            println!(r#"{{"event":"follower_stopped","at_ms":{},"error":{error}}}"#, at());
+        })
     });
 
     tokio::select! {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
+    }
+    stop.cancel();
+    if let Some(following) = following {
+        let _ = following.await;
     }
     let released = handle.shutdown().await;
     if let Some(node) = node {

@@ -201,3 +201,81 @@ async fn a_follower_behind_retention_is_told_to_resnapshot_from_the_first_kept_e
     stop.cancel();
     assert!(task.await.unwrap().is_ok());
 }
+
+/// The zombie story with real processes: leader a appends every tick; follower f1 projects the
+/// stream into a file; a is paused (SIGSTOP) and b takes over and appends; f1 is killed
+/// (SIGKILL) meanwhile; a resumes; f1 is started again on the same projection. The log holds
+/// exactly the admitted entries: numbered without a gap, terms that never go down, and no entry
+/// of a's term after b's first. Every append a saw admitted is in the log under a's term. The
+/// projection is exactly the log, without a gap or a duplicate, across the kill (the restarted
+/// follower resumes after its reported cursor and skips what its projection already has).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leaders_appends_stop_and_a_killed_follower_resumes_to_exactly_the_admitted_log() {
+    use fencing_tests::process::{ElectorProcess, Timing, event, int};
+    use nix::sys::signal::Signal;
+
+    let db = TestDb::new().await;
+    let admin = db.connect().await;
+    store_log::create_stream(&admin, "jobs-log", "jobs", Retention::default()).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("fencing-log-{}-{}", std::process::id(), db.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let projection = dir.join("f1.jsonl");
+    let projection_arg = projection.display().to_string();
+    let follower_args = ["--follow-stream", "jobs-log", "--follower", "f1", "--projection", projection_arg.as_str()];
+    let url = db.url();
+    let timing = Timing::FAST;
+
+    let mut a = ElectorProcess::spawn_with(&url, "jobs", "a", timing, &["--append-stream", "jobs-log"]).unwrap();
+    let term_a = int(&a.wait_for("elected", |l| event(l) == "elected").await.unwrap(), "term");
+    a.wait_for("five appends", |l| event(l) == "appended" && int(l, "seq") >= 5).await.unwrap();
+    let mut f = ElectorProcess::spawn_with(&url, "f1-own", "f1", timing, &follower_args).unwrap();
+    f.wait_for("five applied", |l| event(l) == "applied" && int(l, "seq") >= 5).await.unwrap();
+    let mut b = ElectorProcess::spawn_with(&url, "jobs", "b", timing, &["--append-stream", "jobs-log"]).unwrap();
+    b.wait_for("started", |l| event(l) == "started").await.unwrap();
+
+    a.signal(Signal::SIGSTOP).unwrap();
+    let term_b = int(&b.wait_for("elected", |l| event(l) == "elected").await.unwrap(), "term");
+    assert!(term_b > term_a);
+    let first_b = int(&b.wait_for("b's first append", |l| event(l) == "appended").await.unwrap(), "seq");
+    f.signal(Signal::SIGKILL).unwrap();
+    let _ = f.wait_exit().await;
+    b.wait_for("more of b's appends", |l| event(l) == "appended" && int(l, "seq") >= first_b + 10).await.unwrap();
+    a.signal(Signal::SIGCONT).unwrap();
+    a.wait_for("a's loss", |l| event(l) == "lost").await.unwrap();
+    let mut f = ElectorProcess::spawn_with(&url, "f1-own", "f1", timing, &follower_args).unwrap();
+    b.signal(Signal::SIGTERM).unwrap();
+    b.wait_for("b's shutdown", |l| event(l) == "shutdown").await.unwrap();
+    a.signal(Signal::SIGTERM).unwrap();
+    a.wait_for("a's shutdown", |l| event(l) == "shutdown").await.unwrap();
+
+    let log = store_log::read(&admin, "jobs-log", 0, 10_000).await.unwrap();
+    let head = log.last().unwrap().seq;
+    f.wait_for("the follower at the head", |l| event(l) == "applied" && int(l, "seq") == head).await.unwrap();
+    f.signal(Signal::SIGTERM).unwrap();
+    f.wait_for("the follower's shutdown", |l| event(l) == "shutdown").await.unwrap();
+
+    assert_eq!(log.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=head).collect::<Vec<_>>(), "no gap");
+    assert!(log.windows(2).all(|pair| pair[0].term <= pair[1].term), "terms never go down (S3)");
+    assert!(log.iter().all(|e| e.term == term_a || e.term == term_b), "only a's and b's terms");
+    let first_of_b = log.iter().find(|e| e.term == term_b).unwrap().seq;
+    assert!(first_of_b <= first_b);
+    assert!(
+        log.iter().filter(|e| e.seq > first_of_b).all(|e| e.term == term_b),
+        "no entry of a's term after b's first"
+    );
+    a.drain();
+    for line in a.seen.iter().filter(|l| event(l) == "appended") {
+        let entry = log.iter().find(|e| e.seq == int(line, "seq")).unwrap();
+        assert_eq!(entry.term, term_a, "an append a saw admitted is a's: {line}");
+    }
+    let projected: Vec<(i64, i64)> = std::fs::read_to_string(&projection)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            (value["seq"].as_i64().unwrap(), value["term"].as_i64().unwrap())
+        })
+        .collect();
+    assert_eq!(projected, log.iter().map(|e| (e.seq, e.term)).collect::<Vec<_>>(), "the projection is the log");
+    std::fs::remove_dir_all(&dir).ok();
+}
