@@ -196,6 +196,13 @@ pub async fn followers(client: &impl GenericClient, stream: &str) -> Result<Vec<
         .collect()
 }
 
+/// Every stream's name, in order (a read of `fencing.streams`: the schema owner's, as
+/// `fencing-gateway inspect` connects).
+pub async fn list_streams(client: &impl GenericClient) -> Result<Vec<String>, Error> {
+    let rows = client.query("SELECT stream FROM fencing.streams ORDER BY stream", &[]).await?;
+    rows.iter().map(|row| row.try_get(0).map_err(Error::Store)).collect()
+}
+
 /// Calls `fencing.stream_status`.
 pub async fn status(client: &impl GenericClient, stream: &str) -> Result<StreamStatus, Error> {
     let row = client

@@ -217,6 +217,12 @@ pub enum Inspect {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
+    /// The fenced log's streams: lease, head, first kept entry, retention, and each follower's
+    /// position and lag (one stream, or every stream).
+    Streams {
+        /// Only this stream.
+        stream: Option<String>,
+    },
     /// The newest admin actions, newest first.
     Audit {
         /// How many.

@@ -163,6 +163,49 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
                 );
             }
         }
+        Inspect::Streams { stream } => {
+            let streams = match stream {
+                Some(stream) => vec![stream.clone()],
+                None => fencing_schema::log::list_streams(&client).await?,
+            };
+            let _ = writeln!(
+                out,
+                "{:<32} {:<32} {:>8} {:>10} {:>10}  RETENTION",
+                "STREAM", "LEASE", "TERM", "HEAD", "FIRST KEPT"
+            );
+            for name in streams {
+                let status = fencing_schema::log::status(&client, &name).await?;
+                let retention = &status.retention;
+                let retention = format!(
+                    "count {}, age {}, at most {}",
+                    or_dash(retention.keep_count),
+                    retention
+                        .keep_age
+                        .map_or_else(|| "-".to_owned(), |age| humantime::format_duration(age).to_string()),
+                    or_dash(retention.max_entries)
+                );
+                let _ = writeln!(
+                    out,
+                    "{:<32} {:<32} {:>8} {:>10} {:>10}  {retention}",
+                    name,
+                    or_dash(status.lease_key),
+                    or_dash(status.max_term),
+                    status.head,
+                    status.first_seq
+                );
+                for follower in fencing_schema::log::followers(&client, &name).await? {
+                    let _ = writeln!(
+                        out,
+                        "  follower {:<32} applied {:>10}  behind {:>8} entries, {:>8.1}s  reported {:.1}s ago",
+                        follower.follower,
+                        follower.applied,
+                        follower.lag_entries,
+                        follower.lag.as_secs_f64(),
+                        follower.reported_ago.as_secs_f64()
+                    );
+                }
+            }
+        }
         Inspect::Audit { limit } => {
             for entry in store::list_audit(&client, *limit).await? {
                 let _ = writeln!(

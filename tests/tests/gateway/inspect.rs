@@ -283,3 +283,36 @@ async fn refusals_are_logged_at_warn_with_who_and_which_terms_rate_limited() {
     assert!(left_out >= 9, "only {left_out} of a burst of 29 refusals were left out");
     assert!(refusals.iter().any(|f| f["request_id"] == "late"), "the line after the quiet second");
 }
+
+/// `inspect streams`: every stream with its lease, term, head and first kept entry, and each
+/// follower's position and lag; one stream by name; an unknown one is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_inspect_the_fenced_logs_streams_and_their_followers() {
+    use fencing_schema::log::{self as store_log, Retention};
+    let db = fencing_tests::pg::TestDb::new().await;
+    let url = db.url();
+    let client = db.connect().await;
+    let retention = Retention { keep_count: Some(100), keep_age: None, max_entries: None };
+    store_log::create_stream(&client, "orders", "orders-leader", retention).await.unwrap();
+    store_log::create_stream(&client, "audit", "audit-leader", Retention::default()).await.unwrap();
+    let term = store::acquire(&client, "orders-leader", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    store_log::append(&client, "orders", term, &["1", "2", "3"]).await.unwrap();
+    store_log::report_position(&client, "orders", "replica-1", 1).await.unwrap();
+
+    let (code, all) = cli(&url, &["inspect", "streams"], "").await;
+    assert_eq!(code, Some(0), "{all}");
+    let orders = all.lines().find(|line| line.starts_with("orders")).unwrap_or_default();
+    for column in ["orders-leader", &term.to_string(), "3", "count 100"] {
+        assert!(orders.contains(column), "{orders:?} lacks {column:?}: {all}");
+    }
+    assert!(all.lines().any(|line| line.starts_with("audit") && line.contains("audit-leader")), "{all}");
+    let replica = all.lines().find(|line| line.contains("replica-1")).unwrap_or_default();
+    assert!(replica.contains("applied          1") && replica.contains("behind        2 entries"), "{replica:?}");
+
+    let (code, one) = cli(&url, &["inspect", "streams", "audit"], "").await;
+    assert_eq!(code, Some(0), "{one}");
+    assert!(!one.contains("orders"), "{one}");
+    let (code, missing) = cli(&url, &["inspect", "streams", "nope"], "").await;
+    assert_ne!(code, Some(0), "{missing}");
+    assert!(missing.contains("no stream \"nope\""), "{missing}");
+}
