@@ -64,59 +64,114 @@ impl Appender {
         &self.stream
     }
 
-    /// Appends `payloads` (1 to 1000 JSON values) with this process's current term, and returns
-    /// the sequence number of the first (the others follow it without a gap).
-    ///
-    /// - [`Error::NotLeader`]: this process does not lead, or the store refused the term (a
-    ///   newer term leads the lease, or the lease is not held): nothing was appended.
-    /// - [`Error::OutcomeUnknown`]: the leadership ended while the append was in flight; it may
-    ///   have committed. A follower will see it if it did.
-    /// - [`Error::Store`]: the store failed or did not answer within the query timeout (the
-    ///   outcome is unknown too when the message says so).
+    /// Appends `payloads` (1 to 1000 JSON values) under this process's current leadership period,
+    /// and returns the sequence number of the first (the others follow it without a gap). See
+    /// [`Appender::append_in`].
     pub async fn append(&self, payloads: &[serde_json::Value]) -> Result<i64, Error> {
-        let refused = || {
+        let leadership = self.leadership.borrow().clone().filter(Leadership::is_valid);
+        let Some(leadership) = leadership else {
             metrics::counter!(APPENDS, "stream" => self.stream.clone(), "outcome" => "refused").increment(1);
-            Error::NotLeader { key: self.key.to_string() }
+            return Err(Error::NotLeader { key: self.key.to_string() });
         };
-        let leadership = self.leadership.borrow().clone().filter(Leadership::is_valid).ok_or_else(refused)?;
-        let term = leadership.check().map_err(|_| refused())?;
+        self.append_in(&leadership, payloads).await
+    }
+
+    /// Appends `payloads` with the term of `leadership`, that period only: a decision made in one
+    /// period is never appended under a later one of this process ([`Error::NotLeader`] once it
+    /// ended). The store admits it only while that term leads the stream's lease, and only on a
+    /// stream bound to this elector's lease. One transaction, bounded by the query timeout on
+    /// the server as well (`statement_timeout`, `lock_timeout`), sent as a fenced send
+    /// ([`Leadership::run_send`]).
+    ///
+    /// - [`Error::NotLeader`]: the period ended, or the store refused the term (a newer term
+    ///   leads, the lease is not held, the stream is another lease's): nothing was appended.
+    /// - [`Error::OutcomeUnknown`]: the commit was sent and no answer came (the period ended, or
+    ///   the query timeout passed): it may have committed, and a follower sees it if it did.
+    /// - [`Error::Store`]: the store failed before the commit was sent: nothing was appended.
+    pub async fn append_in(&self, leadership: &Leadership, payloads: &[serde_json::Value]) -> Result<i64, Error> {
         let texts: Vec<String> = payloads.iter().map(serde_json::Value::to_string).collect();
         let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let failed = |message: String| Error::Store { key: self.key.to_string(), message };
-        // Bounded by the query timeout and by the period: a send past the deadline is never
-        // started, and one in flight when it passes has an unknown outcome.
-        let deadline = (Instant::now() + self.query_timeout).min(leadership.deadline());
+        let (stream, key) = (self.stream.as_str(), &*self.key);
+        let result = self
+            .fenced(leadership, async |client, term| store::append_for_lease(client, stream, term, key, &texts).await)
+            .await;
+        let outcome = match &result {
+            Ok(_) => "admitted",
+            Err(Error::NotLeader { .. }) => "refused",
+            Err(Error::OutcomeUnknown { .. }) => "unknown",
+            Err(_) => "failed",
+        };
+        metrics::counter!(APPENDS, "stream" => self.stream.clone(), "outcome" => outcome).increment(1);
+        result
+    }
+
+    /// The new leader's barrier before it reads the stream to rebuild its state: takes the
+    /// stream's fence with the term of `leadership` (`fencing.open_stream`), which waits for the
+    /// old term's appends still open (they may commit) and refuses every later one, and returns
+    /// the head once they are done. Read up to it, then decide and append.
+    pub async fn open(&self, leadership: &Leadership) -> Result<i64, Error> {
+        let (stream, key) = (self.stream.as_str(), &*self.key);
+        self.fenced(leadership, async |client, term| store::open_stream(client, stream, term, Some(key)).await).await
+    }
+
+    /// One call in a transaction of its own under `leadership`'s term, bounded by the query
+    /// timeout on both sides.
+    async fn fenced<T>(
+        &self,
+        leadership: &Leadership,
+        call: impl AsyncFnOnce(&tokio_postgres::Client, i64) -> Result<T, fencing_schema::Error>,
+    ) -> Result<T, Error> {
+        let key = self.key.to_string();
+        let term = leadership.check().map_err(|_| Error::NotLeader { key: key.clone() })?;
+        let failed = |message: String| Error::Store { key: key.clone(), message };
+        let deadline = Instant::now() + self.query_timeout;
         let client = match crate::pool::connection_by(&self.pool, deadline).await {
             Some(Ok(client)) => client,
             Some(Err(error)) => return Err(failed(format!("get a connection from the pool: {}", error_chain(&error)))),
             None => return Err(failed("timed out getting a connection".to_owned())),
         };
-        let sent =
-            leadership.run_send(timeout_at(deadline, store::append(&**client, &self.stream, term, &texts))).await;
-        let outcome = match &sent {
-            Ok(Ok(Ok(_))) => "admitted",
-            Ok(Ok(Err(fencing_schema::Error::Refused { .. }))) => "refused",
-            Ok(Ok(Err(_))) => "failed",
-            Ok(Err(_)) | Err(Error::OutcomeUnknown { .. }) => "unknown",
-            Err(_) => "refused",
+        let limit = deadline.saturating_duration_since(Instant::now()).as_millis().max(1);
+        let committing = std::sync::atomic::AtomicBool::new(false);
+        let work = async {
+            client
+                .batch_execute(&format!(
+                    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {limit}; \
+                     SET LOCAL lock_timeout = {limit}"
+                ))
+                .await
+                .map_err(fencing_schema::Error::from)?;
+            let value = call(&client, term).await?;
+            committing.store(true, std::sync::atomic::Ordering::SeqCst);
+            client.batch_execute("COMMIT").await.map_err(fencing_schema::Error::from)?;
+            Ok::<T, fencing_schema::Error>(value)
         };
-        metrics::counter!(APPENDS, "stream" => self.stream.clone(), "outcome" => outcome).increment(1);
+        let sent = leadership.run_send(timeout_at(deadline, work)).await;
+        let committed_maybe = committing.load(std::sync::atomic::Ordering::SeqCst);
+        let what = format!("stream {:?}", self.stream);
+        // A failed or abandoned call's connection is closed, never cancelled (a cancel of a
+        // commit waiting for a synchronous standby commits it on the primary alone); a
+        // transaction still open is rolled back with it.
         match sent {
-            Ok(Ok(Ok(seq))) => Ok(seq),
-            Ok(Ok(Err(fencing_schema::Error::Refused { .. }))) => Err(Error::NotLeader { key: self.key.to_string() }),
+            Ok(Ok(Ok(value))) => Ok(value),
             Ok(Ok(Err(error))) => {
-                if error.is_store_failure() {
-                    discard(client);
-                }
-                Err(failed(format!("append to stream {:?}: {}", self.stream, error_chain(&error))))
+                discard(client);
+                Err(match error {
+                    fencing_schema::Error::Refused { .. } => Error::NotLeader { key },
+                    _ if committed_maybe => Error::OutcomeUnknown { key },
+                    error => failed(format!("{what}: {}; nothing was appended", error_chain(&error))),
+                })
             }
             Ok(Err(_)) => {
                 discard(client);
-                Err(failed(format!("append to stream {:?}: no answer in time; it may have committed", self.stream)))
+                Err(if committed_maybe {
+                    Error::OutcomeUnknown { key }
+                } else {
+                    failed(format!("{what}: no answer in time; nothing was appended"))
+                })
             }
-            Err(error) => {
+            Err(_) => {
                 discard(client);
-                Err(error)
+                Err(if committed_maybe { Error::OutcomeUnknown { key } } else { Error::NotLeader { key } })
             }
         }
     }

@@ -136,6 +136,10 @@ fn describe() {
     );
     metrics::describe_gauge!(WATCHERS, "Watches waiting for a change on this gateway");
     metrics::describe_counter!(WATCH_REFUSALS, "Watches refused with 429 because a cap was reached, by cap");
+    metrics::describe_counter!(
+        LOG_APPENDS,
+        "Appends to the fenced log through the control API, by outcome (admitted, refused with 409)"
+    );
     metrics::describe_gauge!(
         WATCH_LISTENING,
         "1 while the connection listening for changes is up; 0 while watchers poll every second"
@@ -273,6 +277,9 @@ pub fn register_known(config: &crate::config::Config) {
     metrics::gauge!(WATCH_LISTENING).set(0.0);
     for limit in ["client", "gateway"] {
         metrics::counter!(WATCH_REFUSALS, "limit" => limit).absolute(0);
+    }
+    for outcome in ["admitted", "refused"] {
+        metrics::counter!(LOG_APPENDS, "outcome" => outcome).absolute(0);
     }
     for listener in ["proxy", "control"] {
         metrics::counter!(CONNECTIONS_REFUSED, "listener" => listener).absolute(0);

@@ -101,7 +101,8 @@ END
 $$;
 
 -- Appends payloads (1 to 1000 JSON values, at most 1 MiB of JSON text in all) to stream as the
--- writer of term, and returns the sequence number of the first (the others follow it without a
+-- writer of term (of lease_key, when given: refused with ZF409, outcome wrong_lease, on a stream
+-- bound to another lease), and returns the sequence number of the first (the others follow it without a
 -- gap). Refused with SQLSTATE ZF409 (nothing appended) unless term is the stream's lease's
 -- current term while that lease is held: fencing.admit on the stream's fence, whose row stays
 -- locked until the transaction ends, so a new term's first append waits for the old term's
@@ -109,12 +110,13 @@ $$;
 -- the stream row's lock, also held until the transaction ends: appends to one stream commit in
 -- the order of their numbers, so a reader never skips one. Commits durably, whatever the
 -- session's synchronous_commit. Wakes followers (channel fencing_watch, 'log:<stream>').
-CREATE OR REPLACE FUNCTION fencing.append(stream text, term bigint, payloads jsonb[])
+CREATE OR REPLACE FUNCTION fencing.append(stream text, term bigint, payloads jsonb[], lease_key text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     p_stream ALIAS FOR stream;
     p_term   ALIAS FOR term;
+    p_lease  ALIAS FOR lease_key;
     count_   integer := coalesce(cardinality(payloads), 0);
     head_    bigint;
     now_     timestamptz;
@@ -141,6 +143,17 @@ BEGIN
     PERFORM fencing.commit_durably();
     -- S3 and S4 for the stream: ZF409 unless term is its lease's current term, lease held.
     PERFORM fencing.admit(fencing.log_resource(p_stream), p_term);
+    -- A writer that names its lease is refused on a stream bound to another (the terms of two
+    -- leases are unrelated numbers that may well be equal): the fence row is locked now.
+    IF p_lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fencing.fences f
+                                            WHERE f.resource = fencing.log_resource(p_stream) AND f.lease_key = p_lease) THEN
+        PERFORM nextval('fencing.sql_refusals');
+        RAISE EXCEPTION 'fencing: write to resource "%" refused (wrong lease): stream "%" is not bound to lease "%"',
+            fencing.log_resource(p_stream), p_stream, p_lease
+            USING ERRCODE = 'ZF409',
+                  DETAIL = format('outcome=wrong_lease resource=%s presented_term=%s current_term=null',
+                                  fencing.log_resource(p_stream), p_term);
+    END IF;
     UPDATE fencing.streams s SET head = s.head + count_, appended_at = clock_timestamp()
      WHERE s.stream = p_stream
     RETURNING s.head, s.appended_at INTO head_, now_;
@@ -154,6 +167,37 @@ BEGIN
 END
 $$;
 
+-- A new leader's barrier before it reads the log: admits term on the stream's fence (waiting for
+-- the old term's open appends, which may still commit, and refusing every later one; ZF409 unless
+-- term is the lease's current term while held, and, with lease_key, the stream's lease) and
+-- returns the head once they are done. Call it in a transaction of its own, then read up to it.
+CREATE OR REPLACE FUNCTION fencing.open_stream(stream text, term bigint, lease_key text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    p_stream ALIAS FOR stream;
+    p_term   ALIAS FOR term;
+    p_lease  ALIAS FOR lease_key;
+BEGIN
+    PERFORM fencing.check_stream(p_stream);
+    PERFORM fencing.check_term(p_term);
+    PERFORM fencing.stream_row(p_stream);
+    PERFORM fencing.commit_durably();
+    PERFORM fencing.admit(fencing.log_resource(p_stream), p_term);
+    IF p_lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fencing.fences f
+                                            WHERE f.resource = fencing.log_resource(p_stream) AND f.lease_key = p_lease) THEN
+        PERFORM nextval('fencing.sql_refusals');
+        RAISE EXCEPTION 'fencing: write to resource "%" refused (wrong lease): stream "%" is not bound to lease "%"',
+            fencing.log_resource(p_stream), p_stream, p_lease
+            USING ERRCODE = 'ZF409',
+                  DETAIL = format('outcome=wrong_lease resource=%s presented_term=%s current_term=null',
+                                  fencing.log_resource(p_stream), p_term);
+    END IF;
+    -- Read after the fence: every append of an older term has ended by now.
+    RETURN (SELECT s.head FROM fencing.streams s WHERE s.stream = p_stream);
+END
+$$;
+
 -- One entry: its sequence number.
 CREATE OR REPLACE FUNCTION fencing.append(stream text, term bigint, payload jsonb)
 RETURNS bigint
@@ -161,12 +205,15 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT fencing.append(stream, term, ARRAY[payload])
 $$;
 
--- Up to max_count entries of stream after sequence number after, in order, without a gap. A
+-- Up to max_count entries of stream after sequence number after, in order, without a gap, and
+-- no more than max_bytes of payload text past the first (the first always comes, so a reader
+-- always moves on). A
 -- reader that asks for entries retention removed gets SQLSTATE ZF410, "compacted", with the
 -- sequence to resnapshot from (DETAIL first_seq=<n>: take a snapshot of the state up to n - 1,
 -- then read after n - 1); one that asks after the stream's head (its position is from a log
 -- this database lost, as in a failover without synchronous replication) gets SQLSTATE 22023.
-CREATE OR REPLACE FUNCTION fencing.read_stream(stream text, after bigint, max_count integer DEFAULT 100)
+CREATE OR REPLACE FUNCTION fencing.read_stream(stream text, after bigint, max_count integer DEFAULT 100,
+                                               max_bytes integer DEFAULT 4194304)
 RETURNS TABLE (seq bigint, term bigint, appended_at timestamptz, payload jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -176,6 +223,10 @@ BEGIN
     PERFORM fencing.check_stream(p_stream);
     IF after IS NULL OR after < 0 THEN
         RAISE EXCEPTION 'fencing: after must be a sequence number >= 0, got %', coalesce(after::text, 'null')
+            USING ERRCODE = '22023';
+    END IF;
+    IF max_bytes IS NULL OR max_bytes < 1 THEN
+        RAISE EXCEPTION 'fencing: max_bytes must be positive, got %', coalesce(max_bytes::text, 'null')
             USING ERRCODE = '22023';
     END IF;
     IF max_count IS NULL OR max_count < 1 OR max_count > 10000 THEN
@@ -196,11 +247,16 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     RETURN QUERY
-        SELECT e.seq, e.term, e.appended_at, e.payload
-          FROM fencing.stream_entries e
-         WHERE e.stream = p_stream AND e.seq > after
-         ORDER BY e.seq
-         LIMIT max_count;
+        SELECT q.seq, q.term, q.appended_at, q.payload
+          FROM (SELECT e.seq, e.term, e.appended_at, e.payload,
+                       sum(octet_length(e.payload::text)) OVER (ORDER BY e.seq) AS bytes_through,
+                       row_number() OVER (ORDER BY e.seq) AS n
+                  FROM fencing.stream_entries e
+                 WHERE e.stream = p_stream AND e.seq > after
+                 ORDER BY e.seq
+                 LIMIT max_count) q
+         WHERE q.n = 1 OR q.bytes_through <= max_bytes
+         ORDER BY q.seq;
 END
 $$;
 

@@ -82,6 +82,11 @@ pub enum Error {
     Refused {
         /// Postgres's message, naming the resource, the presented and the current term.
         message: String,
+        /// The refusal's outcome from its DETAIL (`stale`, `not_leader`, `future_term`,
+        /// `missing_token`, ...), when it has one.
+        outcome: Option<String>,
+        /// The current term from its DETAIL, when it names one.
+        current_term: Option<i64>,
     },
 
     /// A fencing function refused an argument (SQLSTATE `22023`).
@@ -136,7 +141,17 @@ impl From<tokio_postgres::Error> for Error {
         };
         let code = db.code();
         if code == &SqlState::from_code(SQLSTATE_REFUSED) {
-            Error::Refused { message: db.message().to_owned() }
+            // DETAIL: "outcome=<o> resource=<r> presented_term=<t> current_term=<c>"; the
+            // resource may hold spaces and '=', so the outcome is read from the front and the
+            // current term from the back.
+            let detail = db.detail().unwrap_or_default();
+            let outcome = detail
+                .strip_prefix("outcome=")
+                .and_then(|rest| rest.split(' ').next())
+                .filter(|outcome| !outcome.is_empty())
+                .map(str::to_owned);
+            let current_term = detail.rsplit_once(" current_term=").and_then(|(_, term)| term.parse().ok());
+            Error::Refused { message: db.message().to_owned(), outcome, current_term }
         } else if code == &SqlState::from_code(SQLSTATE_COMPACTED) {
             let first_seq = db.detail().and_then(|detail| detail.strip_prefix("first_seq=")?.parse().ok());
             match first_seq {

@@ -109,6 +109,33 @@ pub async fn append(client: &impl GenericClient, stream: &str, term: i64, payloa
     row.try_get(0).map_err(Error::Store)
 }
 
+/// Calls `fencing.append` naming the writer's lease: refused ([`Error::Refused`]) on a stream
+/// bound to another lease, as for a term that does not lead the stream's own.
+pub async fn append_for_lease(
+    client: &impl GenericClient,
+    stream: &str,
+    term: i64,
+    lease_key: &str,
+    payloads: &[&str],
+) -> Result<i64, Error> {
+    let row = client
+        .query_one("SELECT fencing.append($1, $2, $3::text[]::jsonb[], $4)", &[&stream, &term, &payloads, &lease_key])
+        .await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
+/// Calls `fencing.open_stream`: a new leader's barrier before it reads; the head once every
+/// older term's append has ended.
+pub async fn open_stream(
+    client: &impl GenericClient,
+    stream: &str,
+    term: i64,
+    lease_key: Option<&str>,
+) -> Result<i64, Error> {
+    let row = client.query_one("SELECT fencing.open_stream($1, $2, $3)", &[&stream, &term, &lease_key]).await?;
+    row.try_get(0).map_err(Error::Store)
+}
+
 /// Calls `fencing.read_stream`: up to `max_count` entries after sequence `after`, in order.
 pub async fn read(client: &impl GenericClient, stream: &str, after: i64, max_count: i32) -> Result<Vec<Entry>, Error> {
     let rows = client

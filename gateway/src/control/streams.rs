@@ -22,14 +22,16 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use fencing_election::watch::Wake;
 use fencing_schema::log::{self as store, Entry};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use serde_json::value::RawValue;
 use tokio::time::Instant;
 
 use crate::control::extract::*;
 use crate::control::state::ControlState;
 use crate::control::watch::parse_wait;
 use crate::problem::Problem;
+use crate::proxy::route::single;
 use crate::proxy::{FENCING_TOKEN, parse_token};
 use crate::security::auth::Caller;
 
@@ -39,10 +41,28 @@ const MAX_APPEND: usize = 1000;
 /// The most entries one read answers.
 const MAX_READ: i32 = 1000;
 
+/// The entries as the client sent them: passed to Postgres as text, so no number is rounded.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AppendRequest {
-    entries: Vec<serde_json::Value>,
+    entries: Vec<Box<RawValue>>,
+}
+
+/// One entry as answered: the payload as Postgres prints it, never parsed again.
+#[derive(Debug, Serialize)]
+struct EntryOut<'a> {
+    seq: i64,
+    term: i64,
+    appended_at: String,
+    payload: &'a RawValue,
+}
+
+/// A read's answer.
+#[derive(Debug, Serialize)]
+struct ReadOut<'a> {
+    stream: &'a str,
+    entries: Vec<EntryOut<'a>>,
+    last_seq: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,7 +102,7 @@ fn compacted(stream: &str, after: i64, first_seq: i64) -> Problem {
 async fn lease_of(state: &ControlState, caller: &Caller, stream: &str) -> Result<String, Problem> {
     let name = stream.to_owned();
     let status = state
-        .with_client(|client| async move {
+        .side_call(|client| async move {
             let result = match store::status(&**client, &name).await {
                 Err(fencing_schema::Error::NoStream { .. }) => Ok(None),
                 other => other.map(Some),
@@ -96,15 +116,18 @@ async fn lease_of(state: &ControlState, caller: &Caller, stream: &str) -> Result
 }
 
 /// A refusal of the store (`ZF409`) as the proxy's 409 for the same outcome.
-fn refused(stream: &str, term: i64, message: &str) -> Problem {
-    let (kind, title, what) = if message.contains("(stale term)") {
-        ("stale-term", "Stale term", "a newer term has appended to this stream or leads its lease")
-    } else if message.contains("(future term)") {
-        ("future-term", "Future term", "the presented term is above the current term of the stream's lease")
-    } else {
-        ("not-leader", "Not the leader", "the stream's lease is not held at the presented term (expired or released)")
+fn refused(stream: &str, term: i64, outcome: Option<&str>, current: Option<i64>) -> Problem {
+    let (kind, title, what) = match outcome {
+        Some("stale") => ("stale-term", "Stale term", "a newer term has appended to this stream or leads its lease"),
+        Some("future_term") => {
+            ("future-term", "Future term", "the presented term is above the current term of the stream's lease")
+        }
+        _ => (
+            "not-leader",
+            "Not the leader",
+            "the stream's lease is not held at the presented term (expired or released)",
+        ),
     };
-    let current = message.rsplit("current term ").next().and_then(|rest| rest.trim().parse::<i64>().ok());
     Problem::new(
         StatusCode::CONFLICT,
         kind,
@@ -125,7 +148,7 @@ pub(super) async fn append(
     body: Bytes,
 ) -> Response {
     let checked = json_body(&headers).and_then(|()| {
-        let token = headers.get(FENCING_TOKEN).and_then(|value| value.to_str().ok()).ok_or_else(|| {
+        let token = single(&headers, &FENCING_TOKEN).map_err(|rejection| rejection.problem())?.ok_or_else(|| {
             Problem::new(
                 StatusCode::PRECONDITION_REQUIRED,
                 "missing-token",
@@ -145,21 +168,21 @@ pub(super) async fn append(
         }
         Ok((term, request))
     });
-    let (term, request) = match checked {
+    let (term, request) = match may_read(&caller).and(checked) {
         Ok(checked) => checked,
         Err(problem) => return problem.into_response(),
     };
     if let Err(problem) = lease_of(&state, &caller, &stream).await {
         return problem.into_response();
     }
-    let texts: Vec<String> = request.entries.iter().map(serde_json::Value::to_string).collect();
+    let texts: Vec<String> = request.entries.iter().map(|entry| entry.get().to_owned()).collect();
     let count = texts.len() as i64;
     let name = stream.clone();
     let answer = state
-        .with_client(|client| async move {
+        .side_call(|client| async move {
             let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
             let result = match store::append(&**client, &name, term, &texts).await {
-                Err(fencing_schema::Error::Refused { message }) => Ok(Err(message)),
+                Err(fencing_schema::Error::Refused { outcome, current_term, .. }) => Ok(Err((outcome, current_term))),
                 other => other.map(Ok),
             };
             (client, result)
@@ -176,11 +199,21 @@ pub(super) async fn append(
             }))
             .into_response()
         }
-        Ok(Err(message)) => {
-            let problem = refused(&stream, term, &message);
+        Ok(Err((outcome, current))) => {
+            let problem = refused(&stream, term, outcome.as_deref(), current);
             metrics::counter!(crate::metrics::LOG_APPENDS, "outcome" => "refused").increment(1);
             problem.into_response()
         }
+        // Sent and not answered: it may have committed. Say so (a retry may append it twice).
+        Err(problem) if problem.status() == StatusCode::SERVICE_UNAVAILABLE => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "fence-store-unavailable",
+            "Fence store unavailable",
+            "the append's outcome is unknown: it may have committed; read the stream before appending it again",
+        )
+        .with("stream", json!(stream))
+        .retry_after(1)
+        .into_response(),
         Err(problem) => problem.into_response(),
     }
 }
@@ -228,13 +261,16 @@ impl ReadQuery {
     }
 }
 
-fn entry_json(entry: &Entry) -> serde_json::Value {
-    json!({
-        "seq": entry.seq,
-        "term": entry.term,
-        "appended_at": rfc3339(entry.appended_at),
-        "payload": serde_json::from_str::<serde_json::Value>(&entry.payload).unwrap_or(serde_json::Value::Null),
-    })
+/// The answer to a read: `None` when a payload is not JSON (never: Postgres printed it).
+fn read_answer(stream: &str, entries: &[Entry], last_seq: i64) -> Option<Response> {
+    let entries = entries
+        .iter()
+        .map(|entry| {
+            let payload: &RawValue = serde_json::from_str(&entry.payload).ok()?;
+            Some(EntryOut { seq: entry.seq, term: entry.term, appended_at: rfc3339(entry.appended_at), payload })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(axum::Json(ReadOut { stream, entries, last_seq }).into_response())
 }
 
 pub(super) async fn read(
@@ -263,7 +299,7 @@ pub(super) async fn read(
         let mut wakes = state.wakeups.subscribe();
         let name = stream.clone();
         let read = state
-            .with_client(|client| async move {
+            .side_call(|client| async move {
                 let result = match store::read(&**client, &name, query.after, query.limit).await {
                     Err(fencing_schema::Error::Compacted { first_seq, .. }) => Ok(Err(Some(first_seq))),
                     Err(fencing_schema::Error::NoStream { .. }) => Ok(Err(None)),
@@ -280,18 +316,22 @@ pub(super) async fn read(
         };
         if !entries.is_empty() || slot.is_none() || Instant::now() >= until {
             let last = entries.last().map_or(query.after, |entry| entry.seq);
-            return axum::Json(json!({
-                "stream": stream,
-                "entries": entries.iter().map(entry_json).collect::<Vec<_>>(),
-                "last_seq": last,
-            }))
-            .into_response();
+            return read_answer(&stream, &entries, last)
+                .unwrap_or_else(|| unavailable("the store answered a payload that is not JSON").into_response());
         }
+        // Read again at the poll even without a wake-up (a lost notification, a listening
+        // connection that is down), as every watch does.
+        let poll = if state.wakeups.listening() {
+            fencing_election::watch::POLL_LISTENING
+        } else {
+            fencing_election::watch::POLL_NOT_LISTENING
+        };
+        let read_again = until.min(Instant::now() + poll);
         loop {
             tokio::select! {
                 biased;
                 () = state.shutdown.cancelled() => break,
-                () = tokio::time::sleep_until(until) => break,
+                () = tokio::time::sleep_until(read_again) => break,
                 wake = wakes.recv() => match wake {
                     Ok(Wake::Topic(name)) if *name != *topic.as_str() => continue,
                     _ => break,
@@ -312,16 +352,17 @@ pub(super) async fn report_position(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let request = match json_body(&headers).and_then(|()| parse::<PositionRequest>(&body)) {
-        Ok(request) => request,
-        Err(problem) => return problem.into_response(),
-    };
+    let request =
+        match may_read(&caller).and_then(|()| json_body(&headers)).and_then(|()| parse::<PositionRequest>(&body)) {
+            Ok(request) => request,
+            Err(problem) => return problem.into_response(),
+        };
     if let Err(problem) = lease_of(&state, &caller, &stream).await {
         return problem.into_response();
     }
     let (name, who) = (stream.clone(), follower.clone());
     let reported = state
-        .with_client(|client| async move {
+        .side_call(|client| async move {
             let result = store::report_position(&**client, &name, &who, request.applied).await;
             (client, result)
         })
@@ -350,7 +391,7 @@ pub(super) async fn get_stream(
     }
     let name = stream.clone();
     let answer = state
-        .with_client(|client| async move {
+        .side_call(|client| async move {
             let result = async {
                 let status = match store::status(&**client, &name).await {
                     Err(fencing_schema::Error::NoStream { .. }) => return Ok(None),

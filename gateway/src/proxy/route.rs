@@ -366,7 +366,9 @@ fn content_length(headers: &HeaderMap) -> Result<Option<u64>, Rejection> {
 }
 
 /// The single value of `name`, or `None`; a repeated header is malformed.
-fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, Rejection> {
+/// The one value of header `name`, trimmed: `None` when absent, 400 when repeated or not visible
+/// ASCII.
+pub(crate) fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, Rejection> {
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);

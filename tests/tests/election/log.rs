@@ -106,12 +106,17 @@ async fn followers_apply_exactly_the_admitted_entries_in_order_and_never_a_zombi
     for applied in [&first_applied, &second_applied] {
         assert_eq!(*applied.lock().await, log, "a follower applied exactly the log, in order");
     }
-    // Caught up: no lag, within any bound, and the store shows both at the head.
-    let followers = store_log::followers(&admin, "decisions").await.unwrap();
-    assert_eq!(
-        followers.iter().map(|f| (f.follower.as_str(), f.applied)).collect::<Vec<_>>(),
-        vec![("f1", 9), ("f2", 9)]
-    );
+    // Caught up: the store shows both at the head (each reports after its apply).
+    let mut positions = Vec::new();
+    for _ in 0..100 {
+        let followers = store_log::followers(&admin, "decisions").await.unwrap();
+        positions = followers.iter().map(|f| (f.follower.clone(), f.applied)).collect::<Vec<_>>();
+        if positions.len() == 2 && positions.iter().all(|(_, applied)| *applied == 9) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(positions, vec![("f1".to_owned(), 9), ("f2".to_owned(), 9)]);
     stop.cancel();
     assert!(first.await.unwrap().is_ok());
     assert!(second.await.unwrap().is_ok());
@@ -278,4 +283,64 @@ async fn a_paused_leaders_appends_stop_and_a_killed_follower_resumes_to_exactly_
         .collect();
     assert_eq!(projected, log.iter().map(|e| (e.seq, e.term)).collect::<Vec<_>>(), "the projection is the log");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// An appender appends only to a stream bound to its own lease, whatever the terms' numbers (two
+/// leases' terms are unrelated, and equal here); and a new leader's `open` waits for the old
+/// term's open append and returns the head with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_appender_is_refused_on_another_leases_stream_and_open_waits_for_the_old_terms_appends() {
+    let db = TestDb::new().await;
+    let admin = db.connect().await;
+    store_log::create_stream(&admin, "theirs", "their-lease", Retention::default()).await.unwrap();
+    store_log::create_stream(&admin, "ours", "our-lease", Retention::default()).await.unwrap();
+    let theirs = store::acquire(&admin, "their-lease", "x", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    let elector = Elector::builder(pool(&db.url()), "our-lease")
+        .owner("a")
+        .ttl(Duration::from_secs(3))
+        .renew_interval(Duration::from_millis(900))
+        .safety_margin(Duration::from_millis(300))
+        .query_timeout(Duration::from_millis(900))
+        .build()
+        .unwrap()
+        .start();
+    let leadership =
+        tokio::time::timeout(Duration::from_secs(15), elector.wait_for_leadership()).await.unwrap().unwrap();
+    assert_eq!(leadership.term(), theirs, "the two leases are at the same term number");
+    match elector.appender("theirs").append(&[serde_json::json!("not ours")]).await {
+        Err(Error::NotLeader { .. }) => {}
+        other => panic!("another lease's stream must refuse this appender, got {other:?}"),
+    }
+    assert_eq!(store_log::status(&admin, "theirs").await.unwrap().head, 0, "nothing appended");
+
+    let appender = elector.appender("ours");
+    assert_eq!(appender.open(&leadership).await.unwrap(), 0);
+    assert_eq!(appender.append_in(&leadership, &[serde_json::json!(1)]).await.unwrap(), 1);
+    elector.shutdown().await;
+    // A period that ended is never appended under, even by its own appender.
+    match appender.append_in(&leadership, &[serde_json::json!("late")]).await {
+        Err(Error::NotLeader { .. }) => {}
+        other => panic!("an ended period appends nothing, got {other:?}"),
+    }
+
+    // The next term (raw SQL, as a zombie would) has an append open when a newer term is granted;
+    // the newest leader's barrier waits for it and returns the head with it.
+    let mut old = db.connect().await;
+    let b = store::acquire(&admin, "our-lease", "b", Duration::from_secs(2)).await.unwrap().term.unwrap();
+    let open = old.transaction().await.unwrap();
+    assert_eq!(store_log::append(&open, "ours", b, &["2"]).await.unwrap(), 2);
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let c = store::acquire(&admin, "our-lease", "c", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    let barrier_client = db.connect().await;
+    let barrier =
+        tokio::spawn(async move { store_log::open_stream(&barrier_client, "ours", c, Some("our-lease")).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!barrier.is_finished(), "the barrier waits for the old term's open append");
+    open.commit().await.unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), barrier).await.unwrap().unwrap().unwrap(), 2);
+    assert!(matches!(store_log::append(&old, "ours", b, &["3"]).await, Err(fencing_schema::Error::Refused { .. })));
+    assert!(matches!(
+        store_log::open_stream(&admin, "ours", c, Some("their-lease")).await,
+        Err(fencing_schema::Error::Refused { .. })
+    ));
 }

@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_secs(60);
 /// The refusal's message, which must name `outcome` (`stale`, `not_leader`, `future_term`).
 fn refused(result: Result<i64, Error>, outcome: &str) -> String {
     match result {
-        Err(Error::Refused { message }) => {
+        Err(Error::Refused { message, .. }) => {
             let named = match outcome {
                 "stale" => "(stale term)".to_owned(),
                 other => format!("({})", other.replace('_', " ")),

@@ -20,7 +20,7 @@ async fn expect_refused(client: &Client, term: i64, expected: Outcome) {
     let decision = store::try_admit(client, RESOURCE, term, true).await.unwrap();
     assert_eq!(decision.outcome, expected, "term {term}: {decision:?}");
     match store::admit(client, RESOURCE, term).await {
-        Err(Error::Refused { message }) => {
+        Err(Error::Refused { message, .. }) => {
             assert!(message.contains(RESOURCE), "names the resource: {message}");
             assert!(message.contains(&format!("presented term {term}")), "names the presented term: {message}");
             assert!(
@@ -235,7 +235,7 @@ async fn s4_a_raise_that_waited_for_the_fence_row_is_refused_once_a_newer_term_i
             assert_eq!(decided.unwrap(), Outcome::Stale, "the gateway's raise of term 2 after term 3 was granted");
         } else {
             match decided {
-                Err(Error::Refused { message }) => assert!(message.contains("presented term 2"), "{message}"),
+                Err(Error::Refused { message, .. }) => assert!(message.contains("presented term 2"), "{message}"),
                 other => panic!("the SQL raise of term 2 after term 3 was granted: {other:?}"),
             }
         }
@@ -309,7 +309,7 @@ async fn s4_a_decision_that_waited_for_a_lock_is_refused_once_a_newer_term_is_gr
     let write = tokio::spawn(async move { store::admit(&writer, resource, 1).await });
     lease_moves_on_while_it_waits(&setup, &holder, pid, lease, "ROLLBACK").await;
     match tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap() {
-        Err(Error::Refused { message }) => assert!(message.contains("presented term 1"), "{message}"),
+        Err(Error::Refused { message, .. }) => assert!(message.contains("presented term 1"), "{message}"),
         other => panic!("an SQL write of term 1 after term 2 was granted: {other:?}"),
     }
 }
@@ -342,7 +342,7 @@ async fn s4_an_sql_writer_decides_on_the_lease_and_binding_it_finds_after_its_wa
     assert_eq!(store::acquire(&setup, lease, "leader-c", TTL).await.unwrap().term, Some(3));
     holder.batch_execute("COMMIT").await.unwrap();
     match tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap() {
-        Err(Error::Refused { message }) => assert!(message.contains("presented term 2"), "{message}"),
+        Err(Error::Refused { message, .. }) => assert!(message.contains("presented term 2"), "{message}"),
         other => panic!("an SQL write of term 2 after term 3 was granted: {other:?}"),
     }
 
@@ -360,7 +360,7 @@ async fn s4_an_sql_writer_decides_on_the_lease_and_binding_it_finds_after_its_wa
     until_it_waits_for_a_lock(&setup, pid).await;
     holder.batch_execute("COMMIT").await.unwrap();
     match tokio::time::timeout(Duration::from_secs(10), write).await.unwrap().unwrap() {
-        Err(Error::Refused { message }) => assert!(message.contains("presented term 1"), "{message}"),
+        Err(Error::Refused { message, .. }) => assert!(message.contains("presented term 1"), "{message}"),
         other => panic!("an SQL write of the old lease's term admitted after a rebinding: {other:?}"),
     }
 }
