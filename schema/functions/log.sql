@@ -32,6 +32,24 @@ BEGIN
 END
 $$;
 
+-- Refuses (ZF409, outcome wrong_lease) a writer naming lease_key on a stream bound to another
+-- lease; a NULL lease_key names none.
+CREATE OR REPLACE FUNCTION fencing.check_stream_lease(stream text, term bigint, lease_key text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    resource_ text := fencing.log_resource(stream);
+BEGIN
+    IF lease_key IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM fencing.fences f WHERE f.resource = resource_ AND f.lease_key = check_stream_lease.lease_key) THEN
+        PERFORM nextval('fencing.sql_refusals');
+        RAISE EXCEPTION 'fencing: write to resource "%" refused (wrong lease): stream "%" is not bound to lease "%"',
+            resource_, stream, lease_key
+            USING ERRCODE = 'ZF409',
+                  DETAIL = format('outcome=wrong_lease resource=%s presented_term=%s current_term=null', resource_, term);
+    END IF;
+END
+$$;
+
 -- The stream row, or SQLSTATE 42704 when there is none.
 CREATE OR REPLACE FUNCTION fencing.stream_row(stream text) RETURNS fencing.streams
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -145,15 +163,7 @@ BEGIN
     PERFORM fencing.admit(fencing.log_resource(p_stream), p_term);
     -- A writer that names its lease is refused on a stream bound to another (the terms of two
     -- leases are unrelated numbers that may well be equal): the fence row is locked now.
-    IF p_lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fencing.fences f
-                                            WHERE f.resource = fencing.log_resource(p_stream) AND f.lease_key = p_lease) THEN
-        PERFORM nextval('fencing.sql_refusals');
-        RAISE EXCEPTION 'fencing: write to resource "%" refused (wrong lease): stream "%" is not bound to lease "%"',
-            fencing.log_resource(p_stream), p_stream, p_lease
-            USING ERRCODE = 'ZF409',
-                  DETAIL = format('outcome=wrong_lease resource=%s presented_term=%s current_term=null',
-                                  fencing.log_resource(p_stream), p_term);
-    END IF;
+    PERFORM fencing.check_stream_lease(p_stream, p_term, p_lease);
     UPDATE fencing.streams s SET head = s.head + count_, appended_at = clock_timestamp()
      WHERE s.stream = p_stream
     RETURNING s.head, s.appended_at INTO head_, now_;
@@ -184,15 +194,7 @@ BEGIN
     PERFORM fencing.stream_row(p_stream);
     PERFORM fencing.commit_durably();
     PERFORM fencing.admit(fencing.log_resource(p_stream), p_term);
-    IF p_lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM fencing.fences f
-                                            WHERE f.resource = fencing.log_resource(p_stream) AND f.lease_key = p_lease) THEN
-        PERFORM nextval('fencing.sql_refusals');
-        RAISE EXCEPTION 'fencing: write to resource "%" refused (wrong lease): stream "%" is not bound to lease "%"',
-            fencing.log_resource(p_stream), p_stream, p_lease
-            USING ERRCODE = 'ZF409',
-                  DETAIL = format('outcome=wrong_lease resource=%s presented_term=%s current_term=null',
-                                  fencing.log_resource(p_stream), p_term);
-    END IF;
+    PERFORM fencing.check_stream_lease(p_stream, p_term, p_lease);
     -- Read after the fence: every append of an older term has ended by now.
     RETURN (SELECT s.head FROM fencing.streams s WHERE s.stream = p_stream);
 END

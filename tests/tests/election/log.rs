@@ -19,6 +19,19 @@ use crate::in_process::pool;
 
 type Applied = Arc<Mutex<Vec<(i64, String)>>>;
 
+/// An elector of `key` as owner "a", with timings a loaded CI machine keeps.
+fn elector(db: &TestDb, key: &str) -> fencing_election::ElectorHandle {
+    Elector::builder(pool(&db.url()), key)
+        .owner("a")
+        .ttl(Duration::from_secs(3))
+        .renew_interval(Duration::from_millis(900))
+        .safety_margin(Duration::from_millis(300))
+        .query_timeout(Duration::from_millis(900))
+        .build()
+        .unwrap()
+        .start()
+}
+
 /// A follower task that records what it applies; returns its handle and the record.
 fn follow(follower: Follower, stop: &CancellationToken) -> (tokio::task::JoinHandle<Result<(), Error>>, Applied) {
     let applied: Applied = Arc::default();
@@ -57,15 +70,7 @@ async fn followers_apply_exactly_the_admitted_entries_in_order_and_never_a_zombi
     let db = TestDb::new().await;
     let admin = db.connect().await;
     store_log::create_stream(&admin, "decisions", "log-leader", Retention::default()).await.unwrap();
-    let leader = Elector::builder(pool(&db.url()), "log-leader")
-        .owner("a")
-        .ttl(Duration::from_secs(3))
-        .renew_interval(Duration::from_millis(900))
-        .safety_margin(Duration::from_millis(300))
-        .query_timeout(Duration::from_millis(900))
-        .build()
-        .unwrap()
-        .start();
+    let leader = elector(&db, "log-leader");
     let leadership =
         tokio::time::timeout(Duration::from_secs(15), leader.wait_for_leadership()).await.unwrap().unwrap();
     let appender = leader.appender("decisions");
@@ -295,15 +300,7 @@ async fn an_appender_is_refused_on_another_leases_stream_and_open_waits_for_the_
     store_log::create_stream(&admin, "theirs", "their-lease", Retention::default()).await.unwrap();
     store_log::create_stream(&admin, "ours", "our-lease", Retention::default()).await.unwrap();
     let theirs = store::acquire(&admin, "their-lease", "x", Duration::from_secs(60)).await.unwrap().term.unwrap();
-    let elector = Elector::builder(pool(&db.url()), "our-lease")
-        .owner("a")
-        .ttl(Duration::from_secs(3))
-        .renew_interval(Duration::from_millis(900))
-        .safety_margin(Duration::from_millis(300))
-        .query_timeout(Duration::from_millis(900))
-        .build()
-        .unwrap()
-        .start();
+    let elector = elector(&db, "our-lease");
     let leadership =
         tokio::time::timeout(Duration::from_secs(15), elector.wait_for_leadership()).await.unwrap().unwrap();
     assert_eq!(leadership.term(), theirs, "the two leases are at the same term number");
