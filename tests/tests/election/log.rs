@@ -341,3 +341,87 @@ async fn an_appender_is_refused_on_another_leases_stream_and_open_waits_for_the_
         Err(fencing_schema::Error::Refused { .. })
     ));
 }
+
+/// Retention with a lagging follower, with real processes: follower f1 is paused (SIGSTOP)
+/// while the leader appends and retention runs every 100 ms keeping 5 entries. Without a limit,
+/// retention keeps every entry f1 has not applied, and f1, resumed, applies them all, without a
+/// gap. With `max_entries` 20, retention passes the paused f1, and f1, resumed, is told to
+/// resnapshot (`compacted`) instead of skipping entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_waits_for_a_paused_follower_unless_its_limit_says_so_and_then_tells_it_to_resnapshot() {
+    use fencing_tests::process::{ElectorProcess, Timing, event, int};
+    use nix::sys::signal::Signal;
+
+    let db = TestDb::new().await;
+    let admin = db.connect().await;
+    let keep_five = Retention { keep_count: Some(5), keep_age: None, max_entries: None };
+    store_log::create_stream(&admin, "r-log", "r", keep_five).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("fencing-retention-{}-{}", std::process::id(), db.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let projection = dir.join("f1.jsonl");
+    let projection_arg = projection.display().to_string();
+    let url = db.url();
+    let timing = Timing::FAST;
+    let follower_args = ["--follow-stream", "r-log", "--follower", "f1", "--projection", projection_arg.as_str()];
+    let mut leader = ElectorProcess::spawn_with(&url, "r", "a", timing, &["--append-stream", "r-log"]).unwrap();
+    leader.wait_for("an append", |l| event(l) == "appended").await.unwrap();
+    let mut f = ElectorProcess::spawn_with(&url, "f1-own", "f1", timing, &follower_args).unwrap();
+    f.wait_for("an apply", |l| event(l) == "applied").await.unwrap();
+
+    // Retention every 100 ms in the background, as an operator's job would run it.
+    let retainer_client = db.connect().await;
+    let retaining = tokio::spawn(async move {
+        loop {
+            if store_log::retain(&retainer_client, "r-log").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+
+    f.signal(Signal::SIGSTOP).unwrap();
+    let paused_at = store_log::position(&admin, "r-log", "f1").await.unwrap().unwrap();
+    leader.wait_for("30 more appends", |l| event(l) == "appended" && int(l, "seq") >= paused_at + 30).await.unwrap();
+    let status = store_log::status(&admin, "r-log").await.unwrap();
+    assert!(
+        status.first_seq <= paused_at + 1,
+        "retention removed entries the paused follower has not applied: {status:?}"
+    );
+    f.signal(Signal::SIGCONT).unwrap();
+    let head = store_log::status(&admin, "r-log").await.unwrap().head;
+    f.wait_for("caught up", |l| event(l) == "applied" && int(l, "seq") >= head).await.unwrap();
+
+    // Now with a limit: the paused follower is passed, and told so when it resumes.
+    store_log::set_retention(&admin, "r-log", Retention { keep_count: Some(5), keep_age: None, max_entries: Some(20) })
+        .await
+        .unwrap();
+    f.signal(Signal::SIGSTOP).unwrap();
+    let paused_at = store_log::position(&admin, "r-log", "f1").await.unwrap().unwrap();
+    leader.wait_for("40 more appends", |l| event(l) == "appended" && int(l, "seq") >= paused_at + 40).await.unwrap();
+    for _ in 0..50 {
+        if store_log::status(&admin, "r-log").await.unwrap().first_seq > paused_at + 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first_seq = store_log::status(&admin, "r-log").await.unwrap().first_seq;
+    assert!(first_seq > paused_at + 1, "the limit lets retention pass the paused follower");
+    f.signal(Signal::SIGCONT).unwrap();
+    let stopped = f.wait_for("the follower stops", |l| event(l) == "follower_stopped").await.unwrap();
+    let error = stopped["error"].as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("compacted") && error.contains("resnapshot"), "{error}");
+    retaining.abort();
+
+    // What it applied has no gap: its projection is a prefix of what the log had.
+    let projected: Vec<i64> = std::fs::read_to_string(&projection)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(projected, (1..=projected.len() as i64).collect::<Vec<_>>(), "applied without a gap");
+    for process in [&mut f, &mut leader] {
+        process.signal(Signal::SIGTERM).unwrap();
+        process.wait_for("shutdown", |l| event(l) == "shutdown").await.unwrap();
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -130,9 +130,36 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     let setup = Setup::new().await;
     let url = setup.db.url();
     let (port_a, port_b) = (free_port(), free_port());
+    // Both electors append to a fenced log while they lead, and each follows it, for the log's
+    // panels.
+    let admin = setup.db.connect().await;
+    fencing_schema::log::create_stream(
+        &admin,
+        "ledger-log",
+        "ledger-writer",
+        fencing_schema::log::Retention::default(),
+    )
+    .await
+    .unwrap();
+    let projections =
+        std::env::temp_dir().join(format!("fencing-observability-{}-{}", std::process::id(), setup.db.name));
+    std::fs::create_dir_all(&projections).unwrap();
     let elector = |owner: &'static str, port: u16| {
         let listen = format!("127.0.0.1:{port}");
-        ElectorProcess::spawn_with(&url, "ledger-writer", owner, Timing::FAST, &["--metrics-listen", &listen]).unwrap()
+        let projection = projections.join(format!("{owner}.jsonl")).display().to_string();
+        let args = [
+            "--metrics-listen",
+            &listen,
+            "--append-stream",
+            "ledger-log",
+            "--follow-stream",
+            "ledger-log",
+            "--follower",
+            owner,
+            "--projection",
+            &projection,
+        ];
+        ElectorProcess::spawn_with(&url, "ledger-writer", owner, Timing::FAST, &args).unwrap()
     };
     let mut a = elector("a", port_a);
     let term_a = int(&a.wait_for("a elected", |l| event(l) == "elected").await.unwrap(), "term");
@@ -195,6 +222,8 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     prometheus.wait_for_data(r#"fencing_writes_total{outcome="admitted"}"#).await;
     prometheus.wait_for_data("election_is_leader").await;
     prometheus.wait_for_data("election_daemon_assign_seconds_bucket").await;
+    prometheus.wait_for_data("election_follower_lag_seconds").await;
+    prometheus.wait_for_data("election_log_appends_total").await;
     prometheus.wait_for_data(r#"election_daemons{state="active"} > 0"#).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let calm = prometheus.firing().await;
@@ -257,6 +286,7 @@ async fn dashboards_and_alerts_work_on_a_real_prometheus_scraping_a_gateway_and_
     prometheus.wait_for_data("fencing_store_errors_total").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     every_panel_has_data(&prometheus).await;
+    std::fs::remove_dir_all(&projections).ok();
 }
 
 async fn every_panel_has_data(prometheus: &Prometheus) {
