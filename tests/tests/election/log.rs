@@ -396,16 +396,21 @@ async fn retention_waits_for_a_paused_follower_unless_its_limit_says_so_and_then
         .await
         .unwrap();
     f.signal(Signal::SIGSTOP).unwrap();
-    let paused_at = store_log::position(&admin, "r-log", "f1").await.unwrap().unwrap();
-    leader.wait_for("40 more appends", |l| event(l) == "appended" && int(l, "seq") >= paused_at + 40).await.unwrap();
-    for _ in 0..50 {
-        if store_log::status(&admin, "r-log").await.unwrap().first_seq > paused_at + 1 {
+    // What the paused follower has applied, reported or not: its projection file (written before
+    // each apply returns). It may also hold a batch read and not yet applied (at most 100
+    // entries): retention must pass all that, not only its last report.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let applied = last_projected(&projection) + 100;
+    leader.wait_for("130 more appends", |l| event(l) == "appended" && int(l, "seq") >= applied + 30).await.unwrap();
+    let mut first_seq = 0;
+    for _ in 0..100 {
+        first_seq = store_log::status(&admin, "r-log").await.unwrap().first_seq;
+        if first_seq > applied + 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let first_seq = store_log::status(&admin, "r-log").await.unwrap().first_seq;
-    assert!(first_seq > paused_at + 1, "the limit lets retention pass the paused follower");
+    assert!(first_seq > applied + 1, "the limit lets retention pass the paused follower: {first_seq} after {applied}");
     f.signal(Signal::SIGCONT).unwrap();
     let stopped = f.wait_for("the follower stops", |l| event(l) == "follower_stopped").await.unwrap();
     let error = stopped["error"].as_str().unwrap_or_default().to_owned();
@@ -424,4 +429,14 @@ async fn retention_waits_for_a_paused_follower_unless_its_limit_says_so_and_then
         process.wait_for("shutdown", |l| event(l) == "shutdown").await.unwrap();
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The last sequence in a projection file of the example elector.
+fn last_projected(path: &std::path::Path) -> i64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok()?["seq"].as_i64())
+        .max()
+        .unwrap_or(0)
 }
