@@ -6,7 +6,8 @@
 //!     [--ttl-ms 10000] [--renew-ms N] [--margin-ms N] [--query-timeout-ms N] [--tick-ms 100] \
 //!     [--metrics-listen 127.0.0.1:9464] \
 //!     [--cluster NAME --node-id ID [--heartbeat-ms 15000] [--registration-ttl-ms 90000]] \
-//!     [--append-stream STREAM] [--follow-stream STREAM --follower NAME --projection FILE]
+//!     [--append-stream STREAM] [--follow-stream STREAM --follower NAME --projection FILE
+//!      [--apply-delay-ms N] [--report-every-ms N]] [--read-listen 127.0.0.1:0]
 //! ```
 //!
 //! With `--append-stream`, its leader work appends one entry per tick to that stream of the
@@ -14,7 +15,14 @@
 //! `append_refused`). With `--follow-stream`, it also follows that stream as `--follower`: each
 //! entry is applied to the projection file (one JSON line per entry) unless the file already has
 //! its sequence (an idempotent apply: the follower applies at least once), and `applied` lines
-//! are printed.
+//! are printed. `--apply-delay-ms` makes each apply take that long (a follower that falls
+//! behind).
+//!
+//! With `--read-listen`, it serves reads there (printing `reads` with the `address`): any GET is
+//! answered `{"owner", "applied", "leader"}` (the last sequence in its projection, 0 when it
+//! follows nothing; whether it leads now). Its URL goes in its lease value (`{"read_url"}`,
+//! shown while it leads) and, with `--cluster`, in its node's metadata (`{"read_url",
+//! "follower"}`): what a gateway route with `[routes.reads]` sends reads by.
 //!
 //! With `--cluster`, it is also a node of that cluster (`fencing_election::membership`) and
 //! prints `node_joined`, `node_left` (each with `node` and `started_ms`, the node's start on the
@@ -55,6 +63,9 @@ struct Args {
     follow_stream: Option<String>,
     follower: Option<String>,
     projection: Option<std::path::PathBuf>,
+    apply_delay: Duration,
+    report_every: Option<Duration>,
+    read_listen: Option<std::net::SocketAddr>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -76,6 +87,9 @@ fn parse_args() -> Result<Args, String> {
         follow_stream: None,
         follower: None,
         projection: None,
+        apply_delay: Duration::ZERO,
+        report_every: None,
+        read_listen: None,
     };
     let mut words = std::env::args().skip(1);
     while let Some(flag) = words.next() {
@@ -98,6 +112,9 @@ fn parse_args() -> Result<Args, String> {
             "--follow-stream" => args.follow_stream = Some(value.clone()),
             "--follower" => args.follower = Some(value.clone()),
             "--projection" => args.projection = Some(value.clone().into()),
+            "--apply-delay-ms" => args.apply_delay = ms()?,
+            "--report-every-ms" => args.report_every = Some(ms()?),
+            "--read-listen" => args.read_listen = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?),
             "--metrics-listen" => args.metrics_listen = Some(value.parse().map_err(|e| format!("{flag}: {e}"))?),
             other => return Err(format!("unknown flag {other}")),
         }
@@ -127,15 +144,19 @@ fn quote(text: &str) -> String {
     out
 }
 
-/// This process's node of `cluster`, as the flags say.
+/// This process's node of `cluster`, as the flags say, with `metadata`.
 fn membership(
     pool: Pool,
     cluster: String,
     node_id: Option<String>,
     heartbeat: Option<Duration>,
     ttl: Option<Duration>,
+    metadata: Option<String>,
 ) -> Result<Membership, fencing_election::Error> {
     let mut builder = Membership::builder(pool, cluster);
+    if let Some(metadata) = metadata {
+        builder = builder.metadata(metadata);
+    }
     if let Some(node_id) = node_id {
         builder = builder.node_id(node_id);
     }
@@ -227,9 +248,25 @@ async fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
+    // Where this process serves reads, bound before anything announces it.
+    let reads = match args.read_listen {
+        None => None,
+        Some(address) => match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                eprintln!("elector: --read-listen {address}: {error}");
+                return ExitCode::from(70);
+            }
+        },
+    };
+    let read_url = reads.as_ref().and_then(|listener| listener.local_addr().ok()).map(|addr| format!("http://{addr}"));
+    let metadata = read_url.as_ref().map(|url| {
+        let follower = args.follower.clone().or_else(|| args.node_id.clone()).unwrap_or_default();
+        serde_json::json!({"read_url": url, "follower": follower}).to_string()
+    });
     let node = match args
         .cluster
-        .map(|cluster| membership(pool.clone(), cluster, args.node_id, args.heartbeat, args.registration_ttl))
+        .map(|cluster| membership(pool.clone(), cluster, args.node_id, args.heartbeat, args.registration_ttl, metadata))
     {
         None => None,
         Some(Ok(node)) => Some(node),
@@ -242,7 +279,11 @@ async fn main() -> ExitCode {
     let follower = match (args.follow_stream, args.follower, args.projection) {
         (Some(stream), Some(name), Some(path)) => {
             let wakeups = Wakeups::listen(pg_config, NoTls, stop.clone());
-            Some((Follower::new(pool.clone(), stream, name, wakeups), path))
+            let mut follower = Follower::new(pool.clone(), stream, name, wakeups);
+            if let Some(every) = args.report_every {
+                follower = follower.report_every(every);
+            }
+            Some((follower, path))
         }
         _ => None,
     };
@@ -258,6 +299,9 @@ async fn main() -> ExitCode {
     }
     if let Some(query_timeout) = args.query_timeout {
         builder = builder.query_timeout(query_timeout);
+    }
+    if let Some(url) = &read_url {
+        builder = builder.value(&serde_json::json!({ "read_url": url }));
     }
     let elector = match builder.build() {
         Ok(elector) => elector,
@@ -280,6 +324,23 @@ async fn main() -> ExitCode {
         std::process::id()
     );
     let handle = elector.start();
+    // The projection's last sequence, shared by the follower and the read server.
+    let projected = follower.as_ref().map_or(0, |(_, path)| last_projected(path));
+    let last = std::sync::Arc::new(std::sync::Mutex::new(projected));
+    if let (Some(listener), Some(url)) = (reads, &read_url) {
+        println!(r#"{{"event":"reads","at_ms":{},"address":{}}}"#, at(), quote(url));
+        let (owner, last, state) = (handle.owner().to_owned(), std::sync::Arc::clone(&last), handle.state());
+        let app = axum::Router::new().fallback(move || {
+            let applied = last.lock().map_or(-1, |last| *last);
+            let leader = matches!(*state.borrow(), LeaderState::Leader { deadline, .. } if Instant::now() < deadline);
+            let body = serde_json::json!({"owner": owner, "applied": applied, "leader": leader});
+            std::future::ready(axum::Json(body))
+        });
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+        });
+    }
     let node = node.map(|node| {
         let node = node.start();
         let mut events = node.events();
@@ -379,15 +440,18 @@ async fn main() -> ExitCode {
             }
         }
     });
+    let apply_delay = args.apply_delay;
     let following = follower.map(|(follower, path)| {
         let stop = stop.clone();
         tokio::spawn(async move {
-            let last = std::sync::Arc::new(std::sync::Mutex::new(last_projected(&path)));
             let result = follower
                 .run(
                     |entry: Entry| {
                         let (path, last) = (path.clone(), std::sync::Arc::clone(&last));
-                        async move { project(&path, &last, &entry, at()) }
+                        async move {
+                            tokio::time::sleep(apply_delay).await;
+                            project(&path, &last, &entry, at())
+                        }
                     },
                     stop,
                 )

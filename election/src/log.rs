@@ -211,7 +211,7 @@ pub struct Follower {
     wakeups: Wakeups,
     batch: i32,
     query_timeout: Duration,
-    poll: Duration,
+    report_every: Duration,
     lag: watch::Sender<Option<Lag>>,
 }
 
@@ -225,8 +225,11 @@ pub const DEFAULT_QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// connection is down, or with [`Wakeups::polling`]).
 pub const POLL: Duration = Duration::from_millis(250);
 
-/// How often it reads while the wake-ups' connection listens (a lost wake-up costs this much).
-pub const POLL_LISTENING: Duration = Duration::from_secs(5);
+/// The longest a caught-up follower goes without reading and reporting, unless
+/// [`Follower::report_every`] says otherwise: with the wake-ups' connection listening, a lost
+/// wake-up costs at most this much, and a gateway routing reads within a bound (`[routes.reads]`)
+/// counts a follower whose report is older than its bound as behind.
+pub const DEFAULT_REPORT_EVERY: Duration = Duration::from_secs(1);
 
 impl Follower {
     /// A follower named `name` (unique per stream: its cursor is kept under it) of `stream`,
@@ -239,7 +242,7 @@ impl Follower {
             wakeups,
             batch: DEFAULT_BATCH,
             query_timeout: DEFAULT_QUERY_TIMEOUT,
-            poll: POLL,
+            report_every: DEFAULT_REPORT_EVERY,
             lag: watch::Sender::new(None),
         }
     }
@@ -253,6 +256,15 @@ impl Follower {
     /// How long each read or report may take.
     pub fn query_timeout(mut self, limit: Duration) -> Follower {
         self.query_timeout = limit;
+        self
+    }
+
+    /// The longest this follower goes without reading and reporting while caught up (10 ms to
+    /// an hour; default [`DEFAULT_REPORT_EVERY`]). A gateway that routes reads to followers
+    /// within a bound counts a report older than the bound as behind: report at least twice per
+    /// bound.
+    pub fn report_every(mut self, every: Duration) -> Follower {
+        self.report_every = every.clamp(Duration::from_millis(10), Duration::from_secs(3600));
         self
     }
 
@@ -331,7 +343,7 @@ impl Follower {
             if full || (had_entries && !self.wakeups.listening()) {
                 continue;
             }
-            let poll = if self.wakeups.listening() { POLL_LISTENING } else { self.poll };
+            let poll = if self.wakeups.listening() { self.report_every } else { self.report_every.min(POLL) };
             let topic = format!("log:{}", self.stream);
             let until = Instant::now() + poll;
             loop {

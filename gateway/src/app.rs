@@ -17,7 +17,7 @@ use crate::error::{Error, error_chain};
 use crate::fence::refusals::RefusalLog;
 use crate::fence::{self, FenceStore};
 use crate::listener::{self, Limits};
-use crate::proxy::{Proxy, upstream};
+use crate::proxy::{self, Proxy, upstream};
 use crate::security::database::Database;
 use crate::security::tls;
 use crate::{control, metrics};
@@ -127,9 +127,13 @@ pub async fn run(
     };
     let proxy_tls = acceptor(config.proxy.tls.as_ref())?;
     let control_tls = acceptor(config.control.tls.as_ref())?;
+    // Routes with `[routes.reads]`: their followers and leader, polled on the fence pool.
+    let reads = proxy::reads::start(&config.routes, fences.pool(), config.database.fence_check_timeout, &shutdown);
     let proxy_handler = || {
         let connector = upstream::connector(config.upstream.connect_timeout, upstream_tls.clone());
-        Arc::new(Proxy::new(Arc::clone(&config), Arc::clone(&fences), connector, refusal_log.clone())).handler()
+        let proxy =
+            Proxy::new(Arc::clone(&config), Arc::clone(&fences), connector, refusal_log.clone(), Arc::clone(&reads));
+        Arc::new(proxy).handler()
     };
     let proxy_server = if config.proxy.threads == 0 {
         let serve =

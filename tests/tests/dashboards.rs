@@ -66,6 +66,7 @@ fn exported_metrics() -> BTreeSet<&'static str> {
         gateway_metrics::WATCH_REFUSALS,
         gateway_metrics::WATCH_LISTENING,
         gateway_metrics::LOG_APPENDS,
+        fencing_gateway::proxy::reads::FOLLOWER_READS,
         fencing_election::log::APPENDS,
         fencing_election::log::FOLLOWER_LAG_ENTRIES,
         fencing_election::log::FOLLOWER_LAG_SECONDS,

@@ -26,7 +26,7 @@ use crate::security::tls::upstream_client_config;
 pub use crate::config::environment::{Environment, ProcessEnvironment};
 pub use crate::config::model::{
     CONTROL_BODY_LIMIT_BYTES, Config, ConfigError, ControlConfig, DEFAULT_EMBEDDED_DATA_DIR, DatabaseConfig,
-    ProxyConfig, ResourceNaming, Route, StandbyCheck, UpstreamConfig,
+    ProxyConfig, Reads, ResourceNaming, Route, StandbyCheck, UpstreamConfig,
 };
 
 impl Config {
@@ -207,6 +207,44 @@ mod tests {
         ] {
             assert!(all.contains(expected), "{expected:?} missing from:\n{all}");
         }
+    }
+
+    #[test]
+    fn reads_from_followers_are_checked_and_default_to_loopback_hosts() {
+        let route = |reads: &str| {
+            format!(
+                "[[routes]]\nprefix = \"/orders\"\nupstream = \"http://127.0.0.1:9000\"\nresource = {{ fixed = \"o\" }}\n\
+                 [routes.reads]\n{reads}"
+            )
+        };
+        let config = Config::parse(&route("cluster = \"readers\"\nstream = \"orders\"\nmax_lag_ms = 500"), &env(&[]))
+            .expect("valid");
+        let reads = config.routes[0].reads.clone().expect("reads");
+        assert_eq!((reads.cluster.as_str(), reads.stream.as_str()), ("readers", "orders"));
+        assert_eq!(reads.max_lag, std::time::Duration::from_millis(500));
+        assert_eq!(reads.leader_lease, None);
+        assert_eq!(reads.allow_hosts, ["127.0.0.1", "[::1]", "localhost"]);
+        let bad = route(&format!(
+            "cluster = \"\"\nstream = \"{}\"\nmax_lag_ms = 0\nleader_lease = \"\"\n\
+             allow_hosts = [\"10.0.0.1:80\", \"user@host\"]",
+            "s".repeat(245)
+        ));
+        let all = Config::parse(&bad, &env(&[])).expect_err("invalid").problems.join("\n");
+        for expected in [
+            "routes[0].reads.cluster: must be 1 to 256 characters",
+            "routes[0].reads.stream: must be 1 to 244 characters",
+            "routes[0].reads.leader_lease: must be 1 to 256 characters",
+            "routes[0].reads.max_lag_ms: must be 1 to 3600000, got 0",
+            "routes[0].reads.allow_hosts: \"10.0.0.1:80\" is not a host name or address (no port)",
+            "routes[0].reads.allow_hosts: \"user@host\" is not a host name or address (no port)",
+        ] {
+            assert!(all.contains(expected), "{expected:?} missing from:\n{all}");
+        }
+        let empty = route("cluster = \"c\"\nstream = \"s\"\nmax_lag_ms = 1\nallow_hosts = []");
+        let all = Config::parse(&empty, &env(&[])).expect_err("no host").problems.join("\n");
+        assert!(all.contains("allow_hosts: must name at least one host"), "{all}");
+        let unknown = route("cluster = \"c\"\nstream = \"s\"\nmax_lag_ms = 1\nmax_lag = 5");
+        assert!(Config::parse(&unknown, &env(&[])).is_err(), "an unknown key of [routes.reads] is refused");
     }
 
     #[test]

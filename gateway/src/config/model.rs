@@ -251,7 +251,35 @@ pub struct Route {
     /// method with a body is refused (S8: an upstream that reads no body for that method would
     /// read it as the next request).
     pub body_methods: Vec<Method>,
+    /// Where the route's unfenced requests go when set: to the cluster's followers within the
+    /// lag bound, else to the leader. Unset: to `upstream`.
+    pub reads: Option<Reads>,
 }
+
+/// A route's reads from followers (`[routes.reads]`): an unfenced request goes to a live member
+/// of `cluster` that follows `stream` and whose reported lag is within `max_lag`, else to the
+/// leader (the holder of `leader_lease`, at the `read_url` of its value; without it, the route's
+/// upstream).
+#[derive(Debug, Clone)]
+pub struct Reads {
+    /// The membership cluster whose nodes announce `{"read_url", "follower"}` in their metadata.
+    pub cluster: String,
+    /// The fenced log the followers tail; its follower reports give their lag.
+    pub stream: String,
+    /// The staleness a follower's read may have: its lag in time and the age of its last report
+    /// must both be within it.
+    pub max_lag: Duration,
+    /// The lease whose holder is the leader (its value's `read_url`); `None`: the route's upstream.
+    pub leader_lease: Option<String>,
+    /// The hosts (as written in a `read_url`) reads may be sent to; default the loopback names.
+    pub allow_hosts: Vec<String>,
+}
+
+/// The hosts a route's reads may go to unless `allow_hosts` says otherwise.
+pub const DEFAULT_READ_HOSTS: [&str; 3] = ["127.0.0.1", "[::1]", "localhost"];
+
+/// The largest `max_lag_ms`: an hour.
+pub const MAX_READ_LAG_MS: u64 = 3_600_000;
 
 /// A bad configuration: every problem found, each naming its key.
 #[derive(Debug, thiserror::Error)]

@@ -105,6 +105,17 @@ pub(super) struct RawRoute {
     pub(super) lease: Option<String>,
     pub(super) unfenced_methods: Option<Vec<String>>,
     pub(super) body_methods: Option<Vec<String>>,
+    pub(super) reads: Option<RawReads>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReads {
+    pub(super) cluster: String,
+    pub(super) stream: String,
+    pub(super) max_lag_ms: u64,
+    pub(super) leader_lease: Option<String>,
+    pub(super) allow_hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -3,8 +3,8 @@
 
 use http::{Method, Uri};
 
-use crate::config::model::{ResourceNaming, Route};
-use crate::config::raw::{RawResource, RawRoute};
+use crate::config::model::{DEFAULT_READ_HOSTS, MAX_READ_LAG_MS, Reads, ResourceNaming, Route};
+use crate::config::raw::{RawReads, RawResource, RawRoute};
 use crate::names::{check_prefix, check_resource_header, check_resource_name, folded};
 
 /// The routes, longest prefix first, and the warnings about their bindings.
@@ -155,6 +155,7 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
     {
         problems.push(format!("{}: {reason}", key("prefix")));
     }
+    let reads = raw.reads.and_then(|reads| validate_reads(&key("reads"), reads, upstream.as_ref(), problems));
     if problems.len() > before {
         return None;
     }
@@ -165,5 +166,46 @@ fn validate_route(index: usize, raw: RawRoute, problems: &mut Vec<String>) -> Op
         lease: raw.lease,
         unfenced_methods,
         body_methods,
+        reads,
+    })
+}
+
+/// A route's `[routes.reads]`: names the store accepts, a bound of 1 ms to an hour, hosts.
+fn validate_reads(key: &str, raw: RawReads, upstream: Option<&Uri>, problems: &mut Vec<String>) -> Option<Reads> {
+    let before = problems.len();
+    let mut name = |what: &str, value: &str, longest: usize| {
+        if value.is_empty() || value.chars().count() > longest {
+            problems.push(format!("{key}.{what}: must be 1 to {longest} characters"));
+        }
+    };
+    name("cluster", &raw.cluster, 256);
+    // A stream's name is at most 244 characters (its fence is `fencing.log/<stream>`).
+    name("stream", &raw.stream, 244);
+    if let Some(lease) = &raw.leader_lease {
+        name("leader_lease", lease, 256);
+    }
+    if raw.max_lag_ms == 0 || raw.max_lag_ms > MAX_READ_LAG_MS {
+        problems.push(format!("{key}.max_lag_ms: must be 1 to {MAX_READ_LAG_MS}, got {}", raw.max_lag_ms));
+    }
+    let allow_hosts = raw.allow_hosts.unwrap_or_else(|| DEFAULT_READ_HOSTS.map(str::to_owned).to_vec());
+    for host in &allow_hosts {
+        if host.contains('@')
+            || host.parse::<http::uri::Authority>().map_or(true, |authority| authority.port().is_some())
+        {
+            problems.push(format!("{key}.allow_hosts: {host:?} is not a host name or address (no port)"));
+        }
+    }
+    if allow_hosts.is_empty() {
+        problems.push(format!("{key}.allow_hosts: must name at least one host"));
+    }
+    if upstream.is_none() || problems.len() > before {
+        return None;
+    }
+    Some(Reads {
+        cluster: raw.cluster,
+        stream: raw.stream,
+        max_lag: std::time::Duration::from_millis(raw.max_lag_ms),
+        leader_lease: raw.leader_lease,
+        allow_hosts: allow_hosts.into_iter().map(|host| host.to_ascii_lowercase()).collect(),
     })
 }

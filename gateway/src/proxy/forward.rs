@@ -21,9 +21,10 @@ use crate::config::Config;
 use crate::fence::Decision;
 use crate::metrics::RouteMetrics;
 use crate::proxy::headers::{
-    FENCING_LEASE, FENCING_OWNER, FENCING_RESOURCE, FENCING_TOKEN, FORWARDED, REQUEST_ID, RequestId,
+    FENCING_LEASE, FENCING_OWNER, FENCING_READ_FROM, FENCING_RESOURCE, FENCING_TOKEN, FORWARDED, REQUEST_ID, RequestId,
     client_claim_header,
 };
+use crate::proxy::reads::{Choice, ReadRouter};
 use crate::proxy::rejection::Rejection;
 use crate::proxy::route::{Write, strip_hop_by_hop};
 use crate::proxy::upstream::{Failure, Peer, REUSE_WRITE_BODY_MAX, UpstreamConnector, WriteBound, host_header};
@@ -42,25 +43,96 @@ pub struct Target<'a> {
     pub request_id: &'a RequestId,
 }
 
+/// Where a request is sent: an upstream's URL (scheme, authority, optional base path) and the
+/// `Host` it is sent with.
+#[derive(Debug)]
+pub struct Destination {
+    /// The upstream.
+    pub uri: Uri,
+    /// Its `Host` header.
+    pub host: HeaderValue,
+}
+
+impl Destination {
+    /// `uri` as a destination; `None` when it has no authority.
+    pub fn new(uri: Uri) -> Option<Destination> {
+        let host = host_header(&uri)?;
+        Some(Destination { uri, host })
+    }
+}
+
 /// Sends requests to their routes' upstreams.
 #[derive(Debug)]
 pub struct Forwarder {
     config: Arc<Config>,
     connector: UpstreamConnector,
-    /// Each route's upstream `Host`, in the order of `config.routes`.
-    route_hosts: Vec<Option<HeaderValue>>,
+    /// Each route's upstream, in the order of `config.routes`.
+    route_upstreams: Vec<Option<Destination>>,
 }
 
 impl Forwarder {
     /// A forwarder for `config`'s routes, connecting through `connector`.
     pub fn new(config: Arc<Config>, connector: UpstreamConnector) -> Forwarder {
-        let route_hosts = config.routes.iter().map(|route| host_header(&route.upstream)).collect();
-        Forwarder { config, connector, route_hosts }
+        let route_upstreams = config.routes.iter().map(|route| Destination::new(route.upstream.clone())).collect();
+        Forwarder { config, connector, route_upstreams }
     }
 
     /// An unfenced request, which the route stage found bodiless: forwarded as is (less
-    /// hop-by-hop and fencing headers) with an empty body, no Postgres.
-    pub async fn pass_through(&self, target: Target<'_>, mut request: Request<Incoming>) -> Response<Body> {
+    /// hop-by-hop and fencing headers) with an empty body, no Postgres, to the route's upstream.
+    pub async fn pass_through(&self, target: Target<'_>, request: Request<Incoming>) -> Response<Body> {
+        let parts = self.unfenced_parts(request);
+        let Some(destination) = self.route_upstreams.get(target.index).and_then(Option::as_ref) else {
+            return Rejection::UpstreamUnreachable.problem().into_response();
+        };
+        let deadline = Instant::now() + self.config.upstream.forward_timeout;
+        match self.forward(target, destination, parts, Body::empty(), deadline, None).await {
+            Ok(response) => response,
+            Err(rejection) => rejection.problem().into_response(),
+        }
+    }
+
+    /// An unfenced request of a route with `[routes.reads]`: to a follower within the bound, else
+    /// to the leader (and to the leader when a safe method's follower could not be reached). The
+    /// answer says who served it (`Fencing-Read-From`).
+    pub async fn read(&self, target: Target<'_>, router: &ReadRouter, request: Request<Incoming>) -> Response<Body> {
+        let parts = self.unfenced_parts(request);
+        let deadline = Instant::now() + self.config.upstream.forward_timeout;
+        let (destination, from) = match router.choose() {
+            Choice::Follower(name, destination) => {
+                let from = HeaderValue::from_str(&format!("follower {name}"))
+                    .unwrap_or_else(|_| HeaderValue::from_static("follower"));
+                let again = clone_parts(&parts);
+                match self.forward(target, &destination, parts, Body::empty(), deadline, None).await {
+                    Ok(response) => return with_read_from(response, from),
+                    Err(rejection @ Rejection::UpstreamTimeout) => {
+                        return with_read_from(rejection.problem().into_response(), from);
+                    }
+                    // A safe method may be sent again (RFC 9110, 9.2.2): a follower that cannot be
+                    // reached (gone since the poll) costs the client nothing but a second try.
+                    Err(Rejection::UpstreamUnreachable) if again.method.is_safe() => match router.leader() {
+                        Some(leader) => {
+                            return match self.forward(target, &leader, again, Body::empty(), deadline, None).await {
+                                Ok(response) => with_read_from(response, HeaderValue::from_static("leader")),
+                                Err(rejection) => rejection.problem().into_response(),
+                            };
+                        }
+                        None => return Rejection::NoReader.problem().into_response(),
+                    },
+                    Err(rejection) => return rejection.problem().into_response(),
+                }
+            }
+            Choice::Leader(destination) => (destination, HeaderValue::from_static("leader")),
+            Choice::NoReader => return Rejection::NoReader.problem().into_response(),
+        };
+        match self.forward(target, &destination, parts, Body::empty(), deadline, None).await {
+            Ok(response) => with_read_from(response, from),
+            Err(rejection) => with_read_from(rejection.problem().into_response(), from),
+        }
+    }
+
+    /// An unfenced request's head as it is sent: no fencing or hop-by-hop headers, no
+    /// `Content-Length` (its body is empty), no credential for this gateway.
+    fn unfenced_parts(&self, mut request: Request<Incoming>) -> http::request::Parts {
         remove_fencing_headers(request.headers_mut());
         // The body is empty whatever `Content-Length: 0` spelling the client chose.
         request.headers_mut().remove(CONTENT_LENGTH);
@@ -68,14 +140,9 @@ impl Forwarder {
             // A client's credential for this gateway is never an upstream's to see.
             request.headers_mut().remove(http::header::AUTHORIZATION);
         }
-        let deadline = Instant::now() + self.config.upstream.forward_timeout;
         // The body is empty (the route stage refused any other): no byte of the client's
         // connection is relayed.
-        let (parts, _body) = request.into_parts();
-        match self.forward(target, parts, Body::empty(), deadline, None).await {
-            Ok(response) => response,
-            Err(rejection) => rejection.problem().into_response(),
-        }
+        request.into_parts().0
     }
 
     /// An admitted write of `term`: settled, stamped and forwarded.
@@ -126,10 +193,13 @@ impl Forwarder {
         } else {
             headers.remove(CONTENT_LENGTH);
         }
-        self.forward(target, parts, Body::from(body), deadline, Some(term)).await
+        let Some(destination) = self.route_upstreams.get(target.index).and_then(Option::as_ref) else {
+            return Err(Rejection::UpstreamUnreachable);
+        };
+        self.forward(target, destination, parts, Body::from(body), deadline, Some(term)).await
     }
 
-    /// Sends the request to the route's upstream and streams the answer back, on the client
+    /// Sends the request to `destination` and streams the answer back, on the client
     /// connection's own connection to that upstream (see [`crate::proxy::upstream`]). Everything
     /// the gateway sends of it (head and body) and the upstream's response head must pass before
     /// `deadline`; else the request is aborted and its upstream connection reset (SO_LINGER 0:
@@ -137,14 +207,14 @@ impl Forwarder {
     async fn forward(
         &self,
         target: Target<'_>,
+        destination: &Destination,
         mut parts: http::request::Parts,
         body: Body,
         deadline: Instant,
         term: Option<i64>,
     ) -> Result<Response<Body>, Rejection> {
-        let Target { index, metrics, peer, request_id } = target;
-        let route = &self.config.routes[index];
-        parts.uri = outbound_uri(&route.upstream, parts.uri.path_and_query())?;
+        let Target { metrics, peer, request_id, .. } = target;
+        parts.uri = outbound_uri(&destination.uri, parts.uri.path_and_query())?;
         let claims = |name: &HeaderName| {
             client_claim_header(name.as_str()) || self.config.proxy.client_claim_headers.contains(name)
         };
@@ -155,10 +225,7 @@ impl Forwarder {
                 parts.headers.remove(name);
             }
         }
-        let original_host = match self.route_hosts.get(index).cloned().flatten() {
-            Some(host) => parts.headers.insert(HOST, host),
-            None => return Err(Rejection::UpstreamUnreachable),
-        };
+        let original_host = parts.headers.insert(HOST, destination.host.clone());
         add_forwarded(&mut parts.headers, peer.remote, original_host.as_ref(), self.config.proxy.tls.is_some());
         parts.headers.insert(REQUEST_ID, request_id.0.clone());
         let outbound = Request::from_parts(parts, body);
@@ -180,7 +247,7 @@ impl Forwarder {
         // the write while an early answer streams back (`Streamed`).
         let reuse = http_body::Body::size_hint(outbound.body()).upper().is_some_and(|n| n <= REUSE_WRITE_BODY_MAX);
         let write = term.map(|_| WriteBound { deadline, reuse });
-        let exchange = peer.upstreams.send(&self.connector, &route.upstream, outbound, write);
+        let exchange = peer.upstreams.send(&self.connector, &destination.uri, outbound, write);
         let response = match timeout_at(deadline, exchange).await {
             Ok(Ok(response)) => response,
             Ok(Err(failure)) => return Err(upstream_failure(metrics, &failure)),
@@ -206,6 +273,22 @@ impl Forwarder {
         }
         Ok(Response::from_parts(parts, Body::new(body.map_err(axum::Error::new))))
     }
+}
+
+/// A copy of an unfenced request's head (its extensions are not carried: the proxy sets none).
+fn clone_parts(parts: &http::request::Parts) -> http::request::Parts {
+    let mut request = Request::new(());
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.version_mut() = parts.version;
+    *request.headers_mut() = parts.headers.clone();
+    request.into_parts().0
+}
+
+/// `response` with `Fencing-Read-From` (who served the read: `follower <name>` or `leader`).
+fn with_read_from(mut response: Response<Body>, from: HeaderValue) -> Response<Body> {
+    response.headers_mut().insert(FENCING_READ_FROM, from);
+    response
 }
 
 /// `deadline` as microseconds since the Unix epoch on the real-time clock.

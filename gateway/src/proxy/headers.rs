@@ -15,6 +15,10 @@ pub const FENCING_LEASE: HeaderName = HeaderName::from_static("fencing-lease");
 /// `Fencing-Owner`: the lease owner, presented in stamp mode; never forwarded.
 pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 
+/// On the answer to a read of a route with `[routes.reads]`: who served it, `follower <name>`
+/// or `leader`.
+pub const FENCING_READ_FROM: HeaderName = HeaderName::from_static("fencing-read-from");
+
 /// The request id, taken from a trusted proxy when it sends a sane one, else made up.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 

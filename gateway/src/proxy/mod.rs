@@ -12,6 +12,7 @@
 
 pub mod forward;
 pub mod headers;
+pub mod reads;
 pub mod rejection;
 pub mod route;
 pub mod upstream;
@@ -35,6 +36,7 @@ use crate::metrics as names;
 use crate::metrics::RouteMetrics;
 use crate::proxy::forward::{Forwarder, Target};
 use crate::proxy::headers::{REQUEST_ID, RequestId, named_in_connection};
+use crate::proxy::reads::ReadRouter;
 use crate::proxy::rejection::{Outcome, Rejection};
 use crate::proxy::route::Routed;
 use crate::proxy::upstream::{Peer, UpstreamConnector};
@@ -54,6 +56,9 @@ pub struct Proxy {
     refusals: RefusalLog,
     /// Each route's metric handles, in the order of `config.routes`.
     route_metrics: Vec<RouteMetrics>,
+    /// Each route's reads from followers, in the order of `config.routes` (`None`: to its
+    /// upstream).
+    reads: Arc<Vec<Option<Arc<ReadRouter>>>>,
     inflight_writes: metrics::Gauge,
 }
 
@@ -64,8 +69,10 @@ impl Proxy {
         fences: Arc<FenceStore>,
         connector: UpstreamConnector,
         refusals: RefusalLog,
+        reads: Arc<Vec<Option<Arc<ReadRouter>>>>,
     ) -> Proxy {
         Proxy {
+            reads,
             fences,
             forwarder: Forwarder::new(Arc::clone(&config), connector),
             next_request_id: AtomicU64::new(1),
@@ -143,7 +150,11 @@ impl Proxy {
                 tracing::Span::current().record("route", self.config.routes[index].prefix.as_str());
                 let metrics = &self.route_metrics[index];
                 metrics.passthrough();
-                return self.forwarder.pass_through(Target { index, metrics, peer, request_id }, request).await;
+                let target = Target { index, metrics, peer, request_id };
+                return match self.reads.get(index).and_then(Option::as_ref) {
+                    Some(router) => self.forwarder.read(target, router, request).await,
+                    None => self.forwarder.pass_through(target, request).await,
+                };
             }
             Ok(Routed::Write { index, request }) => (index, request),
             Err(rejection) => return rejection.problem().into_response(),

@@ -89,6 +89,8 @@ pub enum Rejection {
     ClocksDisagree,
     /// The upstream could not be reached.
     UpstreamUnreachable,
+    /// A route with `[routes.reads]` knows no follower within its bound and no leader.
+    NoReader,
     /// The upstream did not answer before the write's forward deadline.
     UpstreamTimeout,
     /// Clients are configured and the write carries no valid bearer token.
@@ -144,7 +146,7 @@ impl Rejection {
             Rejection::MissingToken => StatusCode::PRECONDITION_REQUIRED,
             Rejection::Malformed(_) => StatusCode::BAD_REQUEST,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::Unavailable | Rejection::ClocksDisagree => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::Unavailable | Rejection::ClocksDisagree | Rejection::NoReader => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Rejection::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
@@ -164,7 +166,7 @@ impl Rejection {
             | Rejection::BodyTooLarge { .. }
             | Rejection::BadHost(_) => Outcome::Malformed,
             Rejection::Unauthenticated(_) | Rejection::Forbidden(_) => Outcome::Unauthorized,
-            Rejection::Unavailable | Rejection::ClocksDisagree => Outcome::Unavailable,
+            Rejection::Unavailable | Rejection::ClocksDisagree | Rejection::NoReader => Outcome::Unavailable,
             Rejection::UpstreamUnreachable | Rejection::UpstreamTimeout => Outcome::UpstreamError,
         }
     }
@@ -248,6 +250,14 @@ impl Rejection {
                 "Fence store unavailable",
                 "this gateway's clock and the fence store's disagree (a step of the store's clock, or a clock \
                  running fast or slow); nothing is admitted until they agree again; the write was not forwarded",
+            )
+            .retry_after(1),
+            Rejection::NoReader => Problem::new(
+                status,
+                "no-reader",
+                "No reader",
+                "this route sends reads to its followers within the lag bound, else to its leader, and knows neither \
+                 now (no follower's report within the bound, no holder of the leader lease with a read_url)",
             )
             .retry_after(1),
             Rejection::UpstreamUnreachable => Problem::new(

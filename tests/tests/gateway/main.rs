@@ -12,6 +12,7 @@ mod demo;
 mod embedded;
 mod failover;
 mod faults;
+mod follower_reads;
 mod grants;
 mod handover;
 mod hygiene;
