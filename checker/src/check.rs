@@ -50,6 +50,8 @@ pub fn check_history(h: &History, opts: &CheckOptions) -> Vec<Violation> {
     out.extend(s7_acts_before_the_deadline_within_the_period(h));
     out.extend(exactly_once(h));
     out.extend(recovery(h).1);
+    out.extend(log_holds_the_admitted_appends(h, opts));
+    out.extend(followers_apply_a_prefix_of_the_log(h));
     out
 }
 
@@ -656,14 +658,9 @@ fn admitted_term(h: &History, c: &ClientWrite) -> Option<i64> {
     mine().find(|r| r.applied()).or_else(|| mine().find(|r| r.complete)).and_then(|r| r.token)
 }
 
-/// S4: no ok write on a bound resource with term t was invoked after a later term of its key was
-/// known to be granted: at the grant margin after the store's grant (how long a grant may take to
-/// commit), or, the moment the contract says, at the first instant a process had been told of it
-/// (an elector's `elected` event, an ok acquire's answer), whichever came first.
-pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Violation> {
-    let mut out = Vec::new();
-    let by_key = periods_by_key(h);
-    // The first instant a process had been told of each grant.
+/// The first instant a process had been told of each grant (an elector's `elected` event, an ok
+/// acquire's answer).
+fn grants_told(h: &History) -> HashMap<(&str, i64), i64> {
     let mut told: HashMap<(&str, i64), i64> = HashMap::new();
     let answers = h.elections.iter().filter(|e| e.event == "elected").map(|e| (e.key.as_str(), e.term, e.at_us));
     let acquired = h
@@ -675,6 +672,17 @@ pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Vi
         let first = told.entry((key, term)).or_insert(at);
         *first = (*first).min(at);
     }
+    told
+}
+
+/// S4: no ok write on a bound resource with term t was invoked after a later term of its key was
+/// known to be granted: at the grant margin after the store's grant (how long a grant may take to
+/// commit), or, the moment the contract says, at the first instant a process had been told of it
+/// (an elector's `elected` event, an ok acquire's answer), whichever came first.
+pub fn s4_no_write_after_newer_grant(h: &History, opts: &CheckOptions) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let by_key = periods_by_key(h);
+    let told = grants_told(h);
     for c in &h.clients {
         if c.outcome != Outcome::Ok || !c.bound {
             continue;
@@ -1030,4 +1038,203 @@ pub fn recovery(h: &History) -> (Option<i64>, Vec<Violation>) {
     }
     let delay = delays.into_iter().try_fold(0, |latest: i64, delay| delay.map(|d| latest.max(d)));
     (delay, out)
+}
+
+/// The fenced log (`log`): per stream, the entries the store kept are numbered 1..n without a
+/// gap, in terms that never decrease; each is an append a leader made, with the term it
+/// presented, at most once, and never one that was refused (`failed`); every append answered ok
+/// is there at the sequence it was answered with; and none was admitted with a term t although
+/// it was invoked after a newer term of its key was known to be granted (S4 for streams, with the
+/// grant margin of [`s4_no_write_after_newer_grant`]).
+pub fn log_holds_the_admitted_appends(h: &History, opts: &CheckOptions) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let mut streams: BTreeMap<&str, Vec<&crate::history::LogEntry>> = BTreeMap::new();
+    for entry in &h.log {
+        streams.entry(entry.stream.as_str()).or_default().push(entry);
+    }
+    let appends: HashMap<&str, &crate::history::Append> =
+        h.appends.iter().map(|append| (append.request_id.as_str(), append)).collect();
+    let by_key = periods_by_key(h);
+    let told = grants_told(h);
+    let mut seen: HashMap<&str, i64> = HashMap::new();
+    for (stream, mut entries) in streams {
+        entries.sort_by_key(|entry| entry.seq);
+        for (index, entry) in entries.iter().enumerate() {
+            let expected = i64::try_from(index).unwrap_or(i64::MAX).saturating_add(1);
+            if entry.seq != expected {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "stream {stream}: entry {} where {expected} was due (a gap, or a number given twice)",
+                        entry.seq
+                    ),
+                ));
+                break;
+            }
+        }
+        for pair in entries.windows(2) {
+            if pair[1].term < pair[0].term {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "stream {stream}: entry {} of term {} after entry {} of term {}",
+                        pair[1].seq, pair[1].term, pair[0].seq, pair[0].term
+                    ),
+                ));
+            }
+        }
+        for entry in &entries {
+            let Some(id) = entry.request_id.as_deref() else {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!("stream {stream}: entry {} has no request_id", entry.seq),
+                ));
+                continue;
+            };
+            if let Some(first) = seen.insert(id, entry.seq) {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!("stream {stream}: append {id} is in the log twice, at {first} and {}", entry.seq),
+                ));
+            }
+            let Some(append) = appends.get(id) else {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!("stream {stream}: entry {} ({id}) is no append a leader made", entry.seq),
+                ));
+                continue;
+            };
+            if append.term != entry.term {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "stream {stream}: entry {} ({id}) has term {} but was appended with {}",
+                        entry.seq, entry.term, append.term
+                    ),
+                ));
+            }
+            if append.outcome == Outcome::Failed {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "stream {stream}: entry {} is append {id} of {} with term {}, which was refused ({})",
+                        entry.seq,
+                        append.client,
+                        append.term,
+                        append.error.as_deref().unwrap_or("no error recorded")
+                    ),
+                ));
+            }
+            let Some(periods) = by_key.get(append.key.as_str()) else { continue };
+            let known = |p: &LeasePeriod| {
+                let by_margin = p.granted_at_us.saturating_add(opts.grant_margin_us);
+                told.get(&(p.key.as_str(), p.term)).map_or(by_margin, |at| by_margin.min(*at))
+            };
+            let newer = periods
+                .iter()
+                .filter(|p| p.term > entry.term && known(p) <= append.invoked_us)
+                .min_by_key(|p| known(p));
+            if let Some(p) = newer {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "stream {stream}: entry {} ({id} of {}) admitted with term {} although key {} granted term {} to {} \
+                         (known granted by {}), before the append was invoked at {}",
+                        entry.seq,
+                        append.client,
+                        entry.term,
+                        append.key,
+                        p.term,
+                        p.owner,
+                        known(p),
+                        append.invoked_us
+                    ),
+                ));
+            }
+        }
+    }
+    for append in h.appends.iter().filter(|append| append.outcome == Outcome::Ok) {
+        let kept = h.log.iter().find(|entry| entry.request_id.as_deref() == Some(append.request_id.as_str()));
+        match kept {
+            None => out.push(violation(
+                h,
+                Invariant::Log,
+                format!(
+                    "append {} of {} (term {}) was answered ok with seq {:?}, and the log does not have it",
+                    append.request_id, append.client, append.term, append.seq
+                ),
+            )),
+            Some(entry) if Some(entry.seq) != append.seq => out.push(violation(
+                h,
+                Invariant::Log,
+                format!(
+                    "append {} was answered with seq {:?}, and the log has it at {}",
+                    append.request_id, append.seq, entry.seq
+                ),
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// The followers (`log`): each follower applies entries of the log as the store kept them (the
+/// same sequence, term and payload), never past one it has not applied (a follower's distinct
+/// applied sequences are a prefix 1..m of the log at every moment), and so never a refused or
+/// lost append. Applying an entry again (at least once, after a restart) is allowed.
+pub fn followers_apply_a_prefix_of_the_log(h: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let log: HashMap<(&str, i64), &crate::history::LogEntry> =
+        h.log.iter().map(|entry| ((entry.stream.as_str(), entry.seq), entry)).collect();
+    let mut applied_up_to: HashMap<(&str, &str), i64> = HashMap::new();
+    for applied in &h.applied {
+        let (stream, follower) = (applied.stream.as_str(), applied.follower.as_str());
+        let up_to = applied_up_to.entry((stream, follower)).or_insert(0);
+        if applied.seq > *up_to + 1 {
+            out.push(violation(
+                h,
+                Invariant::Log,
+                format!(
+                    "follower {follower} (pid {}) of stream {stream} applied entry {} after {}: it skipped {} entries",
+                    applied.pid,
+                    applied.seq,
+                    *up_to,
+                    applied.seq - *up_to - 1
+                ),
+            ));
+        }
+        *up_to = (*up_to).max(applied.seq);
+        match log.get(&(stream, applied.seq)) {
+            None => out.push(violation(
+                h,
+                Invariant::Log,
+                format!(
+                    "follower {follower} (pid {}) of stream {stream} applied entry {} ({:?}, term {}), which the log \
+                     does not have",
+                    applied.pid, applied.seq, applied.request_id, applied.term
+                ),
+            )),
+            Some(entry) if entry.term != applied.term || entry.request_id != applied.request_id => {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "follower {follower} (pid {}) of stream {stream} applied entry {} as {:?} of term {}; the log \
+                         has {:?} of term {}",
+                        applied.pid, applied.seq, applied.request_id, applied.term, entry.request_id, entry.term
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    out
 }

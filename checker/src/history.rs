@@ -332,6 +332,67 @@ pub struct LeaderAct {
     pub deadline_us: i64,
 }
 
+/// One line of `appends.jsonl`: one append to a stream of the fenced log by a leader process
+/// (its last line: the end, or the invocation when the process died first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Append {
+    /// The leader process.
+    pub client: String,
+    /// Its owner identity for the key.
+    pub owner: Option<String>,
+    /// The append's id, also its entry's payload (`{"request_id"}`).
+    pub request_id: String,
+    /// The lease key the stream is bound to.
+    pub key: String,
+    /// The stream.
+    pub stream: String,
+    /// The term presented.
+    pub term: i64,
+    /// When it was sent.
+    pub invoked_us: i64,
+    /// When its answer came, or the process gave up.
+    pub completed_us: i64,
+    /// `ok` (committed, with `seq`), `failed` (refused before commit), `indeterminate`.
+    pub outcome: Outcome,
+    /// The sequence number the store gave it, when ok.
+    pub seq: Option<i64>,
+    /// The error, when not ok.
+    pub error: Option<String>,
+}
+
+/// One line of `log.jsonl`: an entry of a stream, as the store has it at the end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// The stream.
+    pub stream: String,
+    /// Its sequence number.
+    pub seq: i64,
+    /// The term it was appended with.
+    pub term: i64,
+    /// Its payload's `request_id` (null when it has none).
+    pub request_id: Option<String>,
+}
+
+/// One line of `followers.jsonl`: an entry a follower process applied, in the order it applied
+/// them (each follower's lines in its file's order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The follower's name (its durable cursor).
+    pub follower: String,
+    /// The process that applied it (a restarted follower is a new one).
+    pub pid: u32,
+    /// The stream.
+    pub stream: String,
+    /// The entry's sequence number, term and payload's `request_id`.
+    pub seq: i64,
+    /// The entry's term.
+    pub term: i64,
+    /// The entry's `request_id`.
+    pub request_id: Option<String>,
+    /// When it was applied.
+    pub at_us: i64,
+}
+
 /// One line of `lease_calls.jsonl`: one call of a client of the HTTP lease API, and its answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseCall {
@@ -531,6 +592,15 @@ pub struct History {
     /// `deadlines.jsonl`.
     #[serde(default)]
     pub deadlines: Vec<ForwardDeadline>,
+    /// `appends.jsonl`.
+    #[serde(default)]
+    pub appends: Vec<Append>,
+    /// `log.jsonl`.
+    #[serde(default)]
+    pub log: Vec<LogEntry>,
+    /// `followers.jsonl`.
+    #[serde(default)]
+    pub applied: Vec<Applied>,
 }
 
 fn io_error(path: &Path, source: io::Error) -> InputError {
@@ -654,6 +724,20 @@ impl History {
         }
         let deadlines =
             read_lines::<ForwardDeadline>(&dir.join("deadlines.jsonl"))?.into_iter().map(|(_, r)| r).collect();
+        let appends_path = dir.join("appends.jsonl");
+        let mut appends = Vec::new();
+        let mut append_ids = HashSet::new();
+        for (line, append) in read_lines::<Append>(&appends_path)? {
+            if !append_ids.insert(append.request_id.clone()) {
+                return Err(invalid(&appends_path, line, format!("request_id {:?} recorded twice", append.request_id)));
+            }
+            if append.outcome == Outcome::Ok && append.seq.is_none() {
+                return Err(invalid(&appends_path, line, "ok append without a seq".to_owned()));
+            }
+            appends.push(append);
+        }
+        let log = read_lines::<LogEntry>(&dir.join("log.jsonl"))?.into_iter().map(|(_, r)| r).collect();
+        let applied = read_lines::<Applied>(&dir.join("followers.jsonl"))?.into_iter().map(|(_, r)| r).collect();
         Ok(History {
             meta,
             leases,
@@ -666,6 +750,9 @@ impl History {
             lease_calls,
             clock_steps: steps,
             deadlines,
+            appends,
+            log,
+            applied,
         })
     }
 }

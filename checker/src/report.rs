@@ -31,11 +31,15 @@ pub enum Invariant {
     /// Writes succeed again after the last fault.
     #[serde(rename = "recovery")]
     Recovery,
+    /// The fenced log holds exactly the admitted appends, without a gap, in terms that never
+    /// decrease, none after a newer term was granted; every follower applies a prefix of it.
+    #[serde(rename = "log")]
+    Log,
 }
 
 impl Invariant {
     /// Every invariant, in report order.
-    pub const ALL: [Invariant; 8] = [
+    pub const ALL: [Invariant; 9] = [
         Invariant::S1,
         Invariant::S2,
         Invariant::S3,
@@ -44,6 +48,7 @@ impl Invariant {
         Invariant::S7,
         Invariant::Once,
         Invariant::Recovery,
+        Invariant::Log,
     ];
 
     /// The short name used in reports.
@@ -57,6 +62,7 @@ impl Invariant {
             Invariant::S7 => "S7",
             Invariant::Once => "once",
             Invariant::Recovery => "recovery",
+            Invariant::Log => "log",
         }
     }
 }

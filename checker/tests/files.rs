@@ -79,6 +79,9 @@ fn a_missing_history_file_is_an_error_not_an_empty_one() {
         "lease_calls.jsonl",
         "clock.jsonl",
         "deadlines.jsonl",
+        "appends.jsonl",
+        "log.jsonl",
+        "followers.jsonl",
     ] {
         let dir = temp_dir(&format!("missing-{file}"));
         write_schedule(&dir, &base());
@@ -193,7 +196,7 @@ fn table_renders_counts_and_worst_recovery() {
 schedules              2
 faults                 pg-crash 2, sigstop-gateway 2
 writes                 ok 12, failed 0, indeterminate 0 (gateway: ok 8, failed 0, indeterminate 0; sql: ok 4, failed 0, indeterminate 0)
-violations             S1 0, S2 0, S3 0, S4 0, S5 0, S7 0, once 0, recovery 0
+violations             S1 0, S2 0, S3 0, S4 0, S5 0, S7 0, once 0, recovery 0, log 0
 worst recovery         2.41 s (schedule 2)
 ";
     assert_eq!(report.render(), expected);
@@ -221,7 +224,9 @@ fn bin_exits_0_on_a_clean_run() {
     let out = run_bin(&[run.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
     assert!(stdout(&out).starts_with("schedules              2\n"), "{}", stdout(&out));
-    assert!(stdout(&out).contains("violations             S1 0, S2 0, S3 0, S4 0, S5 0, S7 0, once 0, recovery 0\n"));
+    assert!(
+        stdout(&out).contains("violations             S1 0, S2 0, S3 0, S4 0, S5 0, S7 0, once 0, recovery 0, log 0\n")
+    );
     fs::remove_dir_all(run).unwrap();
 }
 
@@ -235,7 +240,7 @@ fn bin_exits_1_and_prints_each_violation() {
     let out = run_bin(&[run.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("once 1, recovery 0\n"), "{text}");
+    assert!(text.contains("once 1, recovery 0, log 0\n"), "{text}");
     assert!(text.ends_with("once schedule 3: c1 (leader-a) ok but never applied at upstream applying\n"), "{text}");
     fs::remove_dir_all(run).unwrap();
 }

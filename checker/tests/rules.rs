@@ -830,3 +830,68 @@ fn s4_a_stamp_write_stamped_with_another_owners_term_is_reported() {
     h.clients[3].owner = Some("leader-b#1".into());
     assert_eq!(check(&h), vec![]);
 }
+
+// The fenced log
+
+/// Asserts that every violation is the log's, and that one names every one of `names`.
+#[track_caller]
+fn assert_log(violations: &[Violation], names: &[&str]) {
+    assert!(!violations.is_empty(), "expected a log violation");
+    assert!(violations.iter().all(|v| v.invariant == Invariant::Log), "{violations:#?}");
+    assert!(
+        violations.iter().any(|v| names.iter().all(|name| v.detail.contains(name))),
+        "no violation names all of {names:?}: {violations:#?}"
+    );
+}
+
+#[test]
+fn log_a_refused_append_in_the_log_is_reported() {
+    let mut h = base();
+    h.appends.push(log_append("a5", "leader-b", 2, 12 * S, Outcome::Failed, None));
+    h.log.push(entry(4, 2, "a5"));
+    assert_one(&check(&h), Invariant::Log, &["entry 4", "a5", "refused"]);
+}
+
+#[test]
+fn log_a_zombies_append_admitted_after_a_newer_grant_is_reported() {
+    let mut h = base();
+    // leader-a's append of term 1, invoked at 7 s, after term 2's grant at 6 s, is in the log.
+    h.appends[2].outcome = Outcome::Ok;
+    h.appends[2].seq = Some(4);
+    h.log.push(entry(4, 1, "a3"));
+    let violations = check(&h);
+    assert_log(&violations, &["entry 4", "a3", "granted term 2"]);
+    assert_log(&violations, &["entry 4 of term 1 after entry 3 of term 2"]);
+}
+
+#[test]
+fn log_a_gap_in_the_log_is_reported() {
+    let mut h = base();
+    h.log[2].seq = 4;
+    h.appends[3].seq = Some(4);
+    h.applied.retain(|a| a.seq < 3);
+    assert_one(&check(&h), Invariant::Log, &["entry 4 where 3 was due"]);
+}
+
+#[test]
+fn log_an_acknowledged_append_missing_from_the_log_is_reported() {
+    let mut h = base();
+    h.log.pop();
+    h.applied.retain(|a| a.seq < 3);
+    assert_one(&check(&h), Invariant::Log, &["a4", "answered ok with seq Some(3)", "does not have it"]);
+}
+
+#[test]
+fn log_a_follower_that_skips_an_entry_is_reported() {
+    let mut h = base();
+    h.applied.retain(|a| !(a.follower == "f1" && a.seq == 2));
+    assert_one(&check(&h), Invariant::Log, &["follower f1", "applied entry 3 after 1", "skipped 1"]);
+}
+
+#[test]
+fn log_a_follower_that_applies_what_the_log_does_not_have_is_reported() {
+    let mut h = base();
+    // A refused append a follower saw anyway (read before a rollback, say): never in the log.
+    h.applied.push(applied("f2", 21, 3, 1, "a3", 8 * S));
+    assert_one(&check(&h), Invariant::Log, &["follower f2", "entry 3", "a3", "the log has Some(\"a4\") of term 2"]);
+}

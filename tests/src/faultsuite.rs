@@ -108,11 +108,14 @@ pub enum Plant {
     /// The gateway's upstream sockets close with FIN, not RST (a failpoint in the gateway): a
     /// write aborted at its deadline is still sent by the kernel, and arrives after it.
     UpstreamGracefulClose,
+    /// An append to the fenced log without the stream's fence (`fencing.append` numbers any
+    /// term): a zombie's append lands in the log, after the new leader's, and followers apply it.
+    LogUnfenced,
 }
 
 impl Plant {
     /// Every planted bug.
-    pub const ALL: [Plant; 22] = [
+    pub const ALL: [Plant; 23] = [
         Plant::WeakFence,
         Plant::NoSettle,
         Plant::AsyncCommit,
@@ -135,6 +138,7 @@ impl Plant {
         Plant::RebindAsyncCommit,
         Plant::SqlRaiseSkipsSettle,
         Plant::UpstreamGracefulClose,
+        Plant::LogUnfenced,
     ];
 
     /// The name on the command line.
@@ -162,6 +166,7 @@ impl Plant {
             Plant::RebindAsyncCommit => "rebind-async-commit",
             Plant::SqlRaiseSkipsSettle => "sql-raise-skips-settle",
             Plant::UpstreamGracefulClose => "upstream-graceful-close",
+            Plant::LogUnfenced => "log-unfenced",
         }
     }
 
@@ -186,7 +191,7 @@ impl Plant {
 
     /// The invariants whose violation shows this bug; the planted-bug tests count no other.
     pub fn shows_as(self) -> &'static [fencing_checker::Invariant] {
-        use fencing_checker::Invariant::{Once, S1, S2, S3, S4, S5, S7};
+        use fencing_checker::Invariant::{Log, Once, S1, S2, S3, S4, S5, S7};
         match self {
             // A stale term admitted: it reaches an upstream or the table after a higher one.
             Plant::WeakFence => &[S3, S4, S5],
@@ -221,6 +226,8 @@ impl Plant {
             // A byte of a write sent after the gateway's own deadline for it.
             // (and lower-term writes arriving after higher ones: S3 at the upstream).
             Plant::UpstreamGracefulClose => &[S3, S5],
+            // A zombie's append in the log, after a newer term's.
+            Plant::LogUnfenced => &[Log],
         }
     }
 
@@ -397,6 +404,10 @@ struct Schedule {
     /// The gateways' forward timeout.
     forward_timeout: Duration,
     leaders: Vec<Managed>,
+    /// The fenced log's followers (`fault-follower`), and their links to Postgres (no faults of
+    /// their own; retargeted by a failover).
+    followers: Vec<Managed>,
+    follower_pg: Vec<FaultProxy>,
     racer: Managed,
     /// Leaders through the gateways' HTTP lease API (key `k3`).
     lease_clients: Vec<Managed>,
@@ -519,7 +530,8 @@ async fn prepare_database(cluster: &PgCluster, config: &SuiteConfig, name: &str)
              SELECT fencing.protect('ledger_k1', 'ledger-k1');
              SELECT fencing.protect('ledger_k2', 'ledger-k2');
              SELECT fencing.bind('ledger-k1', 'k1');
-             SELECT fencing.bind('ledger-k2', 'k2');",
+             SELECT fencing.bind('ledger-k2', 'k2');
+             SELECT fencing.create_stream('log-k1', 'k1');",
         )
         .await?;
     if let Some(plant) = config.plant {
@@ -626,6 +638,11 @@ pub fn plant_sql(plant: Plant) -> Result<String> {
             planted
         }
         Plant::ElectorMarginAdded | Plant::ElectorDeadlineIgnored | Plant::UpstreamGracefulClose => String::new(),
+        Plant::LogUnfenced => remove_block(
+            &function("log")?,
+            "    PERFORM fencing.admit(fencing.log_resource(p_stream), p_term);\n",
+            "append's fence",
+        )?,
         Plant::RenewAnyOwner => remove_block(
             &function("renew")?,
             "    IF row_.owner <> p_owner THEN
@@ -948,6 +965,8 @@ async fn run_schedule(
             dir.join(format!("elections-{letter}.jsonl")).display().to_string(),
             "--acts".to_owned(),
             dir.join(format!("acts-{letter}.jsonl")).display().to_string(),
+            "--appends".to_owned(),
+            dir.join(format!("appends-{letter}.jsonl")).display().to_string(),
             "--seed".to_owned(),
             (seed ^ ((leader as u64 + 1) * 0x9e37_79b9)).to_string(),
             "--ttl-ms".to_owned(),
@@ -958,6 +977,28 @@ async fn run_schedule(
         managed.spawn()?;
         leader_pg.push(proxy);
         leaders.push(managed);
+    }
+
+    // Two followers of the fenced log `log-k1`, each reaching Postgres through a proxy of its own.
+    let mut followers = Vec::new();
+    let mut follower_pg = Vec::new();
+    for n in 1..=2 {
+        let proxy = FaultProxy::start(pg_addr).await?;
+        let command = vec![
+            workspace_bin("fault-follower")?.display().to_string(),
+            "--name".to_owned(),
+            format!("follower-{n}"),
+            "--database-url".to_owned(),
+            format!("postgres://{}@{}/{name}", crate::pg::SUPERUSER, proxy.addr()),
+            "--stream".to_owned(),
+            "log-k1".to_owned(),
+            "--log".to_owned(),
+            dir.join(format!("follower-{n}.jsonl")).display().to_string(),
+        ];
+        let mut managed = Managed { name: format!("follower-{n}"), command, child: None, paused: false, stderr: None };
+        managed.spawn()?;
+        follower_pg.push(proxy);
+        followers.push(managed);
     }
 
     // The racer: adjacent terms at one instant on unbound resources of its own.
@@ -1014,6 +1055,8 @@ async fn run_schedule(
         ttl: config.ttl,
         forward_timeout: config.forward_timeout,
         leaders,
+        followers,
+        follower_pg,
         racer,
         lease_clients,
         upstreams,
@@ -1243,7 +1286,7 @@ impl Schedule {
         // what the leader does next is where S2 and S7 are decided. A gateway's links to the
         // upstreams stalled past its forward deadlines (`proxy-hold-upstream`) is where a write
         // must be aborted, not left to the kernel (S5).
-        const KINDS: [&str; 42] = [
+        const KINDS: [&str; 44] = [
             "pg-failover",
             "pg-failover",
             "pg-failover",
@@ -1286,6 +1329,8 @@ impl Schedule {
             "proxy-reset-leader",
             "proxy-oneway",
             "leader-resign",
+            "sigstop-follower",
+            "sigkill-follower",
         ];
         let kind = KINDS[rng.random_range(0..KINDS.len())];
         let mut target = rng.random_range(0..3);
@@ -1401,6 +1446,8 @@ impl Schedule {
             }
             "sigstop-leader" | "sigstop-leader-past-ttl" => self.leaders[target].signal(Signal::SIGSTOP),
             "sigkill-leader" => self.leaders[target].kill_now().await,
+            "sigstop-follower" => self.followers[target % 2].signal(Signal::SIGSTOP),
+            "sigkill-follower" => self.followers[target % 2].kill_now().await,
             "sigkill-gateway" => self.gateways[target].kill_now().await,
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
             "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
@@ -1597,7 +1644,7 @@ impl Schedule {
         let standby = self.standby.take().ok_or_else(|| anyhow!("a failover without a standby"))?;
         tokio::task::block_in_place(|| standby.promote())?;
         let addr: SocketAddr = format!("127.0.0.1:{}", standby.port()).parse()?;
-        for proxy in self.gateway_pg.iter().chain(&self.leader_pg).chain([&self.racer_pg]) {
+        for proxy in self.gateway_pg.iter().chain(&self.leader_pg).chain(&self.follower_pg).chain([&self.racer_pg]) {
             proxy.retarget(addr);
         }
         self.url = standby.url(&self.database);
@@ -1669,6 +1716,8 @@ impl Schedule {
             }
             "sigstop-leader" | "sigstop-leader-past-ttl" => self.leaders[target].signal(Signal::SIGCONT),
             "sigkill-leader" | "leader-resign" => self.leaders[target].spawn()?,
+            "sigstop-follower" => self.followers[target % 2].signal(Signal::SIGCONT),
+            "sigkill-follower" => self.followers[target % 2].spawn()?,
             "sigkill-gateway" => self.gateways[target].spawn()?,
             "sigkill-upstream" => self.upstreams[target % 2].spawn()?,
             "pg-clock-back" => {
@@ -1701,6 +1750,8 @@ impl Schedule {
             format!("gateway-{target}")
         } else if fault.kind.contains("upstream") {
             format!("upstream-{}", if target % 2 == 0 { "checking" } else { "applying" })
+        } else if fault.kind.contains("follower") {
+            format!("follower-{}", target % 2 + 1)
         } else if fault.kind.contains("leader") {
             format!("leader-{target}")
         } else {
@@ -1718,6 +1769,7 @@ impl Schedule {
         self.racer.terminate(Duration::from_secs(1)).await;
         Managed::terminate_all(&mut self.lease_clients, Duration::from_secs(1)).await;
         Managed::terminate_all(&mut self.leaders, Duration::from_secs(3)).await;
+        Managed::terminate_all(&mut self.followers, Duration::from_secs(1)).await;
         // Writes in flight end within the forward timeout.
         tokio::time::sleep(Duration::from_millis(1200)).await;
         Managed::terminate_all(&mut self.gateways, Duration::from_secs(2)).await;
@@ -1749,6 +1801,71 @@ impl Schedule {
             let _ = std::fs::remove_file(&path);
         }
         std::fs::write(self.dir.join("deadlines.jsonl"), text)?;
+        Ok(())
+    }
+
+    /// The fenced log's files: `appends.jsonl` (the last line per append), `log.jsonl` (the
+    /// stream as the store kept it), `followers.jsonl` (each follower's applies, whole lines, in
+    /// its file's order).
+    async fn record_log(&self, client: &tokio_postgres::Client, ended_us: i64) -> Result<()> {
+        let mut appends: BTreeMap<String, Value> = BTreeMap::new();
+        let mut order: HashMap<String, usize> = HashMap::new();
+        for letter in ["a", "b", "c"] {
+            let path = self.dir.join(format!("appends-{letter}.jsonl"));
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            for line in text.lines() {
+                let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
+                let Some(id) = value["request_id"].as_str().map(str::to_owned) else { continue };
+                let next = order.len();
+                order.entry(id.clone()).or_insert(next);
+                appends.insert(id, value);
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        if appends.is_empty() {
+            bail!("no appends to the fenced log were recorded in this schedule (do the leaders of k1 append?)");
+        }
+        let mut by_order: Vec<(usize, Value)> = appends
+            .into_iter()
+            .map(|(id, mut value)| {
+                if value["completed_us"].is_null() {
+                    value["completed_us"] = json!(ended_us.max(value["invoked_us"].as_i64().unwrap_or(ended_us)));
+                }
+                (order.get(&id).copied().unwrap_or(0), value)
+            })
+            .collect();
+        by_order.sort_by_key(|(n, _)| *n);
+        let mut text = String::new();
+        for (_, value) in by_order {
+            let _ = writeln!(text, "{value}");
+        }
+        std::fs::write(self.dir.join("appends.jsonl"), text)?;
+        let mut log = String::new();
+        for row in client
+            .query(
+                "SELECT stream, seq, term, payload ->> 'request_id' FROM fencing.stream_entries
+                  WHERE stream = 'log-k1' ORDER BY seq",
+                &[],
+            )
+            .await?
+        {
+            let line = json!({
+                "stream": row.get::<_, String>(0), "seq": row.get::<_, i64>(1), "term": row.get::<_, i64>(2),
+                "request_id": row.get::<_, Option<String>>(3),
+            });
+            let _ = writeln!(log, "{line}");
+        }
+        std::fs::write(self.dir.join("log.jsonl"), log)?;
+        let mut applied = String::new();
+        for n in 1..=self.followers.len() {
+            let path = self.dir.join(format!("follower-{n}.jsonl"));
+            let Ok(lines) = std::fs::read_to_string(&path) else { continue };
+            for line in lines.lines().filter(|l| serde_json::from_str::<Value>(l).is_ok()) {
+                let _ = writeln!(applied, "{line}");
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        std::fs::write(self.dir.join("followers.jsonl"), applied)?;
         Ok(())
     }
 
@@ -1874,6 +1991,7 @@ impl Schedule {
             }
             std::fs::write(self.dir.join(format!("{merged}.jsonl")), text)?;
         }
+        self.record_log(&client, ended_us).await?;
         let mut faults = String::new();
         for fault in &self.faults {
             let _ = writeln!(faults, "{fault}");

@@ -214,3 +214,10 @@ async fn planted_sql_raise_that_records_no_settle_is_caught() {
 async fn planted_upstream_connection_closed_instead_of_reset_is_caught() {
     caught_in(Plant::UpstreamGracefulClose, 40, 4).await;
 }
+
+/// The fenced log's workload: a zombie's append admitted without the stream's fence shows in the
+/// log after the new leader's entries, and in the followers' applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_append_without_the_streams_fence_is_caught() {
+    caught_in(Plant::LogUnfenced, 40, 4).await;
+}

@@ -8,8 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use fencing_checker::history::{
-    ClientWrite, Election, Fault, ForwardDeadline, History, LeaderAct, LeaseCall, LeasePeriod, Meta, Mode, Outcome,
-    TableRow, UpstreamRequest, WritePath,
+    Append, Applied, ClientWrite, Election, Fault, ForwardDeadline, History, LeaderAct, LeaseCall, LeasePeriod,
+    LogEntry, Meta, Mode, Outcome, TableRow, UpstreamRequest, WritePath,
 };
 
 /// One second in microseconds.
@@ -159,6 +159,59 @@ pub fn base() -> History {
             deadline(0, "c4", 2, 11 * S + 900_000),
             deadline(1, "c5", 2, 11 * S + 990_000),
         ],
+        // Stream log-k1 of key k1: two appends of term 1, a zombie's append of term 1 refused
+        // after term 2's grant, one append of term 2; follower f1 applies all three, f2 is
+        // restarted and applies 1 again.
+        appends: vec![
+            log_append("a1", "leader-a", 1, S, Outcome::Ok, Some(1)),
+            log_append("a2", "leader-a", 1, 2 * S, Outcome::Ok, Some(2)),
+            log_append("a3", "leader-a", 1, 7 * S, Outcome::Failed, None),
+            log_append("a4", "leader-b", 2, 11 * S, Outcome::Ok, Some(3)),
+        ],
+        log: vec![entry(1, 1, "a1"), entry(2, 1, "a2"), entry(3, 2, "a4")],
+        applied: vec![
+            applied("f1", 10, 1, 1, "a1", S + 10_000),
+            applied("f2", 20, 1, 1, "a1", S + 20_000),
+            applied("f1", 10, 2, 1, "a2", 2 * S + 10_000),
+            applied("f2", 21, 1, 1, "a1", 5 * S),
+            applied("f2", 21, 2, 1, "a2", 5 * S + 10_000),
+            applied("f1", 10, 3, 2, "a4", 11 * S + 10_000),
+        ],
+    }
+}
+
+/// An append to stream `log-k1` of key k1 by `client`, answered 10 ms after `invoked`.
+pub fn log_append(id: &str, client: &str, term: i64, invoked: i64, outcome: Outcome, seq: Option<i64>) -> Append {
+    Append {
+        client: client.into(),
+        owner: Some(format!("{client}#1")),
+        request_id: id.into(),
+        key: "k1".into(),
+        stream: "log-k1".into(),
+        term,
+        invoked_us: invoked,
+        completed_us: invoked + 10_000,
+        outcome,
+        seq,
+        error: (outcome == Outcome::Failed).then(|| "SQLSTATE ZF409: stale".to_owned()),
+    }
+}
+
+/// An entry of stream `log-k1`, as the store kept it.
+pub fn entry(seq: i64, term: i64, id: &str) -> LogEntry {
+    LogEntry { stream: "log-k1".into(), seq, term, request_id: Some(id.into()) }
+}
+
+/// An entry of stream `log-k1` that `follower` (process `pid`) applied at `at`.
+pub fn applied(follower: &str, pid: u32, seq: i64, term: i64, id: &str, at: i64) -> Applied {
+    Applied {
+        follower: follower.into(),
+        pid,
+        stream: "log-k1".into(),
+        seq,
+        term,
+        request_id: Some(id.into()),
+        at_us: at,
     }
 }
 
@@ -230,6 +283,9 @@ pub fn write_schedule(dir: &Path, h: &History) {
     fs::write(dir.join("lease_calls.jsonl"), lines(&h.lease_calls)).unwrap();
     fs::write(dir.join("clock.jsonl"), lines(&h.clock_steps)).unwrap();
     fs::write(dir.join("deadlines.jsonl"), lines(&h.deadlines)).unwrap();
+    fs::write(dir.join("appends.jsonl"), lines(&h.appends)).unwrap();
+    fs::write(dir.join("log.jsonl"), lines(&h.log)).unwrap();
+    fs::write(dir.join("followers.jsonl"), lines(&h.applied)).unwrap();
     let mut by_upstream: BTreeMap<&str, Vec<&UpstreamRequest>> = BTreeMap::new();
     for r in &h.upstream {
         by_upstream.entry(&r.upstream).or_default().push(r);

@@ -8,8 +8,10 @@
 //!
 //! ```text
 //! fault-leader --name leader-a --database-url URL --gateways ADDR,ADDR,ADDR --log FILE
-//!              --elections FILE --acts FILE --seed N [--ttl-ms 1500] [--zombie-ms 1000]
+//!              --elections FILE --acts FILE --appends FILE --seed N [--ttl-ms 1500] [--zombie-ms 1000]
 //! ```
+//! As leader of `k1` (and as a zombie of it), it also appends to the fenced log `log-k1`, one
+//! entry `{"request_id"}` per append every 10 to 40 ms, logged to the appends file.
 //! Every write is logged twice in the history format of `checker/HISTORY.md`: once when invoked
 //! (outcome `indeterminate`) and once when it ended; the runner keeps the last line per request.
 //! Every election and loss it sees is logged to the elections file. Every leader-only act (a batch
@@ -46,6 +48,7 @@ struct Args {
     log: String,
     elections: String,
     acts: String,
+    appends: String,
     seed: u64,
     ttl: Duration,
     zombie: Duration,
@@ -59,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
         log: String::new(),
         elections: String::new(),
         acts: String::new(),
+        appends: String::new(),
         seed: 0,
         ttl: Duration::from_millis(1500),
         zombie: Duration::from_millis(1000),
@@ -78,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
             "--log" => args.log = value,
             "--elections" => args.elections = value,
             "--acts" => args.acts = value,
+            "--appends" => args.appends = value,
             "--seed" => args.seed = value.parse().map_err(|e| format!("--seed: {e}"))?,
             "--ttl-ms" => args.ttl = Duration::from_millis(value.parse().map_err(|e| format!("--ttl-ms: {e}"))?),
             "--zombie-ms" => {
@@ -92,8 +97,11 @@ fn parse_args() -> Result<Args, String> {
         || args.log.is_empty()
         || args.elections.is_empty()
         || args.acts.is_empty()
+        || args.appends.is_empty()
     {
-        return Err("--name, --database-url, --gateways, --log, --elections and --acts are required".to_owned());
+        return Err(
+            "--name, --database-url, --gateways, --log, --elections, --acts and --appends are required".to_owned()
+        );
     }
     Ok(args)
 }
@@ -115,6 +123,8 @@ struct Leader {
     log: Log,
     /// Leader-only acts, with the deadline each acted under (S7).
     acts: Log,
+    /// Appends to the fenced log.
+    appends: Log,
     next_id: AtomicU64,
     zombie: Duration,
 }
@@ -256,6 +266,60 @@ impl Leader {
     }
 }
 
+/// The fenced log the leaders of `k1` append to (bound to `k1`).
+const STREAM: &str = "log-k1";
+
+impl Leader {
+    /// One append of `term` to [`STREAM`], in a transaction of its own: an error before COMMIT
+    /// rolled it back (`failed`), one at COMMIT may or may not have committed.
+    async fn append(&self, key: &Key, term: i64) {
+        let request_id = self.request_id();
+        let mut record = json!({
+            "client": self.name, "owner": key.elector.owner(), "request_id": request_id, "key": key.key,
+            "stream": STREAM, "term": term, "invoked_us": now_us(), "completed_us": Value::Null,
+            "outcome": "indeterminate", "seq": Value::Null, "error": Value::Null,
+        });
+        self.appends.write(&record);
+        let payload = json!({ "request_id": request_id }).to_string();
+        let result = tokio::time::timeout(Duration::from_secs(3), async {
+            let (mut client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client.batch_execute("SET statement_timeout = 2000").await?;
+            let transaction = client.transaction().await?;
+            let seq: i64 = transaction
+                .query_one(
+                    "SELECT fencing.append($1, $2, ARRAY[$3::text::jsonb], $4)",
+                    &[&STREAM, &term, &payload, &key.key],
+                )
+                .await?
+                .get(0);
+            // Anything that fails from here on may or may not have committed.
+            Ok::<_, tokio_postgres::Error>(transaction.commit().await.map(|()| seq))
+        })
+        .await;
+        match result {
+            Ok(Ok(Ok(seq))) => {
+                record["outcome"] = json!("ok");
+                record["seq"] = json!(seq);
+            }
+            Ok(Ok(Err(error))) => record["error"] = json!(error.to_string()),
+            Ok(Err(error)) => match error.as_db_error().map(|db| db.code().code().to_owned()) {
+                // The server refused a statement before COMMIT: the transaction rolled back.
+                Some(code) => {
+                    record["outcome"] = json!("failed");
+                    record["error"] = json!(format!("SQLSTATE {code}: {error}"));
+                }
+                None => record["error"] = json!(error.to_string()),
+            },
+            Err(_) => record["error"] = json!("timed out"),
+        }
+        record["completed_us"] = json!(now_us());
+        self.appends.write(&record);
+    }
+}
+
 fn upstream_of(index: usize) -> Value {
     json!(if index == 1 { "checking" } else { "applying" })
 }
@@ -310,6 +374,7 @@ async fn main() {
         database_url: args.database_url.clone(),
         log,
         acts: open_log_or_exit("fault-leader", &args.acts),
+        appends: open_log_or_exit("fault-leader", &args.appends),
         next_id: AtomicU64::new(0),
         zombie: args.zombie,
     });
@@ -377,6 +442,33 @@ async fn main() {
                     let mut rngs: Vec<StdRng> = (0..writes).map(|_| StdRng::seed_from_u64(rng.random())).collect();
                     let batch = rngs.iter_mut().map(|rng| leader.write(&key, term, leading.is_some(), rng));
                     futures::future::join_all(batch).await;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(10..40))).await;
+            }
+        }));
+    }
+    // The fenced log: appends to `log-k1` while leading `k1`, and for a while after this process
+    // first finds it no longer leads (a zombie), every 10 to 40 ms.
+    if let Some(key) = keys.iter().find(|key| key.key == "k1") {
+        let (leader, key) = (Arc::clone(&leader), Arc::clone(key));
+        let mut rng = StdRng::seed_from_u64(args.seed ^ 0x00a9_9e4d ^ u64::from(std::process::id()));
+        writers.push(tokio::spawn(async move {
+            let mut last: Option<(i64, Option<tokio::time::Instant>)> = None;
+            loop {
+                let term = match (key.elector.leadership().map(|period| period.term()), last) {
+                    (Some(term), _) => {
+                        last = Some((term, None));
+                        Some(term)
+                    }
+                    (None, Some((term, None))) => {
+                        last = Some((term, Some(tokio::time::Instant::now())));
+                        Some(term)
+                    }
+                    (None, Some((term, Some(noticed)))) => (noticed.elapsed() < leader.zombie).then_some(term),
+                    (None, None) => None,
+                };
+                if let Some(term) = term {
+                    leader.append(&key, term).await;
                 }
                 tokio::time::sleep(Duration::from_millis(rng.random_range(10..40))).await;
             }
