@@ -128,7 +128,12 @@ pub async fn run(
     let proxy_tls = acceptor(config.proxy.tls.as_ref())?;
     let control_tls = acceptor(config.control.tls.as_ref())?;
     // Routes with `[routes.reads]`: their followers and leader, polled on the fence pool.
-    let reads = proxy::reads::start(&config.routes, fences.pool(), config.database.fence_check_timeout, &shutdown);
+    // The polls outlive the shutdown signal: draining reads still go where they should.
+    let reads_stop = CancellationToken::new();
+    let _stop_reads = reads_stop.clone().drop_guard();
+    let own: Vec<std::net::SocketAddr> =
+        [&listeners.proxy, &listeners.control].iter().filter_map(|listener| listener.local_addr().ok()).collect();
+    let reads = proxy::reads::start(&config.routes, &own, &fences, config.database.fence_check_timeout, &reads_stop);
     let proxy_handler = || {
         let connector = upstream::connector(config.upstream.connect_timeout, upstream_tls.clone());
         let proxy =

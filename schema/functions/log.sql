@@ -312,8 +312,10 @@ END
 $$;
 
 -- A stream's followers: the sequence each applied, how far behind the head it is in entries and
--- in time (since the first entry it has not applied was appended, 0 when it has applied all),
--- and when it last reported, by the store's clock.
+-- in time (since the first entry it has not applied was appended, 0 when it has applied all;
+-- null when that is unknown: the entry after its position was removed by retention, or its
+-- position is past the head, as after a failover that lost entries), and when it last reported,
+-- by the store's clock.
 CREATE OR REPLACE FUNCTION fencing.followers_of(stream text)
 RETURNS TABLE (follower text, applied bigint, lag_entries bigint, lag_ms bigint, reported_at timestamptz,
                reported_ms_ago bigint)
@@ -327,7 +329,8 @@ BEGIN
     stream_ := fencing.stream_row(p_stream);
     RETURN QUERY
         SELECT f.follower, f.position, stream_.head - f.position,
-               coalesce(greatest(0, floor(extract(epoch FROM now_ - e.appended_at) * 1000))::bigint, 0),
+               CASE WHEN f.position = stream_.head THEN 0::bigint
+                    ELSE greatest(0, floor(extract(epoch FROM now_ - e.appended_at) * 1000))::bigint END,
                f.reported_at, greatest(0, floor(extract(epoch FROM now_ - f.reported_at) * 1000))::bigint
           FROM fencing.stream_followers f
           LEFT JOIN fencing.stream_entries e ON e.stream = f.stream AND e.seq = f.position + 1

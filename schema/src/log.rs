@@ -46,8 +46,9 @@ pub struct FollowerRow {
     pub applied: i64,
     /// Entries it has not applied.
     pub lag_entries: i64,
-    /// How long ago the first entry it has not applied was appended (zero when it applied all).
-    pub lag: Duration,
+    /// How long ago the first entry it has not applied was appended (zero when it applied all);
+    /// `None` when that is unknown (retention removed it, or its position is past the head).
+    pub lag: Option<Duration>,
     /// How long ago it reported, by the store's clock.
     pub reported_ago: Duration,
 }
@@ -216,7 +217,7 @@ pub async fn followers(client: &impl GenericClient, stream: &str) -> Result<Vec<
                 follower: row.try_get("follower").map_err(Error::Store)?,
                 applied: row.try_get("applied").map_err(Error::Store)?,
                 lag_entries: row.try_get("lag_entries").map_err(Error::Store)?,
-                lag: ms(row.try_get("lag_ms").map_err(Error::Store)?),
+                lag: row.try_get::<_, Option<i64>>("lag_ms").map_err(Error::Store)?.map(ms),
                 reported_ago: ms(row.try_get("reported_ms_ago").map_err(Error::Store)?),
             })
         })

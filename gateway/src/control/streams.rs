@@ -420,7 +420,7 @@ pub(super) async fn get_stream(
                 "follower": f.follower,
                 "applied": f.applied,
                 "lag_entries": f.lag_entries,
-                "lag_ms": millis(f.lag),
+                "lag_ms": f.lag.map(millis),
                 "reported_ms_ago": millis(f.reported_ago),
             })).collect::<Vec<_>>(),
         }))

@@ -285,6 +285,25 @@ pub enum Admin {
         #[command(flatten)]
         audit: AuditArgs,
     },
+    /// Create a stream of the fenced log bound to a lease (replication model B): its leader
+    /// appends with the lease's term, followers tail it. No retention unless given; retention
+    /// never passes a registered follower unless `--max-entries` says so.
+    CreateStream {
+        /// The stream's name (1 to 244 characters).
+        stream: String,
+        /// The lease whose current term alone may append.
+        #[arg(long)]
+        lease: String,
+        /// Keep at least this many of the newest entries.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        keep_count: Option<i64>,
+        /// Keep entries younger than this many milliseconds.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep_age_ms: Option<u64>,
+        /// Never keep more than this many entries, followers or not.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        max_entries: Option<i64>,
+    },
     /// Raise a resource's fence to a term, so every writer below it is refused from now on.
     /// A fence never goes back.
     AdvanceFence {

@@ -196,11 +196,11 @@ pub async fn inspect(database_url: &str, what: &Inspect) -> Result<String, Error
                 for follower in fencing_schema::log::followers(&client, &name).await? {
                     let _ = writeln!(
                         out,
-                        "  follower {:<32} applied {:>10}  behind {:>8} entries, {:>8.1}s  reported {:.1}s ago",
+                        "  follower {:<32} applied {:>10}  behind {:>8} entries, {:>9}  reported {:.1}s ago",
                         follower.follower,
                         follower.applied,
                         follower.lag_entries,
-                        follower.lag.as_secs_f64(),
+                        follower.lag.map_or_else(|| "unknown".to_owned(), |lag| format!("{:.1}s", lag.as_secs_f64())),
                         follower.reported_ago.as_secs_f64()
                     );
                 }
@@ -352,6 +352,15 @@ pub async fn admin(database_url: &str, action: &Admin, input: &mut dyn BufRead) 
             let actor = audit.actor.clone().unwrap_or_else(default_actor);
             store::rebind(&client, resource, lease, &actor, &audit.reason).await?;
             Ok(Some(format!("{resource:?} is bound to lease {lease:?}; audited as {actor}\n")))
+        }
+        Admin::CreateStream { stream, lease, keep_count, keep_age_ms, max_entries } => {
+            let retention = fencing_schema::log::Retention {
+                keep_count: *keep_count,
+                keep_age: keep_age_ms.map(std::time::Duration::from_millis),
+                max_entries: *max_entries,
+            };
+            fencing_schema::log::create_stream(&client, stream, lease, retention).await?;
+            Ok(Some(format!("created stream {stream:?}, bound to lease {lease:?}\n")))
         }
         Admin::ResetFence { resource, term, audit } => {
             let current = store::get_fence(&client, resource).await?;

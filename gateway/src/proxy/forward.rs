@@ -21,10 +21,13 @@ use crate::config::Config;
 use crate::fence::Decision;
 use crate::metrics::RouteMetrics;
 use crate::proxy::headers::{
-    FENCING_LEASE, FENCING_OWNER, FENCING_READ_FROM, FENCING_RESOURCE, FENCING_TOKEN, FORWARDED, REQUEST_ID, RequestId,
-    client_claim_header,
+    FENCING_LEASE, FENCING_OWNER, FENCING_READ_FROM, FENCING_READ_HOPS, FENCING_RESOURCE, FENCING_TOKEN, FORWARDED,
+    REQUEST_ID, RequestId, client_claim_header,
 };
-use crate::proxy::reads::{Choice, ReadRouter};
+use crate::proxy::reads::{Choice, ReadRouter, Served};
+
+/// A read that went through this many gateways is refused (508 `read-loop`).
+const MAX_READ_HOPS: u8 = 3;
 use crate::proxy::rejection::Rejection;
 use crate::proxy::route::{Write, strip_hop_by_hop};
 use crate::proxy::upstream::{Failure, Peer, REUSE_WRITE_BODY_MAX, UpstreamConnector, WriteBound, host_header};
@@ -91,39 +94,62 @@ impl Forwarder {
         }
     }
 
-    /// An unfenced request of a route with `[routes.reads]`: to a follower within the bound, else
-    /// to the leader (and to the leader when a safe method's follower could not be reached). The
-    /// answer says who served it (`Fencing-Read-From`).
+    /// An unfenced request of a route with `[routes.reads]`: a safe method (GET, HEAD, OPTIONS)
+    /// to a follower within the bound, else to the leader (and to the leader when its follower
+    /// could not be reached); any other unfenced method to the leader. The answer says who served
+    /// it (`Fencing-Read-From`, also on the gateway's own 502, 503 and 504).
     pub async fn read(&self, target: Target<'_>, router: &ReadRouter, request: Request<Incoming>) -> Response<Body> {
-        let parts = self.unfenced_parts(request);
+        // How many gateways this read went through (read before the fencing headers go).
+        let hops = request
+            .headers()
+            .get(FENCING_READ_HOPS)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse::<u8>().ok())
+            .unwrap_or(0);
+        if request.headers().contains_key(FENCING_READ_HOPS) && hops == 0 || hops >= MAX_READ_HOPS {
+            return Rejection::ReadLoop.problem().into_response();
+        }
+        let mut parts = self.unfenced_parts(request);
+        parts.headers.insert(FENCING_READ_HOPS, HeaderValue::from(u16::from(hops) + 1));
         let deadline = Instant::now() + self.config.upstream.forward_timeout;
-        let (destination, from) = match router.choose() {
+        let choice = if parts.method.is_safe() {
+            router.choose()
+        } else {
+            router.leader().map_or(Choice::NoReader, Choice::Leader)
+        };
+        let (destination, parts) = match choice {
             Choice::Follower(name, destination) => {
                 let from = HeaderValue::from_str(&format!("follower {name}"))
                     .unwrap_or_else(|_| HeaderValue::from_static("follower"));
                 let again = clone_parts(&parts);
                 match self.forward(target, &destination, parts, Body::empty(), deadline, None).await {
-                    Ok(response) => return with_read_from(response, from),
-                    Err(rejection @ Rejection::UpstreamTimeout) => {
-                        return with_read_from(rejection.problem().into_response(), from);
+                    Ok(response) => {
+                        router.served(Served::Follower);
+                        return with_read_from(response, from);
                     }
                     // A safe method may be sent again (RFC 9110, 9.2.2): a follower that cannot be
                     // reached (gone since the poll) costs the client nothing but a second try.
-                    Err(Rejection::UpstreamUnreachable) if again.method.is_safe() => match router.leader() {
-                        Some(leader) => {
-                            return match self.forward(target, &leader, again, Body::empty(), deadline, None).await {
-                                Ok(response) => with_read_from(response, HeaderValue::from_static("leader")),
-                                Err(rejection) => rejection.problem().into_response(),
-                            };
+                    Err(Rejection::UpstreamUnreachable) => match router.leader() {
+                        Some(leader) => (leader, again),
+                        None => {
+                            router.served(Served::None);
+                            return with_read_from(Rejection::NoReader.problem().into_response(), from);
                         }
-                        None => return Rejection::NoReader.problem().into_response(),
                     },
-                    Err(rejection) => return rejection.problem().into_response(),
+                    Err(rejection) => {
+                        router.served(Served::Follower);
+                        return with_read_from(rejection.problem().into_response(), from);
+                    }
                 }
             }
-            Choice::Leader(destination) => (destination, HeaderValue::from_static("leader")),
-            Choice::NoReader => return Rejection::NoReader.problem().into_response(),
+            Choice::Leader(destination) => (destination, parts),
+            Choice::NoReader => {
+                router.served(Served::None);
+                return Rejection::NoReader.problem().into_response();
+            }
         };
+        router.served(Served::Leader);
+        let from = HeaderValue::from_static("leader");
         match self.forward(target, &destination, parts, Body::empty(), deadline, None).await {
             Ok(response) => with_read_from(response, from),
             Err(rejection) => with_read_from(rejection.problem().into_response(), from),

@@ -19,6 +19,10 @@ pub const FENCING_OWNER: HeaderName = HeaderName::from_static("fencing-owner");
 /// or `leader`.
 pub const FENCING_READ_FROM: HeaderName = HeaderName::from_static("fencing-read-from");
 
+/// On a read a route with `[routes.reads]` sends on: how many gateways it went through. A read
+/// that arrives with 3 (or a value that is not 1 to 255) is refused (508 `read-loop`).
+pub const FENCING_READ_HOPS: HeaderName = HeaderName::from_static("fencing-read-hops");
+
 /// The request id, taken from a trusted proxy when it sends a sane one, else made up.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 

@@ -91,6 +91,8 @@ pub enum Rejection {
     UpstreamUnreachable,
     /// A route with `[routes.reads]` knows no follower within its bound and no leader.
     NoReader,
+    /// A read that went through too many gateways (a `read_url` that leads back to one).
+    ReadLoop,
     /// The upstream did not answer before the write's forward deadline.
     UpstreamTimeout,
     /// Clients are configured and the write carries no valid bearer token.
@@ -148,6 +150,7 @@ impl Rejection {
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::Unavailable | Rejection::ClocksDisagree | Rejection::NoReader => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Rejection::ReadLoop => StatusCode::LOOP_DETECTED,
             Rejection::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Rejection::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Rejection::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -164,7 +167,8 @@ impl Rejection {
             | Rejection::MethodNotAllowed
             | Rejection::Malformed(_)
             | Rejection::BodyTooLarge { .. }
-            | Rejection::BadHost(_) => Outcome::Malformed,
+            | Rejection::BadHost(_)
+            | Rejection::ReadLoop => Outcome::Malformed,
             Rejection::Unauthenticated(_) | Rejection::Forbidden(_) => Outcome::Unauthorized,
             Rejection::Unavailable | Rejection::ClocksDisagree | Rejection::NoReader => Outcome::Unavailable,
             Rejection::UpstreamUnreachable | Rejection::UpstreamTimeout => Outcome::UpstreamError,
@@ -260,6 +264,12 @@ impl Rejection {
                  now (no follower's report within the bound, no holder of the leader lease with a read_url)",
             )
             .retry_after(1),
+            Rejection::ReadLoop => Problem::new(
+                status,
+                "read-loop",
+                "Read loop",
+                "this read went through 3 gateways (Fencing-Read-Hops): a follower's read_url leads back to a gateway",
+            ),
             Rejection::UpstreamUnreachable => Problem::new(
                 status,
                 "upstream-unreachable",

@@ -11,7 +11,12 @@
 //!   all succeed, from the other follower or the leader; with both fast followers paused, from the
 //!   leader (the lease holder's `read_url`);
 //! - a member announcing a host outside `allow_hosts` never gets a read, however fresh its reports;
+//! - a member that reports often but never applies (its lag grows) never gets a read;
+//! - two members claiming one follower name never get a read, however fresh that name's reports;
 //! - with no follower within the bound and no leader, a read gets 503 `no-reader`.
+//!
+//! A pause's phase starts at the follower's last report as the store stamped it (a report in
+//! flight when SIGSTOP came is stamped after it), plus the bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,12 +82,28 @@ async fn follower(url: &str, dir: &std::path::Path, name: &str, extra: &[&str]) 
     process
 }
 
+/// When the last report of `followers`, paused since `paused`, was stamped by the store (a
+/// report in flight at SIGSTOP is stamped after it): the later of that and `paused`, on this
+/// process's clock.
+async fn last_report(admin: &tokio_postgres::Client, followers: &[&str], paused: Instant) -> Instant {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows = store_log::followers(admin, "orders").await.unwrap();
+    // Measured by the store before the answer came: from now, it is the latest it can be (the
+    // store floors it to the millisecond).
+    let answered = Instant::now() + Duration::from_millis(1);
+    let mut last = paused;
+    for row in rows.iter().filter(|row| followers.contains(&row.follower.as_str())) {
+        last = last.max(answered.checked_sub(row.reported_ago).unwrap_or(answered));
+    }
+    last
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_go_to_followers_within_the_bound_and_to_the_leader_when_they_are_paused_or_behind() {
     let db = TestDb::new().await;
     let admin = db.connect().await;
     store_log::create_stream(&admin, "orders", "orders-leader", Retention::default()).await.unwrap();
-    let term = store::acquire(&admin, "orders-leader", "leader", Duration::from_secs(120)).await.unwrap().term.unwrap();
+    let term = store::acquire(&admin, "orders-leader", "leader", Duration::from_secs(600)).await.unwrap().term.unwrap();
     // The leader serves its reads at a recording upstream; its lease value says where.
     let mut leader = Upstream::start().await.unwrap();
     let value = serde_json::json!({"read_url": leader.url()}).to_string();
@@ -91,9 +112,27 @@ async fn reads_go_to_followers_within_the_bound_and_to_the_leader_when_they_are_
     let mut rogue = Upstream::start().await.unwrap();
     let rogue_url = format!("http://localhost:{}", rogue.addr.port());
     let rogue_metadata = serde_json::json!({"read_url": rogue_url, "follower": "rogue"}).to_string();
-    store::heartbeat(&admin, ("readers", "rogue", "rogue-1"), "rogue", Duration::from_secs(120), &rogue_metadata)
+    store::heartbeat(&admin, ("readers", "rogue", "rogue-1"), "rogue", Duration::from_secs(600), &rogue_metadata)
         .await
         .unwrap();
+    // A member at an allowed host that reports often and never applies: entry 1, appended now,
+    // is more than a bound old before the gateway's first poll.
+    let mut laggard = Upstream::start().await.unwrap();
+    let laggard_metadata = serde_json::json!({"read_url": laggard.url(), "follower": "laggard"}).to_string();
+    store::heartbeat(&admin, ("readers", "laggard", "l-1"), "laggard", Duration::from_secs(600), &laggard_metadata)
+        .await
+        .unwrap();
+    store_log::append(&admin, "orders", term, &["{\"n\": \"first\"}"]).await.unwrap();
+    store_log::report_position(&admin, "orders", "laggard", 0).await.unwrap();
+    // Two members that claim one follower name, whose reports are fresh and caught up.
+    let mut twins = Vec::new();
+    for twin in ["twin-a", "twin-b"] {
+        let upstream = Upstream::start().await.unwrap();
+        let metadata = serde_json::json!({"read_url": upstream.url(), "follower": "twin"}).to_string();
+        store::heartbeat(&admin, ("readers", twin, "t-1"), twin, Duration::from_secs(600), &metadata).await.unwrap();
+        twins.push(upstream);
+    }
+    tokio::time::sleep(Duration::from_millis(MAX_LAG_MS + 100)).await;
 
     let config = format!(
         r#"
@@ -133,7 +172,10 @@ allow_hosts = ["127.0.0.1"]
                     return;
                 };
                 appended.lock().await.push((seq, Instant::now()));
-                let _ = store_log::report_position(&client, "orders", "rogue", seq).await;
+                for caught_up in ["rogue", "twin"] {
+                    let _ = store_log::report_position(&client, "orders", caught_up, seq).await;
+                }
+                let _ = store_log::report_position(&client, "orders", "laggard", 0).await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
@@ -183,7 +225,9 @@ allow_hosts = ["127.0.0.1"]
     let mut behind = false;
     for _ in 0..200 {
         let rows = store_log::followers(&admin, "orders").await.unwrap();
-        behind = rows.iter().any(|row| row.follower == "f3" && row.lag > Duration::from_millis(3 * MAX_LAG_MS));
+        behind = rows
+            .iter()
+            .any(|row| row.follower == "f3" && row.lag.is_some_and(|lag| lag > Duration::from_millis(3 * MAX_LAG_MS)));
         if behind {
             break;
         }
@@ -195,14 +239,14 @@ allow_hosts = ["127.0.0.1"]
 
     // f1 paused: no read sent one bound later goes to it, and every such read succeeds.
     f1.signal(Signal::SIGSTOP).unwrap();
-    let f1_paused = Instant::now();
+    let f1_paused = last_report(&admin, &["f1"], Instant::now()).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     // Both fast followers paused: reads go to the leader.
     // A read sent shortly before the signal may reach f2 after it and wait for it: f1's phase
     // vouches for the reads sent until 300 ms before (ample time to serve one here).
     let f2_pausing = Instant::now() - Duration::from_millis(300);
     f2.signal(Signal::SIGSTOP).unwrap();
-    let f2_paused = Instant::now();
+    let f2_paused = last_report(&admin, &["f2"], Instant::now()).await;
     tokio::time::sleep(Duration::from_millis(2500)).await;
     f1.signal(Signal::SIGCONT).unwrap();
     f2.signal(Signal::SIGCONT).unwrap();
@@ -218,7 +262,7 @@ allow_hosts = ["127.0.0.1"]
     for process in [&f1, &f2, &f3] {
         process.signal(Signal::SIGSTOP).unwrap();
     }
-    let all_paused = Instant::now();
+    let all_paused = last_report(&admin, &["f1", "f2", "f3"], Instant::now()).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     reading.abort();
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -273,6 +317,8 @@ allow_hosts = ["127.0.0.1"]
             assert!(read.problem.ends_with(":no-reader"), "{read:?}");
         }
         assert_ne!(read.from, "follower rogue", "a read went to a host outside allow_hosts");
+        assert_ne!(read.from, "follower laggard", "a read went to a follower that never applies");
+        assert_ne!(read.from, "follower twin", "a read went to a follower name two members claim");
     }
     assert!(from_followers > 100, "followers served {from_followers} reads");
     assert!(
@@ -282,6 +328,10 @@ allow_hosts = ["127.0.0.1"]
     let leader_log = leader.collect(Duration::from_millis(100)).await.len();
     assert!(leader_log > 50, "the leader's upstream saw {leader_log} reads");
     assert!(rogue.collect(Duration::from_millis(100)).await.is_empty(), "the rogue member's upstream got a read");
+    assert!(laggard.collect(Duration::from_millis(10)).await.is_empty(), "the laggard's upstream got a read");
+    for twin in &mut twins {
+        assert!(twin.collect(Duration::from_millis(10)).await.is_empty(), "a twin's upstream got a read");
+    }
     assert!(
         reads
             .iter()
