@@ -292,8 +292,19 @@ async fn operators_inspect_the_fenced_logs_streams_and_their_followers() {
     let db = fencing_tests::pg::TestDb::new().await;
     let url = db.url();
     let client = db.connect().await;
-    let retention = Retention { keep_count: Some(100), keep_age: None, max_entries: None };
-    store_log::create_stream(&client, "orders", "orders-leader", retention).await.unwrap();
+    // `admin create-stream` makes a stream with its retention; one that exists, or a bad
+    // retention, is an error that changes nothing.
+    let (code, text) =
+        cli(&url, &["admin", "create-stream", "orders", "--lease", "orders-leader", "--keep-count", "100"], "").await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("created stream \"orders\", bound to lease \"orders-leader\""), "{text}");
+    let status = store_log::status(&client, "orders").await.unwrap();
+    assert_eq!((status.lease_key.as_deref(), status.retention.keep_count), (Some("orders-leader"), Some(100)));
+    let (code, again) = cli(&url, &["admin", "create-stream", "orders", "--lease", "other"], "").await;
+    assert_ne!(code, Some(0), "{again}");
+    assert_eq!(store_log::status(&client, "orders").await.unwrap().lease_key.as_deref(), Some("orders-leader"));
+    let (code, bad) = cli(&url, &["admin", "create-stream", "x", "--lease", "k", "--keep-count", "0"], "").await;
+    assert_eq!(code, Some(64), "{bad}");
     store_log::create_stream(&client, "audit", "audit-leader", Retention::default()).await.unwrap();
     let term = store::acquire(&client, "orders-leader", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
     store_log::append(&client, "orders", term, &["1", "2", "3"]).await.unwrap();
