@@ -330,6 +330,7 @@ BEGIN
     RETURN QUERY
         SELECT f.follower, f.position, stream_.head - f.position,
                CASE WHEN f.position = stream_.head THEN 0::bigint
+                    WHEN e.seq IS NULL THEN NULL::bigint
                     ELSE greatest(0, floor(extract(epoch FROM now_ - e.appended_at) * 1000))::bigint END,
                f.reported_at, greatest(0, floor(extract(epoch FROM now_ - f.reported_at) * 1000))::bigint
           FROM fencing.stream_followers f

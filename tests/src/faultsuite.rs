@@ -1804,28 +1804,26 @@ impl Schedule {
         Ok(())
     }
 
-    /// The fenced log's files: `appends.jsonl` (the last line per append), `log.jsonl` (the
-    /// stream as the store kept it), `followers.jsonl` (each follower's applies, whole lines, in
-    /// its file's order).
-    async fn record_log(&self, client: &tokio_postgres::Client, ended_us: i64) -> Result<()> {
-        let mut appends: BTreeMap<String, Value> = BTreeMap::new();
+    /// The records of the files `<part>.jsonl` (removed once read), the last line per
+    /// `request_id` (its end, or its invocation when the process died first: then it ended with
+    /// the schedule, at `ended_us`), in the order each request first appeared. A process killed
+    /// mid-line leaves a torn last line: never a whole record.
+    fn last_line_per_request(&self, parts: &[String], ended_us: i64) -> Vec<Value> {
+        let mut last: BTreeMap<String, Value> = BTreeMap::new();
         let mut order: HashMap<String, usize> = HashMap::new();
-        for letter in ["a", "b", "c"] {
-            let path = self.dir.join(format!("appends-{letter}.jsonl"));
+        for part in parts {
+            let path = self.dir.join(format!("{part}.jsonl"));
             let Ok(text) = std::fs::read_to_string(&path) else { continue };
             for line in text.lines() {
                 let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
                 let Some(id) = value["request_id"].as_str().map(str::to_owned) else { continue };
                 let next = order.len();
                 order.entry(id.clone()).or_insert(next);
-                appends.insert(id, value);
+                last.insert(id, value);
             }
             let _ = std::fs::remove_file(&path);
         }
-        if appends.is_empty() {
-            bail!("no appends to the fenced log were recorded in this schedule (do the leaders of k1 append?)");
-        }
-        let mut by_order: Vec<(usize, Value)> = appends
+        let mut by_order: Vec<(usize, Value)> = last
             .into_iter()
             .map(|(id, mut value)| {
                 if value["completed_us"].is_null() {
@@ -1835,11 +1833,18 @@ impl Schedule {
             })
             .collect();
         by_order.sort_by_key(|(n, _)| *n);
-        let mut text = String::new();
-        for (_, value) in by_order {
-            let _ = writeln!(text, "{value}");
+        by_order.into_iter().map(|(_, value)| value).collect()
+    }
+
+    /// The fenced log's files: `appends.jsonl` (the last line per append), `log.jsonl` (the
+    /// stream as the store kept it), `followers.jsonl` (each follower's applies, whole lines, in
+    /// its file's order).
+    async fn record_log(&self, client: &tokio_postgres::Client, ended_us: i64) -> Result<()> {
+        let appends = self.last_line_per_request(&["a", "b", "c"].map(|letter| format!("appends-{letter}")), ended_us);
+        if appends.is_empty() {
+            bail!("no appends to the fenced log were recorded in this schedule (do the leaders of k1 append?)");
         }
-        std::fs::write(self.dir.join("appends.jsonl"), text)?;
+        std::fs::write(self.dir.join("appends.jsonl"), jsonl(&appends))?;
         let mut log = String::new();
         for row in client
             .query(
@@ -1914,41 +1919,13 @@ impl Schedule {
 
         // The clients' logs: the last line per request (its end, or its invocation when the
         // process died before the write ended).
-        let mut clients: BTreeMap<String, Value> = BTreeMap::new();
-        let mut order: HashMap<String, usize> = HashMap::new();
-        for letter in ["a", "b", "c", "racer", "prober"] {
-            let path = self.dir.join(format!("client-{letter}.jsonl"));
-            let Ok(text) = std::fs::read_to_string(&path) else { continue };
-            for line in text.lines() {
-                // A process killed mid-line leaves a torn last line: it was never a whole record.
-                let Ok(value) = serde_json::from_str::<Value>(line) else { continue };
-                let Some(id) = value["request_id"].as_str().map(str::to_owned) else { continue };
-                let next = order.len();
-                order.entry(id.clone()).or_insert(next);
-                clients.insert(id, value);
-            }
-            let _ = std::fs::remove_file(&path);
-        }
+        let parts = ["a", "b", "c", "racer", "prober"].map(|letter| format!("client-{letter}"));
+        let clients = self.last_line_per_request(&parts, ended_us);
         // Without the racer's writes a clean run would show less than it claims.
-        if !clients.values().any(|value| value["client"] == "racer" && value["outcome"] == "ok") {
+        if !clients.iter().any(|value| value["client"] == "racer" && value["outcome"] == "ok") {
             bail!("the racer made no ok write in this schedule (is fault-racer built and starting?)");
         }
-        let mut by_order: Vec<(usize, Value)> = clients
-            .into_iter()
-            .map(|(id, mut value)| {
-                // A write whose process died before it ended: indeterminate, ended by the schedule's end.
-                if value["completed_us"].is_null() {
-                    value["completed_us"] = json!(ended_us.max(value["invoked_us"].as_i64().unwrap_or(ended_us)));
-                }
-                (order.get(&id).copied().unwrap_or(0), value)
-            })
-            .collect();
-        by_order.sort_by_key(|(n, _)| *n);
-        let mut text = String::new();
-        for (_, value) in by_order {
-            let _ = writeln!(text, "{value}");
-        }
-        std::fs::write(self.dir.join("clients.jsonl"), text)?;
+        std::fs::write(self.dir.join("clients.jsonl"), jsonl(&clients))?;
 
         // The upstreams' logs may end with a torn line if an upstream was killed mid-write.
         for name in ["checking", "applying"] {
@@ -2011,4 +1988,13 @@ impl Schedule {
         std::fs::write(self.dir.join("meta.json"), meta.to_string())?;
         Ok(())
     }
+}
+
+/// Records as JSON lines.
+fn jsonl(records: &[Value]) -> String {
+    let mut text = String::new();
+    for record in records {
+        let _ = writeln!(text, "{record}");
+    }
+    text
 }

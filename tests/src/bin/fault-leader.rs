@@ -219,13 +219,19 @@ impl Leader {
         self.log.write(&record);
     }
 
+    /// A connection of its own for one write, whose statements give up after 2 s.
+    async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        client.batch_execute("SET statement_timeout = 2000").await?;
+        Ok(client)
+    }
+
     async fn sql_write(&self, record: &mut Value, key: &str, resource: &str, term: i64) {
         let result = tokio::time::timeout(Duration::from_secs(3), async {
-            let (mut client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            client.batch_execute("SET statement_timeout = 2000").await?;
+            let mut client = self.connect().await?;
             let transaction = client.transaction().await?;
             // The application's own rows are durable because it asks for it: the suite's database
             // commits asynchronously, to test that the fencing functions override that.
@@ -282,11 +288,7 @@ impl Leader {
         self.appends.write(&record);
         let payload = json!({ "request_id": request_id }).to_string();
         let result = tokio::time::timeout(Duration::from_secs(3), async {
-            let (mut client, connection) = tokio_postgres::connect(&self.database_url, NoTls).await?;
-            tokio::spawn(async move {
-                let _ = connection.await;
-            });
-            client.batch_execute("SET statement_timeout = 2000").await?;
+            let mut client = self.connect().await?;
             let transaction = client.transaction().await?;
             let seq: i64 = transaction
                 .query_one(

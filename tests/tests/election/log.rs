@@ -253,10 +253,11 @@ async fn a_paused_leaders_appends_stop_and_a_killed_follower_resumes_to_exactly_
     a.signal(Signal::SIGCONT).unwrap();
     a.wait_for("a's loss", |l| event(l) == "lost").await.unwrap();
     let mut f = ElectorProcess::spawn_with(&url, "f1-own", "f1", timing, &follower_args).unwrap();
-    b.signal(Signal::SIGTERM).unwrap();
-    b.wait_for("b's shutdown", |l| event(l) == "shutdown").await.unwrap();
+    // a first: stopped after b, it could take the lease b releases and append with a third term.
     a.signal(Signal::SIGTERM).unwrap();
     a.wait_for("a's shutdown", |l| event(l) == "shutdown").await.unwrap();
+    b.signal(Signal::SIGTERM).unwrap();
+    b.wait_for("b's shutdown", |l| event(l) == "shutdown").await.unwrap();
 
     let log = store_log::read(&admin, "jobs-log", 0, 10_000).await.unwrap();
     let head = log.last().unwrap().seq;
