@@ -1133,6 +1133,28 @@ pub fn log_holds_the_admitted_appends(h: &History, opts: &CheckOptions) -> Vec<V
                 ));
             }
             let Some(periods) = by_key.get(append.key.as_str()) else { continue };
+            // Its own period had ended (expired, released) before the append was invoked: a
+            // lease not held admits no append, newer term or not. Not across a step of the
+            // store's clock (its expiry is a projection on that clock).
+            if let Some(own) = periods.iter().find(|p| p.term == entry.term)
+                && let Some(end) = own.ended_at_us
+                && append.invoked_us > end.saturating_add(opts.grant_margin_us)
+                && !clock_stepped_within(h, end, append.invoked_us)
+            {
+                out.push(violation(
+                    h,
+                    Invariant::Log,
+                    format!(
+                        "stream {stream}: entry {} ({id} of {}) admitted with term {}, whose period ended at {end} ({}), \
+                         before the append was invoked at {}",
+                        entry.seq,
+                        append.client,
+                        entry.term,
+                        own.end_reason.as_deref().unwrap_or("ended"),
+                        append.invoked_us
+                    ),
+                ));
+            }
             let known = |p: &LeasePeriod| {
                 let by_margin = p.granted_at_us.saturating_add(opts.grant_margin_us);
                 told.get(&(p.key.as_str(), p.term)).map_or(by_margin, |at| by_margin.min(*at))
@@ -1194,24 +1216,29 @@ pub fn followers_apply_a_prefix_of_the_log(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let log: HashMap<(&str, i64), &crate::history::LogEntry> =
         h.log.iter().map(|entry| ((entry.stream.as_str(), entry.seq), entry)).collect();
+    // The highest entry each follower applied, and the last one each of its processes applied:
+    // a process goes on from its own last entry (or applies one again, after its cursor went
+    // back), and a new process from at most the highest entry any process applied.
     let mut applied_up_to: HashMap<(&str, &str), i64> = HashMap::new();
+    let mut last_of_process: HashMap<(&str, &str, u32), i64> = HashMap::new();
     for applied in &h.applied {
         let (stream, follower) = (applied.stream.as_str(), applied.follower.as_str());
         let up_to = applied_up_to.entry((stream, follower)).or_insert(0);
-        if applied.seq > *up_to + 1 {
+        let after = last_of_process.get(&(stream, follower, applied.pid)).copied().unwrap_or(*up_to);
+        if applied.seq > after + 1 {
             out.push(violation(
                 h,
                 Invariant::Log,
                 format!(
-                    "follower {follower} (pid {}) of stream {stream} applied entry {} after {}: it skipped {} entries",
+                    "follower {follower} (pid {}) of stream {stream} applied entry {} after {after}: it skipped {} entries",
                     applied.pid,
                     applied.seq,
-                    *up_to,
-                    applied.seq - *up_to - 1
+                    applied.seq - after - 1
                 ),
             ));
         }
         *up_to = (*up_to).max(applied.seq);
+        last_of_process.insert((stream, follower, applied.pid), applied.seq);
         match log.get(&(stream, applied.seq)) {
             None => out.push(violation(
                 h,

@@ -25,6 +25,13 @@ fn assert_one(violations: &[Violation], invariant: Invariant, names: &[&str]) {
     }
 }
 
+/// Removes the fenced log's records (for a defect of the leases that the log would show too).
+fn clear_log(h: &mut History) {
+    h.appends.clear();
+    h.log.clear();
+    h.applied.clear();
+}
+
 #[test]
 fn base_history_is_clean() {
     let h = base();
@@ -55,8 +62,9 @@ fn s1_open_period_overlapped_by_later_grant_is_reported() {
 fn s1_period_ending_before_its_grant_is_reported() {
     let mut h = base();
     h.leases[0].ended_at_us = Some(-1);
-    // (The leader's acts after that "end" would be S7's too.)
+    // (The leader's acts and appends after that "end" would be S7's and the log's too.)
     h.acts.clear();
+    clear_log(&mut h);
     assert_one(&check(&h), Invariant::S1, &["term 1", "ends at -1 before its grant at 0"]);
 }
 
@@ -85,8 +93,10 @@ fn s2_term_granted_twice_is_reported() {
     let mut h = base();
     h.leases[1].ended_at_us = Some(8 * S);
     h.leases.push(lease("k1", 2, "leader-c#1", 9 * S, None));
-    // (leader-b#1's acts in a period the history also gives to leader-c#1 would be S7's too.)
+    // (leader-b#1's acts and appends in a period the history also gives to leader-c#1 would be
+    // S7's and the log's too.)
     h.acts.clear();
+    clear_log(&mut h);
     assert_one(&check(&h), Invariant::S2, &["term 2", "appears twice", "leader-c#1"]);
 }
 
@@ -894,4 +904,29 @@ fn log_a_follower_that_applies_what_the_log_does_not_have_is_reported() {
     // A refused append a follower saw anyway (read before a rollback, say): never in the log.
     h.applied.push(applied("f2", 21, 3, 1, "a3", 8 * S));
     assert_one(&check(&h), Invariant::Log, &["follower f2", "entry 3", "a3", "the log has Some(\"a4\") of term 2"]);
+}
+
+#[test]
+fn log_a_follower_process_that_skips_below_the_highest_entry_is_reported() {
+    let mut h = base();
+    // f2's second process resumes from a cursor that went back (a lost report) to 0, applies 1,
+    // then skips 2: below the highest entry f2 ever applied, but a skip all the same.
+    h.applied.retain(|a| !(a.follower == "f2" && a.pid == 21));
+    h.applied.push(applied("f2", 21, 1, 1, "a1", 12 * S));
+    h.applied.push(applied("f2", 21, 3, 2, "a4", 12 * S + 10_000));
+    h.applied.insert(2, applied("f2", 20, 2, 1, "a2", 2 * S + 20_000));
+    h.applied.insert(3, applied("f2", 20, 3, 2, "a4", 11 * S + 20_000));
+    assert_one(&check(&h), Invariant::Log, &["follower f2 (pid 21)", "applied entry 3 after 1"]);
+}
+
+#[test]
+fn log_an_append_admitted_after_its_own_period_ended_is_reported() {
+    let mut h = base();
+    // Term 1 ended at 4 s; leader-a's append invoked at 5 s, before term 2 (6 s), is in the log
+    // between term 1's entries and term 2's: terms never decrease, yet the lease was not held.
+    h.appends.push(log_append("a5", "leader-a", 1, 5 * S, Outcome::Ok, Some(3)));
+    h.appends[3].seq = Some(4);
+    h.log = vec![entry(1, 1, "a1"), entry(2, 1, "a2"), entry(3, 1, "a5"), entry(4, 2, "a4")];
+    h.applied.retain(|a| a.seq < 3);
+    assert_one(&check(&h), Invariant::Log, &["entry 3", "a5", "whose period ended at 4000000"]);
 }

@@ -1115,6 +1115,9 @@ async fn run_schedule(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // The followers keep up: after the last fault, each reaches the log's head (bounded).
+    let store = schedule.promoted.clone();
+    schedule.followers_catch_up(store.as_deref().unwrap_or(original)).await?;
     let ended_us = now_us();
     schedule.stop().await;
     let store = schedule.promoted.clone();
@@ -1412,6 +1415,13 @@ impl Schedule {
         if active.iter().any(|f| f.target == target && f.link == link) {
             return Ok(None);
         }
+        // One follower fault at a time, on follower 0 or 1 (`target`).
+        if kind.ends_with("-follower") {
+            if active.iter().any(|f| f.kind.ends_with("-follower")) {
+                return Ok(None);
+            }
+            target = rng.random_range(0..self.followers.len());
+        }
         // A gateway paused across its forward deadlines cannot abort its writes (the contract's
         // timing assumption): its upstream links are not held meanwhile, and the other way round.
         let gateway_stalls = |kind: &str| kind.starts_with("sigstop-gateway") || kind == "proxy-hold-upstream";
@@ -1446,8 +1456,8 @@ impl Schedule {
             }
             "sigstop-leader" | "sigstop-leader-past-ttl" => self.leaders[target].signal(Signal::SIGSTOP),
             "sigkill-leader" => self.leaders[target].kill_now().await,
-            "sigstop-follower" => self.followers[target % 2].signal(Signal::SIGSTOP),
-            "sigkill-follower" => self.followers[target % 2].kill_now().await,
+            "sigstop-follower" => self.followers[target].signal(Signal::SIGSTOP),
+            "sigkill-follower" => self.followers[target].kill_now().await,
             "sigkill-gateway" => self.gateways[target].kill_now().await,
             "sigkill-upstream" => self.upstreams[target % 2].kill_now().await,
             "pg-crash" => tokio::task::block_in_place(|| cluster.crash())?,
@@ -1716,8 +1726,8 @@ impl Schedule {
             }
             "sigstop-leader" | "sigstop-leader-past-ttl" => self.leaders[target].signal(Signal::SIGCONT),
             "sigkill-leader" | "leader-resign" => self.leaders[target].spawn()?,
-            "sigstop-follower" => self.followers[target % 2].signal(Signal::SIGCONT),
-            "sigkill-follower" => self.followers[target % 2].spawn()?,
+            "sigstop-follower" => self.followers[target].signal(Signal::SIGCONT),
+            "sigkill-follower" => self.followers[target].spawn()?,
             "sigkill-gateway" => self.gateways[target].spawn()?,
             "sigkill-upstream" => self.upstreams[target % 2].spawn()?,
             "pg-clock-back" => {
@@ -1751,7 +1761,7 @@ impl Schedule {
         } else if fault.kind.contains("upstream") {
             format!("upstream-{}", if target % 2 == 0 { "checking" } else { "applying" })
         } else if fault.kind.contains("follower") {
-            format!("follower-{}", target % 2 + 1)
+            format!("follower-{}", target + 1)
         } else if fault.kind.contains("leader") {
             format!("leader-{target}")
         } else {
@@ -1834,6 +1844,32 @@ impl Schedule {
             .collect();
         by_order.sort_by_key(|(n, _)| *n);
         by_order.into_iter().map(|(_, value)| value).collect()
+    }
+
+    /// Waits (at most 10 s) until every follower has reported the stream's head as it is now:
+    /// a follower that stopped following (an error it does not get over) fails the schedule,
+    /// rather than passing the `log` rule with nothing applied.
+    async fn followers_catch_up(&self, cluster: &PgCluster) -> Result<()> {
+        let client = store_client(cluster, &self.url).await.context("read the followers' positions")?;
+        let head: i64 = client.query_one("SELECT head FROM fencing.streams WHERE stream = 'log-k1'", &[]).await?.get(0);
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = client.query("SELECT follower, applied FROM fencing.followers_of('log-k1')", &[]).await?;
+            let behind: Vec<String> = (1..=self.followers.len())
+                .map(|n| format!("follower-{n}"))
+                .filter(|name| !rows.iter().any(|row| row.get::<_, String>(0) == *name && row.get::<_, i64>(1) >= head))
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                bail!(
+                    "{} did not reach the fenced log's head ({head}) within 10 s of the quiet period",
+                    behind.join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The fenced log's files: `appends.jsonl` (the last line per append), `log.jsonl` (the
