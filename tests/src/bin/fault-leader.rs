@@ -125,6 +125,8 @@ struct Leader {
     acts: Log,
     /// Appends to the fenced log.
     appends: Log,
+    /// The appends' connection, while it works.
+    append_client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
     next_id: AtomicU64,
     zombie: Duration,
 }
@@ -287,8 +289,14 @@ impl Leader {
         });
         self.appends.write(&record);
         let payload = json!({ "request_id": request_id }).to_string();
+        // One connection for the appends, kept while they succeed (a connection per append
+        // would fork a backend every few milliseconds); any error or timeout drops it.
+        let mut slot = self.append_client.lock().await;
         let result = tokio::time::timeout(Duration::from_secs(3), async {
-            let mut client = self.connect().await?;
+            let mut client = match slot.take() {
+                Some(client) => client,
+                None => self.connect().await?,
+            };
             let transaction = client.transaction().await?;
             let seq: i64 = transaction
                 .query_one(
@@ -298,9 +306,14 @@ impl Leader {
                 .await?
                 .get(0);
             // Anything that fails from here on may or may not have committed.
-            Ok::<_, tokio_postgres::Error>(transaction.commit().await.map(|()| seq))
+            let committed = transaction.commit().await.map(|()| seq);
+            if committed.is_ok() {
+                *slot = Some(client);
+            }
+            Ok::<_, tokio_postgres::Error>(committed)
         })
         .await;
+        drop(slot);
         match result {
             Ok(Ok(Ok(seq))) => {
                 record["outcome"] = json!("ok");
@@ -377,6 +390,7 @@ async fn main() {
         log,
         acts: open_log_or_exit("fault-leader", &args.acts),
         appends: open_log_or_exit("fault-leader", &args.appends),
+        append_client: tokio::sync::Mutex::new(None),
         next_id: AtomicU64::new(0),
         zombie: args.zombie,
     });
