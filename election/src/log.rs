@@ -336,9 +336,17 @@ impl Follower {
                 }
                 applied = seq;
             }
-            if let Err(error) = self.report(applied, asked).await {
-                self.failed(&error, &mut failures, &stop).await?;
-                continue;
+            match self.report(applied, asked).await {
+                Ok(()) => {}
+                // Retention passed what it applied while it was away (paused between a read
+                // and this report).
+                Err(fencing_schema::Error::Compacted { first_seq, .. }) => {
+                    return Err(Error::Compacted { stream: self.stream.clone(), applied, first_seq });
+                }
+                Err(error) => {
+                    self.failed(&error, &mut failures, &stop).await?;
+                    continue;
+                }
             }
             if full || (had_entries && !self.wakeups.listening()) {
                 continue;

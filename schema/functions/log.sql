@@ -263,7 +263,7 @@ END
 $$;
 
 -- A follower's report: the last sequence number it applied (from the stream's first kept entry
--- minus one up to its head). Registers the follower: retention keeps every entry it has not
+-- minus one up to its head; one retention passed is ZF410 "compacted", as at a read). Registers the follower: retention keeps every entry it has not
 -- applied (unless the stream's max_entries says otherwise) until fencing.forget_follower.
 -- Returns the stream's head and how long ago the first entry the follower has not applied was
 -- appended, by the store's clock (0 when it applied all): its lag in entries and in time.
@@ -282,10 +282,19 @@ BEGIN
     -- (its FOR UPDATE conflicts with FOR KEY SHARE; an append's update does not), or this waits
     -- for it and checks against the entries it left.
     SELECT * INTO stream_ FROM fencing.streams s WHERE s.stream = p_stream FOR KEY SHARE;
-    IF applied IS NULL OR applied < stream_.first_seq - 1 OR applied > stream_.head THEN
-        RAISE EXCEPTION 'fencing: follower "%" of stream "%" reports sequence %, outside % to %',
-            p_follower, p_stream, coalesce(applied::text, 'null'), stream_.first_seq - 1, stream_.head
+    IF applied IS NULL OR applied < 0 OR applied > stream_.head THEN
+        RAISE EXCEPTION 'fencing: follower "%" of stream "%" reports sequence %, outside 0 to %',
+            p_follower, p_stream, coalesce(applied::text, 'null'), stream_.head
             USING ERRCODE = '22023';
+    END IF;
+    -- A position retention already passed (a batch read before a pause, reported after it):
+    -- the follower is told to resnapshot, as its next read would tell it.
+    IF applied < stream_.first_seq - 1 THEN
+        RAISE EXCEPTION 'fencing: stream "%" is compacted: entries % to % are gone; resnapshot from sequence %',
+            p_stream, applied + 1, stream_.first_seq - 1, stream_.first_seq
+            USING ERRCODE = 'ZF410',
+                  DETAIL = format('first_seq=%s', stream_.first_seq),
+                  HINT = format('take a snapshot of the state up to sequence %s, then report it', stream_.first_seq - 1);
     END IF;
     INSERT INTO fencing.stream_followers AS f (stream, follower, position, reported_at)
     VALUES (p_stream, p_follower, applied, clock_timestamp())

@@ -363,12 +363,16 @@ pub(super) async fn report_position(
     let (name, who) = (stream.clone(), follower.clone());
     let reported = state
         .side_call(|client| async move {
-            let result = store::report_position(&**client, &name, &who, request.applied).await;
+            let result = match store::report_position(&**client, &name, &who, request.applied).await {
+                Err(fencing_schema::Error::Compacted { first_seq, .. }) => Ok(Err(first_seq)),
+                other => other.map(Ok),
+            };
             (client, result)
         })
         .await;
     match reported {
-        Ok(reported) => axum::Json(json!({
+        Ok(Err(first_seq)) => compacted(&stream, request.applied, first_seq).into_response(),
+        Ok(Ok(reported)) => axum::Json(json!({
             "stream": stream,
             "follower": follower,
             "applied": request.applied,

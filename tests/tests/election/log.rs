@@ -212,6 +212,45 @@ async fn a_follower_behind_retention_is_told_to_resnapshot_from_the_first_kept_e
     assert!(task.await.unwrap().is_ok());
 }
 
+/// A follower that read a batch and was held while applying it (a pause, a slow apply) while
+/// retention under its limit passed it, is told to resnapshot when it reports, not stopped with
+/// an invalid argument (the fresh-clone run of the real-process test below met this race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_batch_retention_passed_while_it_applied_is_told_to_resnapshot_at_its_report() {
+    let db = TestDb::new().await;
+    let admin = db.connect().await;
+    let retention = Retention { keep_count: Some(2), keep_age: None, max_entries: Some(3) };
+    store_log::create_stream(&admin, "r", "r-leader", retention).await.unwrap();
+    let term = store::acquire(&admin, "r-leader", "a", Duration::from_secs(60)).await.unwrap().term.unwrap();
+    store_log::append(&admin, "r", term, &["1", "2"]).await.unwrap();
+    let follower = Follower::new(pool(&db.url()), "r", "held", Wakeups::polling());
+    let (held, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let (held_, release_) = (Arc::clone(&held), Arc::clone(&release));
+    let run = tokio::spawn(async move {
+        let apply = move |entry: Entry| {
+            let (held, release) = (Arc::clone(&held_), Arc::clone(&release_));
+            async move {
+                if entry.seq == 2 {
+                    held.notify_one();
+                    release.notified().await;
+                }
+                Ok::<(), String>(())
+            }
+        };
+        follower.run(apply, CancellationToken::new()).await
+    });
+    tokio::time::timeout(Duration::from_secs(10), held.notified()).await.unwrap();
+    store_log::append(&admin, "r", term, &["3", "4", "5", "6"]).await.unwrap();
+    assert_eq!(store_log::retain(&admin, "r").await.unwrap(), 4, "the limit passes the unregistered follower");
+    release.notify_one();
+    let result = tokio::time::timeout(Duration::from_secs(10), run).await.unwrap().unwrap();
+    match &result {
+        Err(Error::Compacted { applied: 2, first_seq: 5, stream }) if stream == "r" => {}
+        other => panic!("expected compacted at the report of 2, got {other:?}"),
+    }
+    assert_eq!(store_log::position(&admin, "r", "held").await.unwrap(), None, "the refused report registered nothing");
+}
+
 /// The zombie story with real processes: leader a appends every tick; follower f1 projects the
 /// stream into a file; a is paused (SIGSTOP) and b takes over and appends; f1 is killed
 /// (SIGKILL) meanwhile; a resumes; f1 is started again on the same projection. The log holds

@@ -164,4 +164,9 @@ async fn bad_appends_and_reads_get_their_problems_and_change_nothing() {
     assert_eq!(gone.json()["first_seq"].as_i64(), Some(3));
     let on = send(control, Method::GET, "/v1/streams/s/entries?after=2", &[], "").await.unwrap();
     assert_eq!(on.json()["entries"][0]["seq"].as_i64(), Some(3));
+    // A follower reporting a position retention passed is told the same, and registers nothing.
+    let late = send(control, Method::PUT, "/v1/streams/s/followers/late", &[JSON], r#"{"applied": 1}"#).await.unwrap();
+    assert_eq!((late.status, kind(&late)), (StatusCode::GONE, "compacted".to_owned()), "{:?}", late.body);
+    assert_eq!(late.json()["first_seq"].as_i64(), Some(3));
+    assert_eq!(store_log::position(&admin, "s", "late").await.unwrap(), None);
 }

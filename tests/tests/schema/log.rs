@@ -346,7 +346,17 @@ async fn retention_keeps_what_a_follower_has_not_applied_unless_the_limit_says_s
     // A position from a log this database does not have, or out of range, is refused.
     assert!(matches!(log::read(&client, "r", 11, 10).await, Err(Error::InvalidArgument { .. })));
     assert!(matches!(log::report_position(&client, "r", "x", 11).await, Err(Error::InvalidArgument { .. })));
-    assert!(matches!(log::report_position(&client, "r", "x", 3).await, Err(Error::InvalidArgument { .. })));
+    assert!(matches!(log::report_position(&client, "r", "x", -1).await, Err(Error::InvalidArgument { .. })));
+    // A follower that reports a position retention passed (it read a batch, paused, and reports
+    // after retention ran) is told to resnapshot, as a read would tell it.
+    match log::report_position(&client, "r", "x", 3).await {
+        Err(Error::Compacted { first_seq, message }) => {
+            assert_eq!(first_seq, 8);
+            assert!(message.contains("entries 4 to 7 are gone; resnapshot from sequence 8"), "{message}");
+        }
+        other => panic!("expected compacted, got {other:?}"),
+    }
+    assert_eq!(log::position(&client, "r", "x").await.unwrap(), None, "a refused report registers nothing");
     let reported = log::report_position(&client, "r", "fast", 9).await.unwrap();
     assert_eq!(reported.head, 10);
     assert_eq!(log::position(&client, "r", "fast").await.unwrap(), Some(9));
