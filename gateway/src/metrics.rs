@@ -104,7 +104,10 @@ fn describe() {
     metrics::describe_counter!(UPSTREAM_ERRORS, "Admitted writes the upstream did not answer, by kind");
     metrics::describe_counter!(PASSTHROUGH, "Unfenced requests passed straight through, by route");
     metrics::describe_counter!(REFUSALS_DROPPED, "Refused writes that could not be written to fencing.refusals");
-    metrics::describe_histogram!(BATCH_SIZE, "Fence decisions carried by one round trip to Postgres");
+    metrics::describe_histogram!(
+        BATCH_SIZE,
+        "Fence decisions carried by one call of fencing.gate_many (one transaction)"
+    );
     metrics::describe_counter!(
         SQL_REFUSALS,
         "Writes refused inside Postgres (fencing.admit, the SQL guard) since the schema was installed, all clients"

@@ -23,6 +23,8 @@ pub(super) struct Pending {
     resource: String,
     presented: Presented,
     bind_lease: Option<String>,
+    /// Whether it asks for a grant (on a lane with grants).
+    grant: bool,
     reply: oneshot::Sender<Result<Gate, Undecided>>,
 }
 
@@ -32,12 +34,14 @@ impl Pending {
         resource: &str,
         presented: &Presented,
         bind_lease: Option<&str>,
+        grant: bool,
     ) -> (Pending, oneshot::Receiver<Result<Gate, Undecided>>) {
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             resource: resource.to_owned(),
             presented: presented.clone(),
             bind_lease: bind_lease.map(str::to_owned),
+            grant,
             reply,
         };
         (pending, answer)
@@ -82,29 +86,62 @@ impl Batcher {
         }
         // One lock order for every batch of every replica: no deadlock between batches.
         batch.sort_by(|a, b| a.resource.cmp(&b.resource));
-        metrics::histogram!(names::BATCH_SIZE).record(batch.len() as f64);
-        match self.call(&batch, Instant::now() + self.check_timeout).await {
-            Ok(gates) => {
-                for (item, gate) in batch.into_iter().zip(gates) {
-                    let _ = item.reply.send(Ok(gate));
-                }
-            }
-            Err(error) => {
-                for item in batch {
+        let deadline = Instant::now() + self.check_timeout;
+        // Only the decisions that want a grant ask for one: with both kinds in the batch, two
+        // statements, pipelined on one connection.
+        let (granted, plain): (Vec<Pending>, Vec<Pending>) =
+            batch.into_iter().partition(|item| item.grant && self.grant_ms > 0);
+        let client = match fencing_election::pool::connection_by(&self.pool, deadline).await {
+            Some(Ok(client)) => client,
+            failed => {
+                let error = match failed {
+                    Some(Err(error)) => Undecided::Failed(format!("get a connection: {}", crate::error_chain(&error))),
+                    _ => Undecided::TimedOut,
+                };
+                for item in granted.into_iter().chain(plain) {
                     let _ = item.reply.send(Err(error.clone()));
+                }
+                return;
+            }
+        };
+        let (with_grants, without) = tokio::join!(
+            self.gate_many(&client, &granted, self.grant_ms, deadline),
+            self.gate_many(&client, &plain, 0, deadline)
+        );
+        let spoilt = [&with_grants, &without].iter().any(|answer| matches!(answer, Err((_, true))));
+        for (items, answer) in [(granted, with_grants), (plain, without)] {
+            match answer {
+                Ok(gates) => {
+                    for (item, gate) in items.into_iter().zip(gates) {
+                        let _ = item.reply.send(Ok(gate));
+                    }
+                }
+                Err((error, _)) => {
+                    for item in items {
+                        let _ = item.reply.send(Err(error.clone()));
+                    }
                 }
             }
         }
+        if spoilt {
+            discard(client);
+        }
     }
 
-    async fn call(&self, batch: &[Pending], deadline: Instant) -> Result<Vec<Gate>, Undecided> {
-        let client = match fencing_election::pool::connection_by(&self.pool, deadline).await {
-            Some(Ok(client)) => client,
-            Some(Err(error)) => {
-                return Err(Undecided::Failed(format!("get a connection: {}", crate::error_chain(&error))));
-            }
-            None => return Err(Undecided::TimedOut),
-        };
+    /// One call of `fencing.gate_many` for `batch` (none when it is empty), asking for grants of
+    /// `grant_ms`. An error says whether the connection must be discarded.
+    async fn gate_many(
+        &self,
+        client: &deadpool_postgres::Object,
+        batch: &[Pending],
+        grant_ms: i64,
+        deadline: Instant,
+    ) -> Result<Vec<Gate>, (Undecided, bool)> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Per statement (each its own transaction): a batch with both kinds counts twice.
+        metrics::histogram!(names::BATCH_SIZE).record(batch.len() as f64);
         let resources: Vec<&str> = batch.iter().map(|item| item.resource.as_str()).collect();
         let mut terms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
         let mut lease_keys: Vec<Option<&str>> = Vec::with_capacity(batch.len());
@@ -130,7 +167,7 @@ impl Batcher {
             client
                 .query(
                     &statement,
-                    &[&resources, &terms, &lease_keys, &owners, &bind_leases, &self.forward_ms, &self.grant_ms],
+                    &[&resources, &terms, &lease_keys, &owners, &bind_leases, &self.forward_ms, &grant_ms],
                 )
                 .await
         })
@@ -144,25 +181,24 @@ impl Batcher {
         match answer {
             Ok(Ok(rows)) if rows.len() == batch.len() => rows
                 .iter()
-                .map(|row| Gate::from_row(row).map_err(|error| Undecided::Failed(error.to_string())))
+                .map(|row| Gate::from_row(row).map_err(|error| (Undecided::Failed(error.to_string()), false)))
                 .collect(),
-            Ok(Ok(rows)) => Err(Undecided::Failed(format!(
-                "fencing.gate_many answered {} rows for {} decisions",
-                rows.len(),
-                batch.len()
-            ))),
+            Ok(Ok(rows)) => Err((
+                Undecided::Failed(format!(
+                    "fencing.gate_many answered {} rows for {} decisions",
+                    rows.len(),
+                    batch.len()
+                )),
+                false,
+            )),
             Ok(Err(error)) => {
                 let failure = fencing_schema::Error::from(error);
-                if failure.is_store_failure() {
-                    discard(client);
-                }
                 debug!(error = %crate::error_chain(&failure), "fence decision failed");
-                Err(Undecided::Failed(crate::error_chain(&failure)))
+                Err((Undecided::Failed(crate::error_chain(&failure)), failure.is_store_failure()))
             }
             Err(_) => {
                 warn!(timeout = ?self.check_timeout, decisions = batch.len(), "fence decision timed out");
-                discard(client);
-                Err(Undecided::TimedOut)
+                Err((Undecided::TimedOut, true))
             }
         }
     }

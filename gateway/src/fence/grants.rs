@@ -1,4 +1,4 @@
-//! Grants: with `database.grant_ms` above zero, an admitted decision also brings a grant (see
+//! Grants: with `database.grant_ms` above zero, an admitted decision may also bring a grant (see
 //! `schema/functions/grants.sql`): until the grant's local deadline, writes of the same term are
 //! admitted here without a round trip. The deadline is the instant the decision was asked for
 //! plus the remaining time the store reported, minus the settle margin, on `CLOCK_BOOTTIME` and on
@@ -7,6 +7,9 @@
 //!
 //! What a grant covers depends on the route:
 //! - **Unbound routes:** one resource (and, in stamp mode, one lease and owner): a grant per fence.
+//!   A decision asks for one only when it and this gateway's two decisions of the resource
+//!   before it each came within a grant of the one before (`FenceStore::decide`): a resource written less often would find its grant ended,
+//!   and a grant costs the store more to give than a plain decision.
 //! - **Bound routes (lease grants):** the lease at the grant's term, so one grant per lease,
 //!   whichever of its resources it was given on. It covers a resource only once this gateway has
 //!   had an admitted decision for it at that term and at the same fence epoch of the lease (an
@@ -272,7 +275,7 @@ impl Grants {
         lane: &mpsc::UnboundedSender<Pending>,
         settles: &Settles,
     ) -> bool {
-        let (pending, answer) = Pending::new(resource, presented, bind_lease);
+        let (pending, answer) = Pending::new(resource, presented, bind_lease, true);
         // The agreement the renewal is asked under: its grant and settle are counted from here.
         let generation = self.clock.generation();
         let started = Instant::now();

@@ -16,8 +16,9 @@
 //! CPU time per request of the proxy process (the gateway's, the pass-through's).
 //! `--verbose` also prints every round's p50, p90, p99, p99.9 and maximum. `--resources` adds,
 //! per value N, writes spread at random over N resources: through the gateway with grants on a
-//! bound route (one lease grant covers them) and on an unbound one (a grant per resource), and
-//! through the pass-through and nginx on the same paths, their baselines. Each target's first
+//! bound route (one lease grant covers them) and on an unbound one (a grant per resource written
+//! often enough), through the gateway without grants on the unbound one, and through the
+//! pass-through and nginx on the same paths, their baselines. Each target's first
 //! round pays one decision per resource (the warm-up second, and more for large N): the median
 //! round is a later one, and `--verbose` shows each.
 //! Then it measures how long the first write of a new term takes while the old term's grant is
@@ -50,58 +51,31 @@ use tokio::net::TcpListener;
 use tokio::process::Command;
 use tokio::time::Instant;
 
+/// The gateway benchmark: every target driven with the same closed-loop load, rounds
+/// interleaved, the median round printed.
+#[derive(Debug, clap::Parser)]
+#[command(name = "bench")]
 struct Options {
+    /// Seconds of load per target and round (after 1 s of warm-up).
+    #[arg(long, default_value_t = 5)]
     seconds: u64,
-    /// Closed-loop connections, one run of every target per value.
+    /// Closed-loop connections, one run of every target per value (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "32,1", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     concurrency: Vec<usize>,
     /// Rounds of every target, interleaved; the median round is printed.
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     rounds: usize,
     /// Only the targets whose name contains one of these (`|`-separated; all when empty).
+    #[arg(long, value_delimiter = '|')]
     only: Vec<String>,
     /// Print every round's quantiles, not only the median round.
+    #[arg(long)]
     verbose: bool,
-    /// Also spread writes over this many resources, per value: bound and unbound routes through
-    /// the gateway with grants, and the pass-through and nginx on the same paths.
+    /// Also spread writes over this many resources, per value (comma-separated): bound and
+    /// unbound routes through the gateway with grants (and unbound without), and the
+    /// pass-through and nginx on the same paths.
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     resources: Vec<usize>,
-}
-
-fn options() -> Result<Options> {
-    let mut options = Options {
-        seconds: 5,
-        concurrency: vec![32, 1],
-        rounds: 3,
-        only: Vec::new(),
-        verbose: false,
-        resources: Vec::new(),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--verbose" {
-            options.verbose = true;
-            continue;
-        }
-        let value = args.next().ok_or_else(|| anyhow!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--seconds" => options.seconds = value.parse()?,
-            "--concurrency" => {
-                options.concurrency = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
-            }
-            "--rounds" => options.rounds = value.parse()?,
-            "--only" => options.only = value.split('|').map(|name| name.trim().to_owned()).collect(),
-            "--resources" => {
-                options.resources = value.split(',').map(str::parse).collect::<Result<_, _>>()?;
-            }
-            other => bail!("unknown flag {other}"),
-        }
-    }
-    if options.concurrency.is_empty()
-        || options.concurrency.contains(&0)
-        || options.rounds == 0
-        || options.resources.contains(&0)
-    {
-        bail!("--concurrency needs positive numbers and --rounds at least 1");
-    }
-    Ok(options)
 }
 
 #[tokio::main]
@@ -111,7 +85,8 @@ async fn main() -> Result<()> {
         let upstream: Uri = args.next().context("passthrough UPSTREAM")?.parse()?;
         return passthrough(upstream).await;
     }
-    let options = options()?;
+    let mut options = <Options as clap::Parser>::parse();
+    options.only = options.only.iter().map(|name| name.trim().to_owned()).collect();
     run(&options).await
 }
 
@@ -639,6 +614,14 @@ async fn run(options: &Options) -> Result<()> {
             token.clone(),
             Some(1),
             gateway_pid(1),
+        ));
+        targets.push(spread(
+            name("gw unbound, no grants"),
+            gateways[0].proxy,
+            format!("/ledger/n{n}-{{n}}/entries"),
+            token.clone(),
+            Some(0),
+            gateway_pid(0),
         ));
     }
     if !options.only.is_empty() {

@@ -217,19 +217,26 @@ async fn the_grants_a_gateway_holds_and_their_memory_are_on_its_metrics_and_end_
     let upstream = Upstream::start().await.unwrap();
     let gateway = Gateway::start(&db.url(), &config(&upstream, GRANT_MS)).await.unwrap();
     assert_eq!(counter(&gateway, "fencing_grants_held").await, 0.0);
-    // Every resource over and over (a pass takes well under a grant), until a sweep (every
-    // second) has seen a grant on each: the first write of a resource creates its fence, the
-    // next ones are granted and renewed.
+    // Every resource over and over, until a sweep (every second) has seen a grant on each. The
+    // first pass writes each three times in a row (an unbound resource's decision asks for a
+    // grant only when it and the two before it came within a grant of each other): the first
+    // write creates its fence, the third asks for its grant. Later passes write each once,
+    // under its grant (a pass takes well under a grant), and renew it; a resource whose grant
+    // ended gets it again at its third pass.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut held = 0.0;
+    let mut writes = 3;
     while held < RESOURCES as f64 {
         assert!(Instant::now() < deadline, "{held} grants held after 5 s of writes to {RESOURCES} resources");
         for n in 0..RESOURCES {
-            let headers = [("fencing-token", "1"), ("x-request-id", "grant-cost")];
-            let reply =
-                send(gateway.proxy, Method::POST, &format!("/r/res-{n}/entries"), &headers, "{}").await.unwrap();
-            assert_eq!(reply.status, StatusCode::OK, "resource {n}");
+            for _ in 0..writes {
+                let headers = [("fencing-token", "1"), ("x-request-id", "grant-cost")];
+                let reply =
+                    send(gateway.proxy, Method::POST, &format!("/r/res-{n}/entries"), &headers, "{}").await.unwrap();
+                assert_eq!(reply.status, StatusCode::OK, "resource {n}");
+            }
         }
+        writes = 1;
         held = counter(&gateway, "fencing_grants_held").await;
     }
     let bytes = counter(&gateway, "fencing_grant_table_bytes").await;
@@ -241,5 +248,53 @@ async fn the_grants_a_gateway_holds_and_their_memory_are_on_its_metrics_and_end_
     while counter(&gateway, "fencing_grants_held").await > 0.0 {
         assert!(Instant::now() < deadline, "grants of fences no longer written were still held after 4 s");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A grant on an unbound route covers one resource and costs the store more than a plain
+/// decision: a decision of a resource asks for one only when it and the two before it each came
+/// within a grant of the one before (its row records none from this gateway otherwise), and a
+/// resource written that often gets its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbound_resource_written_rarely_asks_for_no_grant_and_a_hot_one_gets_its_own() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await.unwrap();
+    let gateway = Gateway::start(&db.url(), &config(&upstream, GRANT_MS)).await.unwrap();
+    let post = async |resource: &str, id: String| {
+        let headers = [("fencing-token", "1"), ("x-request-id", id.as_str())];
+        send(gateway.proxy, Method::POST, &format!("/r/{resource}/entries"), &headers, "{}").await.unwrap().status
+    };
+    // Until the clocks have agreed over half a grant nothing is granted: write the hot resource
+    // through that.
+    let warm = Instant::now();
+    let mut n = 0;
+    while warm.elapsed() < Duration::from_millis(2 * GRANT_MS) {
+        assert_eq!(post("hot", format!("hot-{n}")).await, StatusCode::OK);
+        n += 1;
+    }
+    let granted_before = counter(&gateway, "fencing_granted_writes_total").await;
+    for n in 0..4 {
+        assert_eq!(post("cold", format!("cold-{n}")).await, StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(GRANT_MS * 5 / 4)).await;
+    }
+    assert_eq!(
+        counter(&gateway, "fencing_granted_writes_total").await,
+        granted_before,
+        "a write 500 ms after the last was admitted under a grant"
+    );
+    // Back after a pause: its first two decisions ask for none (the last was long ago), the
+    // third asks, and the rest are admitted under it (27 of 30).
+    for n in 0..30 {
+        assert_eq!(post("hot", format!("hot-again-{n}")).await, StatusCode::OK);
+    }
+    let granted = counter(&gateway, "fencing_granted_writes_total").await - granted_before;
+    assert!(granted >= 25.0, "only {granted} of 30 back-to-back writes under a grant");
+    let sql = db.connect().await;
+    let rows = sql.query("SELECT resource, grant_ms FROM fencing.fences ORDER BY resource", &[]).await.unwrap();
+    let recorded: Vec<(String, Option<i64>)> = rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+    assert_eq!(recorded.len(), 2, "{recorded:?}");
+    for (resource, grant_ms) in &recorded {
+        let expected = if resource.contains("hot") { Some(GRANT_MS as i64) } else { None };
+        assert_eq!(*grant_ms, expected, "{resource}: {recorded:?}");
     }
 }
