@@ -74,7 +74,7 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
             Rust { path: GRANTS, name: "under" },
         ],
         ActionKind::GateStamp => &[Sql("gate_lease"), Sql("gate_many")],
-        ActionKind::GatewayLost => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
+        ActionKind::GatewayLost => &[Rust { path: "gateway/src/fence/batcher.rs", name: "gate_many" }],
         ActionKind::GateRead => &[Sql("gate"), Sql("gate_many"), Sql("commit_durably")],
         ActionKind::GateGrant => {
             &[Sql("gate"), Sql("fence_lock_id"), Sql("lease_lock_id"), Sql("remaining_ms"), Sql("lease_refusal")]
@@ -84,12 +84,12 @@ pub fn mirrors(kind: ActionKind) -> &'static [Mirror] {
         }
         ActionKind::GateWakes => &[Sql("await_grants"), Sql("sleep_ms"), Sql("lease_refusal"), Sql("next_settle")],
         ActionKind::GateCommit => {
-            &[Sql("gate_many"), Sql("commit_durably"), Rust { path: "gateway/src/fence/batcher.rs", name: "call" }]
+            &[Sql("gate_many"), Sql("commit_durably"), Rust { path: "gateway/src/fence/batcher.rs", name: "gate_many" }]
         }
-        ActionKind::GateAbort => &[Sql("gate_many"), Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
+        ActionKind::GateAbort => &[Sql("gate_many"), Rust { path: "gateway/src/fence/batcher.rs", name: "gate_many" }],
         ActionKind::GatewayCheck => &[Rust { path: FORWARD, name: "send" }],
         ActionKind::GatewaySend => &[Rust { path: FORWARD, name: "send" }, Rust { path: FORWARD, name: "forward" }],
-        ActionKind::GatewayGaveUp => &[Rust { path: "gateway/src/fence/batcher.rs", name: "call" }],
+        ActionKind::GatewayGaveUp => &[Rust { path: "gateway/src/fence/batcher.rs", name: "gate_many" }],
         ActionKind::ElectorGaveUp => &[Rust { path: ELECTOR, name: "lead" }, Rust { path: ELECTOR, name: "acquire" }],
         ActionKind::StoreOrphan => &[Sql("acquire"), Sql("renew"), Sql("release"), Sql("sleep_ms")],
         ActionKind::SqlAdmit => &[Sql("admit"), Sql("try_admit"), Sql("lease_refusal")],
