@@ -273,14 +273,16 @@ impl Prober {
 
     /// The clock-step probe, its first half, before the injector slows `gateway`'s link to
     /// Postgres and steps the store's clock forward: a resource of its own (`clock-probe-N`) at
-    /// term 1, admitted through `gateway` twice, so that it holds a grant on it. None when a
-    /// write was not admitted (the gateway refuses everything for now): no probe.
+    /// term 1, admitted through `gateway` three times, so that it holds a grant on it. None when
+    /// a write was not admitted (the gateway refuses everything for now): no probe.
     pub async fn grant_before_step(&mut self, url: &str, gateway: usize) -> Option<ArmedStep> {
         self.next += 1;
         let resource = format!("clock-probe-{}", self.next);
         let client = tokio::time::timeout(Duration::from_secs(1), try_connect(url)).await.ok()?.ok()?;
-        // The first write creates the fence (a raise, which brings no grant); the second brings one.
-        for _ in 0..2 {
+        // The first write creates the fence (a raise, which brings no grant); on an unbound route
+        // a decision asks for a grant only when it and the two before it came within a grant of
+        // each other: the third brings one.
+        for _ in 0..3 {
             if !self.inner.write(&resource, 1, gateway).await.0 {
                 return None;
             }
