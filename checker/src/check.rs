@@ -1135,11 +1135,17 @@ pub fn log_holds_the_admitted_appends(h: &History, opts: &CheckOptions) -> Vec<V
             let Some(periods) = by_key.get(append.key.as_str()) else { continue };
             // Its own period had ended (expired, released) before the append was invoked: a
             // lease not held admits no append, newer term or not. Not across a step of the
-            // store's clock (its expiry is a projection on that clock).
+            // store's clock between the end and the admission (its expiry is a projection on
+            // that clock, and a step back makes it live again): the admission is at the latest
+            // the append's answer, or the history's end for an append whose answer never came.
+            let admitted_by = match append.outcome {
+                Outcome::Ok | Outcome::Failed => append.completed_us,
+                Outcome::Indeterminate => h.meta.ended_us.max(append.completed_us),
+            };
             if let Some(own) = periods.iter().find(|p| p.term == entry.term)
                 && let Some(end) = own.ended_at_us
                 && append.invoked_us > end.saturating_add(opts.grant_margin_us)
-                && !clock_stepped_within(h, end, append.invoked_us)
+                && !clock_stepped_within(h, end, admitted_by)
             {
                 out.push(violation(
                     h,

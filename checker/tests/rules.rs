@@ -929,4 +929,16 @@ fn log_an_append_admitted_after_its_own_period_ended_is_reported() {
     h.log = vec![entry(1, 1, "a1"), entry(2, 1, "a2"), entry(3, 1, "a5"), entry(4, 2, "a4")];
     h.applied.retain(|a| a.seq < 3);
     assert_one(&check(&h), Invariant::Log, &["entry 3", "a5", "whose period ended at 4000000"]);
+    // A step of the store's clock after the append's answer changes nothing.
+    let step = |at_us| fencing_checker::history::ClockStep { before_us: at_us - 1_000, at_us, offset_us: -50 * S };
+    h.clock_steps.push(step(5 * S + 20_000));
+    assert_one(&check(&h), Invariant::Log, &["entry 3", "a5", "whose period ended at 4000000"]);
+    // A step back between the invocation and the answer (a fault run met one): the store's clock
+    // made the lease live again before it admitted the append, as the contract allows.
+    h.clock_steps = vec![step(5 * S + 5_000)];
+    assert_eq!(check(&h), vec![]);
+    // An append whose answer never came may have been admitted until the history's end.
+    h.appends[4].outcome = Outcome::Indeterminate;
+    h.clock_steps = vec![step(5 * S + 20_000)];
+    assert_eq!(check(&h), vec![]);
 }
