@@ -8,8 +8,8 @@ use anyhow::{Context, Result, anyhow};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 
 use crate::workspace_example;
@@ -24,6 +24,7 @@ pub struct ElectorProcess {
     /// The owner name it was started with.
     pub owner: String,
     child: Child,
+    stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<Value>,
     /// Every line read so far, in order.
     pub seen: Vec<Value>,
@@ -89,16 +90,24 @@ impl ElectorProcess {
     }
 
     fn spawn_example(example: &str, owner: &str, args: &[String], env: &[(&str, String)]) -> Result<ElectorProcess> {
-        let mut child = Command::new(workspace_example(example)?)
-            .args(args)
-            .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
+        let mut command = Command::new(workspace_example(example)?);
+        command.args(args).envs(env.iter().map(|(name, value)| (*name, value.as_str()))).env("RUST_LOG", "warn");
+        ElectorProcess::spawn_command(command, example, owner, false)
+    }
+
+    /// Starts `command` (a leader in another language, say) as one of these processes: its
+    /// stdout JSON lines are read as the examples' are; with `piped_stdin`, [`ElectorProcess::send_line`]
+    /// writes to its stdin.
+    pub fn spawn_command(mut command: Command, name: &str, owner: &str, piped_stdin: bool) -> Result<ElectorProcess> {
+        let mut child = command
+            .stdin(if piped_stdin { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("spawn the {example} example"))?;
+            .with_context(|| format!("spawn {name}"))?;
+        let stdin = child.stdin.take();
+        let example = name;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
         let (sender, lines) = mpsc::unbounded_channel();
         let name = example.to_owned();
@@ -117,7 +126,21 @@ impl ElectorProcess {
                 }
             }
         });
-        Ok(ElectorProcess { owner: owner.to_owned(), child, lines, seen: Vec::new() })
+        Ok(ElectorProcess { owner: owner.to_owned(), child, stdin, lines, seen: Vec::new() })
+    }
+
+    /// Writes `line` and a newline to the process's stdin (bounded by [`LINE_TIMEOUT`]).
+    pub async fn send_line(&mut self, line: &str) -> Result<()> {
+        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("{}: stdin is not piped", self.owner))?;
+        let mut bytes = line.as_bytes().to_vec();
+        bytes.push(b'\n');
+        tokio::time::timeout(LINE_TIMEOUT, async {
+            stdin.write_all(&bytes).await?;
+            stdin.flush().await
+        })
+        .await
+        .map_err(|_| anyhow!("{}: stdin not written within {LINE_TIMEOUT:?}", self.owner))?
+        .with_context(|| format!("write to the stdin of {}", self.owner))
     }
 
     /// The process id; `None` once the process has been reaped: its pid may belong to another process by then.

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bounded;
+mod clients;
 mod clocks;
 mod contract;
 mod control_api;

@@ -1,0 +1,275 @@
+"""The gateway's control API (leases, membership): every call bounded, every answer checked.
+
+An answer this client does not understand raises :class:`ProtocolError` and is never read as a
+grant: a 200 whose body is not the lease asked for (another key or owner, a term that is not a
+positive integer, a missing ``remaining_ms``) is as good as no answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+from urllib.parse import quote
+
+import httpx
+
+from .errors import Conflict, ProblemError, ProtocolError, Unavailable
+
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as the gateway granted or renewed it (``remaining_ms`` from the store's clock)."""
+
+    key: str
+    owner: str
+    term: int
+    remaining_ms: int
+    ttl_ms: int
+    resign_requested: bool = False
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A node's accepted heartbeat."""
+
+    cluster: str
+    node_id: str
+    remaining_ms: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """A live member of a cluster, as the last read saw it."""
+
+    node_id: str
+    name: Optional[str]
+    started_at: str
+    remaining_ms: int
+    metadata: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Members:
+    """A cluster's live nodes and the revision of that list (for the next watch)."""
+
+    cluster: str
+    revision: int
+    nodes: List[Node]
+
+
+def _int(body: Mapping[str, Any], name: str, minimum: int = 0) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ProtocolError(f"field {name!r} is not an integer >= {minimum}: {value!r}")
+    return value
+
+
+def _str(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise ProtocolError(f"field {name!r} is not a string: {value!r}")
+    return value
+
+
+def _segment(value: str) -> str:
+    return quote(value, safe="")
+
+
+class ControlClient:
+    """An async client of the control listener (``http://127.0.0.1:9090`` by default).
+
+    ``token`` is the bearer token of a ``[[clients]]`` entry; it is sent only in the
+    ``Authorization`` header and never logged. Proxies from the environment are ignored, and
+    redirects are not followed.
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:9090",
+        *,
+        token: Optional[str] = None,
+        timeout_s: float = 5.0,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+        verify: Any = True,
+    ) -> None:
+        headers = {"accept": "application/json"}
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        self.timeout_s = timeout_s
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=timeout_s,
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport,
+            verify=verify,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Mapping[str, Any]],
+        timeout_s: Optional[float],
+        expect: int = 200,
+        params: Optional[Mapping[str, str]] = None,
+    ) -> Any:
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if limit <= 0:
+            raise Unavailable(f"{method} {path}: no time left")
+        content = None if body is None else json.dumps(body).encode()
+        headers = {} if body is None else {"content-type": "application/json"}
+        try:
+            response = await asyncio.wait_for(
+                self._http.request(method, path, content=content, headers=headers, params=params, timeout=limit),
+                limit,
+            )
+        except asyncio.TimeoutError as error:
+            raise Unavailable(f"{method} {path}: no answer within {limit:.3f} s") from error
+        except httpx.HTTPError as error:
+            raise Unavailable(f"{method} {path}: {type(error).__name__}: {error}") from error
+        return _read(method, path, response, expect)
+
+    # Leases
+
+    async def acquire(
+        self, key: str, owner: str, ttl_ms: int, *, value: Any = _MISSING, timeout_s: Optional[float] = None
+    ) -> Lease:
+        return await self._lease("acquire", key, owner, ttl_ms, value, timeout_s)
+
+    async def renew(
+        self, key: str, owner: str, ttl_ms: int, *, value: Any = _MISSING, timeout_s: Optional[float] = None
+    ) -> Lease:
+        return await self._lease("renew", key, owner, ttl_ms, value, timeout_s)
+
+    async def _lease(
+        self, verb: str, key: str, owner: str, ttl_ms: int, value: Any, timeout_s: Optional[float]
+    ) -> Lease:
+        body: Dict[str, Any] = {"owner": owner, "ttl_ms": ttl_ms}
+        if value is not _MISSING:
+            body["value"] = value
+        answer = await self._call("POST", f"/v1/leases/{_segment(key)}/{verb}", body, timeout_s)
+        if not isinstance(answer, dict):
+            raise ProtocolError(f"{verb}: the answer is not a JSON object")
+        lease = Lease(
+            key=_str(answer, "key"),
+            owner=_str(answer, "owner"),
+            term=_int(answer, "term", 1),
+            remaining_ms=_int(answer, "remaining_ms"),
+            ttl_ms=_int(answer, "ttl_ms"),
+            resign_requested=answer.get("resign_requested") is True,
+            value=answer.get("value"),
+        )
+        # With [[clients]], the gateway keeps owners as "<client>/<owner>": accept that spelling.
+        if lease.key != key or not (lease.owner == owner or lease.owner.endswith("/" + owner)):
+            raise ProtocolError(f"{verb}: asked for {key!r} as {owner!r}, answered {lease.key!r} as {lease.owner!r}")
+        return lease
+
+    async def release(self, key: str, owner: str, *, timeout_s: Optional[float] = None) -> None:
+        await self._call("POST", f"/v1/leases/{_segment(key)}/release", {"owner": owner}, timeout_s, expect=204)
+
+    async def lease(self, key: str, *, timeout_s: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        """The lease as ``GET`` shows it (holder, term, value, revision), or ``None`` (404)."""
+        try:
+            answer = await self._call("GET", f"/v1/leases/{_segment(key)}", None, timeout_s)
+        except ProblemError as error:
+            if error.status == 404:
+                return None
+            raise
+        if not isinstance(answer, dict):
+            raise ProtocolError("lease: the answer is not a JSON object")
+        return answer
+
+    # Membership
+
+    async def heartbeat(
+        self,
+        cluster: str,
+        node_id: str,
+        incarnation: str,
+        ttl_ms: int,
+        *,
+        name: Optional[str] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Registration:
+        body: Dict[str, Any] = {"incarnation": incarnation, "ttl_ms": ttl_ms, "metadata": dict(metadata or {})}
+        if name is not None:
+            body["name"] = name
+        path = f"/v1/clusters/{_segment(cluster)}/nodes/{_segment(node_id)}/heartbeat"
+        answer = await self._call("POST", path, body, timeout_s)
+        if not isinstance(answer, dict):
+            raise ProtocolError("heartbeat: the answer is not a JSON object")
+        registration = Registration(
+            cluster=_str(answer, "cluster"),
+            node_id=_str(answer, "node_id"),
+            remaining_ms=_int(answer, "remaining_ms"),
+            ttl_ms=_int(answer, "ttl_ms"),
+        )
+        if registration.cluster != cluster or registration.node_id != node_id:
+            raise ProtocolError(f"heartbeat: asked for {cluster}/{node_id}, answered {registration}")
+        return registration
+
+    async def leave(self, cluster: str, node_id: str, incarnation: str, *, timeout_s: Optional[float] = None) -> None:
+        path = f"/v1/clusters/{_segment(cluster)}/nodes/{_segment(node_id)}/leave"
+        await self._call("POST", path, {"incarnation": incarnation}, timeout_s, expect=204)
+
+    async def members(
+        self, cluster: str, *, after: Optional[int] = None, wait_ms: int = 0, timeout_s: Optional[float] = None
+    ) -> Members:
+        """The live nodes; with ``after``, waits up to ``wait_ms`` for a change since that revision."""
+        params = None
+        if after is not None:
+            params = {"after": str(after), "wait": f"{max(wait_ms, 0)}ms"}
+        limit = timeout_s if timeout_s is not None else self.timeout_s + wait_ms / 1000
+        answer = await self._call("GET", f"/v1/clusters/{_segment(cluster)}/nodes", None, limit, params=params)
+        if not isinstance(answer, dict) or not isinstance(answer.get("nodes"), list):
+            raise ProtocolError("members: the answer has no list of nodes")
+        nodes = []
+        for entry in answer["nodes"]:
+            if not isinstance(entry, dict):
+                raise ProtocolError("members: a node is not a JSON object")
+            metadata = entry.get("metadata")
+            nodes.append(
+                Node(
+                    node_id=_str(entry, "node_id"),
+                    name=entry.get("name") if isinstance(entry.get("name"), str) else None,
+                    started_at=_str(entry, "started_at"),
+                    remaining_ms=_int(entry, "remaining_ms"),
+                    metadata=metadata if isinstance(metadata, dict) else {},
+                )
+            )
+        return Members(cluster=cluster, revision=_int(answer, "revision"), nodes=nodes)
+
+
+def _read(method: str, path: str, response: httpx.Response, expect: int) -> Any:
+    status = response.status_code
+    body = response.content
+    content_type = response.headers.get("content-type", "")
+    if status == expect:
+        if expect == 204:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError as error:
+            raise ProtocolError(f"{method} {path}: {status} with a body that is not JSON", status, body) from error
+    if content_type.startswith("application/problem+json"):
+        try:
+            problem = json.loads(body)
+        except ValueError:
+            problem = None
+        if isinstance(problem, dict):
+            if status == 409:
+                raise Conflict(status, problem)
+            raise ProblemError(status, problem)
+    raise ProtocolError(f"{method} {path}: unexpected status {status}", status, body[:512])
