@@ -1,5 +1,6 @@
-//! The Python client (`clients/python`) as its users run it: its unit tests, and a leader written
-//! with it as a real process against a real gateway and Postgres, paused past its lease.
+//! The clients for other languages (`clients/python`, `clients/node`) as their users run them:
+//! each client's own unit tests, and a leader written with each as a real process against a real
+//! gateway and Postgres, paused past its lease.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,8 +14,25 @@ use tokio::process::Command;
 
 use crate::Setup;
 
+fn client_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients").join(name)
+}
+
 fn python_client() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients/python")
+    client_dir("python")
+}
+
+/// `node` (18.17 or newer: `.ci/run` installs Debian's `nodejs` when it is missing).
+fn node() -> Command {
+    let mut command = Command::new("node");
+    command.current_dir(client_dir("node")).kill_on_drop(true);
+    command
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Client {
+    Python,
+    Node,
 }
 
 /// A `python3` with the client's one dependency (httpx) and pytest: `.ci/run` installs them
@@ -38,23 +56,55 @@ fn python(with: &str) -> Command {
     command
 }
 
+/// Runs `command` (bounded) and returns its stdout, failing the test on a non-zero exit.
+async fn run_tests(mut command: Command, what: &str) -> String {
+    let output = tokio::time::timeout(Duration::from_secs(300), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within 300 s"))
+        .unwrap_or_else(|error| panic!("run {what}: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{what} failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_clients_own_tests_pass() {
     let mut command = python("httpx, pytest");
     command.current_dir(python_client()).args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]);
-    let output = tokio::time::timeout(Duration::from_secs(300), command.output())
-        .await
-        .expect("the Python client's tests did not finish within 300 s")
-        .expect("run pytest");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "pytest failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = run_tests(command, "the Python client's pytest").await;
     assert!(stdout.contains(" passed"), "{stdout}");
     assert!(!stdout.contains("skipped"), "no test of the client may be skipped: {stdout}");
 }
 
-async fn leader(setup: &Setup, owner: &str) -> ElectorProcess {
-    let mut command = python("httpx");
-    command.arg(python_client().join("examples/leader.py")).args([
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_clients_own_tests_pass() {
+    let mut command = node();
+    command.args(["--test", "test/"]);
+    let stdout = run_tests(command, "the Node client's node --test").await;
+    let count = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("# {name} ")))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+    };
+    assert!(count("pass").is_some_and(|n| n >= 20), "{stdout}");
+    assert_eq!((count("fail"), count("cancelled"), count("skipped")), (Some(0), Some(0), Some(0)), "{stdout}");
+}
+
+async fn leader(setup: &Setup, client: Client, owner: &str) -> ElectorProcess {
+    let mut command = match client {
+        Client::Python => {
+            let mut command = python("httpx");
+            command.arg(python_client().join("examples/leader.py"));
+            command
+        }
+        Client::Node => {
+            let mut command = node();
+            command.arg("examples/leader.js");
+            command
+        }
+    };
+    command.args([
         "--control",
         &format!("http://{}", setup.gateway.control),
         "--proxy",
@@ -72,7 +122,7 @@ async fn leader(setup: &Setup, owner: &str) -> ElectorProcess {
         "--query-timeout-ms",
         "300",
     ]);
-    ElectorProcess::spawn_command(command, "examples/leader.py", owner, true).unwrap()
+    ElectorProcess::spawn_command(command, &format!("{client:?} leader"), owner, true).unwrap()
 }
 
 async fn write(process: &mut ElectorProcess, id: &str, force: bool, mode: &str) -> Value {
@@ -83,8 +133,21 @@ async fn write(process: &mut ElectorProcess, id: &str, force: bool, mode: &str) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_leader_paused_past_its_lease_is_not_leader_when_it_resumes_and_its_forced_write_is_refused() {
+    zombie_story(Client::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_leader_paused_past_its_lease_is_not_leader_when_it_resumes_and_its_forced_write_is_refused() {
+    zombie_story(Client::Node).await;
+}
+
+/// Leader A (a real process in `client`'s language) writes, is paused with SIGSTOP past its
+/// lease, B takes over with a higher term and writes; A resumes: `is_leader()` is false before
+/// any write, and the writes it forces anyway, in either mode, get 409 and never reach the
+/// upstream.
+async fn zombie_story(client: Client) {
     let mut setup = Setup::new().await;
-    let mut a = leader(&setup, "a").await;
+    let mut a = leader(&setup, client, "a").await;
     let term_a = int(&a.wait_for("a elected", |l| event(l) == "elected").await.unwrap(), "term");
     let written = write(&mut a, "a-before", false, "verify").await;
     assert_eq!(
@@ -97,7 +160,7 @@ async fn a_python_leader_paused_past_its_lease_is_not_leader_when_it_resumes_and
     assert_eq!(stamped["status"], 200, "{stamped}");
 
     a.signal(Signal::SIGSTOP).unwrap();
-    let mut b = leader(&setup, "b").await;
+    let mut b = leader(&setup, client, "b").await;
     let term_b = int(&b.wait_for("b elected", |l| event(l) == "elected").await.unwrap(), "term");
     assert!(term_b > term_a, "{term_b} > {term_a}");
     let b_first = write(&mut b, "b-first", false, "verify").await;

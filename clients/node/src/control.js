@@ -1,0 +1,179 @@
+// The gateway's control API (leases, membership): every call bounded, every answer checked.
+// An answer this client does not understand is a ProtocolError, never a grant.
+
+import { Conflict, ProblemError, ProtocolError, Unavailable } from "./errors.js";
+import { anySignal } from "./signals.js";
+
+function int(body, name, minimum = 0) {
+  const value = body?.[name];
+  if (!Number.isSafeInteger(value) || value < minimum) {
+    throw new ProtocolError(`field ${JSON.stringify(name)} is not an integer >= ${minimum}: ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+function str(body, name) {
+  const value = body?.[name];
+  if (typeof value !== "string") {
+    throw new ProtocolError(`field ${JSON.stringify(name)} is not a string: ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+const segment = encodeURIComponent;
+
+export class ControlClient {
+  /**
+   * @param {object} [options]
+   * @param {string} [options.baseUrl] the control listener, http://127.0.0.1:9090 by default
+   * @param {string} [options.token] a [[clients]] bearer token, sent only in Authorization
+   * @param {number} [options.timeoutMs] the default bound of a call
+   * @param {typeof fetch} [options.fetch] the fetch to use (tests pass their own)
+   */
+  constructor({ baseUrl = "http://127.0.0.1:9090", token, timeoutMs = 5000, fetch: fetchImpl } = {}) {
+    this.baseUrl = baseUrl.replace(/\/+$/, "");
+    this.timeoutMs = timeoutMs;
+    this.fetch = fetchImpl ?? globalThis.fetch;
+    this.headers = { accept: "application/json" };
+    if (token != null) this.headers.authorization = `Bearer ${token}`;
+  }
+
+  async call(method, path, body, { timeoutMs, expect = 200, signal } = {}) {
+    const limit = timeoutMs ?? this.timeoutMs;
+    if (!(limit > 0)) throw new Unavailable(`${method} ${path}: no time left`);
+    const headers = { ...this.headers };
+    if (body !== undefined) headers["content-type"] = "application/json";
+    // A timer of our own, not AbortSignal.timeout: that one does not keep the process alive,
+    // so a call to a gateway that never answers would leave the caller's promise pending forever.
+    const timeout = new AbortController();
+    const timer = setTimeout(() => timeout.abort(), limit);
+    const bound = signal ? anySignal([timeout.signal, signal]) : timeout.signal;
+    let response;
+    let text;
+    try {
+      response = await this.fetch(this.baseUrl + path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        redirect: "manual",
+        signal: bound,
+      });
+      text = await response.text();
+    } catch (error) {
+      if (timeout.signal.aborted) throw new Unavailable(`${method} ${path}: no answer within ${limit} ms`);
+      throw new Unavailable(`${method} ${path}: ${error?.name ?? "error"}: ${error?.message ?? error}`);
+    } finally {
+      clearTimeout(timer);
+    }
+    return read(method, path, response, text, expect);
+  }
+
+  // Leases
+
+  acquire(key, owner, ttlMs, options = {}) {
+    return this.lease("acquire", key, owner, ttlMs, options);
+  }
+
+  renew(key, owner, ttlMs, options = {}) {
+    return this.lease("renew", key, owner, ttlMs, options);
+  }
+
+  async lease(verb, key, owner, ttlMs, { value, timeoutMs, signal } = {}) {
+    const body = { owner, ttl_ms: ttlMs };
+    if (value !== undefined) body.value = value;
+    const answer = await this.call("POST", `/v1/leases/${segment(key)}/${verb}`, body, { timeoutMs, signal });
+    if (!isObject(answer)) throw new ProtocolError(`${verb}: the answer is not a JSON object`);
+    const lease = {
+      key: str(answer, "key"),
+      owner: str(answer, "owner"),
+      term: int(answer, "term", 1),
+      remainingMs: int(answer, "remaining_ms"),
+      ttlMs: int(answer, "ttl_ms"),
+      resignRequested: answer.resign_requested === true,
+      value: answer.value ?? null,
+    };
+    // With [[clients]], the gateway keeps owners as "<client>/<owner>": accept that spelling.
+    if (lease.key !== key || !(lease.owner === owner || lease.owner.endsWith(`/${owner}`))) {
+      throw new ProtocolError(`${verb}: asked for ${key} as ${owner}, answered ${lease.key} as ${lease.owner}`);
+    }
+    return lease;
+  }
+
+  async release(key, owner, { timeoutMs } = {}) {
+    await this.call("POST", `/v1/leases/${segment(key)}/release`, { owner }, { timeoutMs, expect: 204 });
+  }
+
+  // Membership
+
+  async heartbeat(cluster, nodeId, incarnation, ttlMs, { name, metadata = {}, timeoutMs } = {}) {
+    const body = { incarnation, ttl_ms: ttlMs, metadata };
+    if (name != null) body.name = name;
+    const path = `/v1/clusters/${segment(cluster)}/nodes/${segment(nodeId)}/heartbeat`;
+    const answer = await this.call("POST", path, body, { timeoutMs });
+    if (!isObject(answer)) throw new ProtocolError("heartbeat: the answer is not a JSON object");
+    const registration = {
+      cluster: str(answer, "cluster"),
+      nodeId: str(answer, "node_id"),
+      remainingMs: int(answer, "remaining_ms"),
+      ttlMs: int(answer, "ttl_ms"),
+    };
+    if (registration.cluster !== cluster || registration.nodeId !== nodeId) {
+      throw new ProtocolError(`heartbeat: asked for ${cluster}/${nodeId}, answered ${registration.cluster}/${registration.nodeId}`);
+    }
+    return registration;
+  }
+
+  async leave(cluster, nodeId, incarnation, { timeoutMs } = {}) {
+    const path = `/v1/clusters/${segment(cluster)}/nodes/${segment(nodeId)}/leave`;
+    await this.call("POST", path, { incarnation }, { timeoutMs, expect: 204 });
+  }
+
+  async members(cluster, { after, waitMs = 0, timeoutMs, signal } = {}) {
+    let path = `/v1/clusters/${segment(cluster)}/nodes`;
+    if (after != null) path += `?after=${after}&wait=${Math.max(0, Math.floor(waitMs))}ms`;
+    const limit = timeoutMs ?? this.timeoutMs + waitMs;
+    const answer = await this.call("GET", path, undefined, { timeoutMs: limit, signal });
+    if (!isObject(answer) || !Array.isArray(answer.nodes)) throw new ProtocolError("members: the answer has no list of nodes");
+    const nodes = answer.nodes.map((node) => {
+      if (!isObject(node)) throw new ProtocolError("members: a node is not a JSON object");
+      return {
+        nodeId: str(node, "node_id"),
+        name: typeof node.name === "string" ? node.name : null,
+        startedAt: str(node, "started_at"),
+        remainingMs: int(node, "remaining_ms"),
+        metadata: isObject(node.metadata) ? node.metadata : {},
+      };
+    });
+    return { cluster, revision: int(answer, "revision"), nodes };
+  }
+}
+
+function read(method, path, response, text, expect) {
+  const status = response.status;
+  if (status === expect) {
+    if (expect === 204) return null;
+    try {
+      return JSON.parse(text);
+    } catch {
+      throw new ProtocolError(`${method} ${path}: ${status} with a body that is not JSON`, status);
+    }
+  }
+  const type = response.headers.get("content-type") ?? "";
+  if (type.startsWith("application/problem+json")) {
+    let problem = null;
+    try {
+      problem = JSON.parse(text);
+    } catch {
+      problem = null;
+    }
+    if (isObject(problem)) {
+      if (status === 409) throw new Conflict(status, problem);
+      throw new ProblemError(status, problem);
+    }
+  }
+  throw new ProtocolError(`${method} ${path}: unexpected status ${status}`, status);
+}
