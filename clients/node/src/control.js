@@ -103,6 +103,39 @@ export class ControlClient {
     return lease;
   }
 
+  /** The lease as GET shows it (owner, term, remaining_ms, value, revision); a key nobody
+   * acquired yet is {key, revision: 0}. With `after`, waits up to `waitMs` for a change. */
+  async getLease(key, { after, waitMs = 0, timeoutMs, signal } = {}) {
+    let path = `/v1/leases/${segment(key)}`;
+    if (after != null) path += `?after=${after}&wait=${Math.max(0, Math.floor(waitMs))}ms`;
+    let answer;
+    try {
+      answer = await this.call("GET", path, undefined, { timeoutMs: timeoutMs ?? this.timeoutMs + waitMs, signal });
+    } catch (error) {
+      if (error instanceof ProblemError && error.status === 404) return { key, revision: 0 };
+      throw error;
+    }
+    if (!isObject(answer)) throw new ProtocolError("lease: the answer is not a JSON object");
+    int(answer, "revision");
+    return answer;
+  }
+
+  /** The lease now, then every change of it, each once. */
+  async *watchLease(key, { waitMs = 30_000, signal } = {}) {
+    let state = await this.getLease(key, { signal });
+    yield state;
+    for (;;) {
+      const revision = state.revision;
+      state = await this.getLease(key, { after: revision, waitMs, signal });
+      if (state.revision !== revision) yield state;
+    }
+  }
+
+  /** Sets the holder's value for `term`: Conflict (not-holder) unless that owner holds it. */
+  async setValue(key, owner, term, value, { timeoutMs } = {}) {
+    await this.call("PUT", `/v1/leases/${segment(key)}/value`, { owner, term, value }, { timeoutMs });
+  }
+
   async release(key, owner, { timeoutMs } = {}) {
     await this.call("POST", `/v1/leases/${segment(key)}/release`, { owner }, { timeoutMs, expect: 204 });
   }

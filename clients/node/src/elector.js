@@ -253,6 +253,21 @@ export class Elector extends EventEmitter {
     return period.run((signal) => send(period.term, signal));
   }
 
+  /** Sets this leader's value for the current term: NotLeader when no period holds, or the
+   * store says this owner no longer holds that term. */
+  async setValue(value) {
+    const period = this.leadership();
+    try {
+      await this.#control.setValue(this.key, period.owner, period.term, value, {
+        timeoutMs: Math.min(this.queryTimeoutMs, period.remainingMs()),
+      });
+    } catch (error) {
+      if (error instanceof Conflict) throw new NotLeader(`the store refused the value of term ${period.term}: ${error.message}`);
+      throw error;
+    }
+    this.value = value;
+  }
+
   /** Ends the current period (of `term`, when given) locally; the next leadership is a new term. */
   stepDown(reason = LossReason.FENCED, term = null) {
     const period = this.#period;

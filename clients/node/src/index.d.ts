@@ -39,6 +39,16 @@ export interface Lease {
   resignRequested: boolean;
   value: unknown;
 }
+/** A lease as GET shows it (snake_case, as the gateway answers); revision 0: nobody acquired it. */
+export interface LeaseState {
+  key: string;
+  revision: number;
+  owner?: string | null;
+  term?: number;
+  remaining_ms?: number;
+  value?: unknown;
+  [field: string]: unknown;
+}
 export interface Registration {
   cluster: string;
   nodeId: string;
@@ -68,6 +78,9 @@ export declare class ControlClient {
   acquire(key: string, owner: string, ttlMs: number, options?: CallOptions & { value?: unknown }): Promise<Lease>;
   renew(key: string, owner: string, ttlMs: number, options?: CallOptions & { value?: unknown }): Promise<Lease>;
   release(key: string, owner: string, options?: { timeoutMs?: number }): Promise<void>;
+  getLease(key: string, options?: CallOptions & { after?: number; waitMs?: number }): Promise<LeaseState>;
+  watchLease(key: string, options?: { waitMs?: number; signal?: AbortSignal }): AsyncIterable<LeaseState>;
+  setValue(key: string, owner: string, term: number, value: unknown, options?: { timeoutMs?: number }): Promise<void>;
   heartbeat(
     cluster: string,
     nodeId: string,
@@ -146,6 +159,7 @@ export declare class Elector extends EventEmitter {
   events(options?: { signal?: AbortSignal }): AsyncIterable<ElectionEvent>;
   spawnLeaderWork(work: (leadership: Leadership) => Promise<unknown> | unknown): void;
   writeFenced<T>(send: (term: number, signal: AbortSignal) => Promise<T>): Promise<T>;
+  setValue(value: unknown): Promise<void>;
   stepDown(reason?: LossReason, term?: number | null): void;
   shutdown(): Promise<void>;
   on(event: "elected", listener: (event: Elected) => void): this;

@@ -301,3 +301,28 @@ test("settings that cannot be safe are refused", () => {
   }
   assert.throws(() => new Elector("jobs", { owner: "a#b" }), /owner/);
 });
+
+test("a leader's value is watched, and a zombie cannot set one", async () => {
+  const fake = new FakeGateway();
+  const control = new ControlClient({ fetch: fake.fetch });
+  const stop = new AbortController();
+  const changes = control.watchLease("jobs", { waitMs: 200, signal: stop.signal })[Symbol.asyncIterator]();
+  assert.equal((await changes.next()).value.revision, 0); // nobody acquired it yet
+  const e = elector(fake);
+  const elected = nextEvents(e);
+  e.start();
+  await elected;
+  const held = (await changes.next()).value;
+  assert.deepEqual([held.term, held.value], [1, null]);
+  await e.setValue({ addr: "10.0.0.5:8080" });
+  const changed = (await changes.next()).value;
+  assert.deepEqual(changed.value, { addr: "10.0.0.5:8080" });
+  assert.ok(changed.revision > held.revision);
+  fake.holder = "node-b#x-0";
+  fake.term = 2;
+  await assert.rejects(e.setValue({ addr: "stale" }), NotLeader);
+  assert.deepEqual(fake.value, { addr: "10.0.0.5:8080" });
+  stop.abort();
+  await changes.return();
+  await e.shutdown();
+});

@@ -24,6 +24,7 @@ export class FakeGateway {
     this.onAcquire = null;
     this.onRenew = null;
     this.onWrite = null;
+    this.value = null;
     this.nodes = new Map();
     this.revision = 1;
     this.fetch = (url, init = {}) => this.handle(new URL(url), init);
@@ -46,6 +47,12 @@ export class FakeGateway {
 
   async answer(url, path, init) {
     const body = init.body && path.startsWith("/v1/") ? JSON.parse(init.body) : {};
+    if (path.startsWith("/v1/leases/") && path.split("/").length === 4) {
+      const key = path.split("/")[3];
+      if (this.term === 0) return problem(404, "no-such-lease", { revision: 0 });
+      if (url.searchParams.get("after") === String(this.revision)) await new Promise((resolve) => setTimeout(resolve, 50));
+      return json(200, { key, owner: this.holder, term: this.term, value: this.value, revision: this.revision });
+    }
     if (path.startsWith("/v1/leases/")) {
       const [, , , key, verb] = path.split("/");
       this.calls.push({ verb, ...body });
@@ -72,17 +79,26 @@ export class FakeGateway {
 
   lease(key, verb, body) {
     const owner = body.owner;
+    if (verb === "value") {
+      if (this.holder !== owner || body.term !== this.term) return problem(409, "not-holder");
+      this.value = body.value;
+      this.revision += 1;
+      return json(200, { key, term: this.term, value: this.value });
+    }
     if (verb === "acquire") {
       if (this.holder !== null && this.holder !== owner) return problem(409, "lease-held", { holder: this.holder, term: this.term });
       if (this.holder === null) {
         this.term += 1;
         this.holder = owner;
+        this.value = null;
+        this.revision += 1;
       }
     } else if (verb === "renew") {
       if (this.holder !== owner) return problem(409, "not-holder", { holder: this.holder, term: this.term });
     } else if (verb === "release") {
       if (this.holder !== owner) return problem(409, "not-holder");
       this.holder = null;
+      this.revision += 1;
       return new Response(null, { status: 204 });
     }
     return json(200, {

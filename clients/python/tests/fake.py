@@ -27,6 +27,7 @@ class FakeGateway:
         self.on_acquire: Optional[Callable[[Dict[str, Any]], Any]] = None
         self.on_renew: Optional[Callable[[Dict[str, Any]], Any]] = None
         self.on_write: Optional[Callable[[httpx.Request], Any]] = None
+        self.value: Any = None
         self.nodes: Dict[str, Dict[str, Any]] = {}
         self.revision = 1
 
@@ -39,6 +40,17 @@ class FakeGateway:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         body = json.loads(request.content) if request.content and path.startswith("/v1/") else {}
+        if path.startswith("/v1/leases/") and path.count("/") == 3:
+            key = path.split("/")[3]
+            if self.term == 0:
+                return problem(404, "no-such-lease", revision=0)
+            after = request.url.params.get("after")
+            if after == str(self.revision):
+                await asyncio.sleep(0.05)
+            return httpx.Response(
+                200,
+                json={"key": key, "owner": self.holder, "term": self.term, "value": self.value, "revision": self.revision},
+            )
         if path.startswith("/v1/leases/"):
             _, _, _, key, verb = path.split("/")
             self.calls.append({"verb": verb, **body})
@@ -65,6 +77,12 @@ class FakeGateway:
 
     def lease(self, key: str, verb: str, body: Dict[str, Any]) -> httpx.Response:
         owner = body.get("owner")
+        if verb == "value":
+            if self.holder != owner or body.get("term") != self.term:
+                return problem(409, "not-holder")
+            self.value = body["value"]
+            self.revision += 1
+            return httpx.Response(200, json={"key": key, "term": self.term, "value": self.value})
         ttl = body.get("ttl_ms", 0)
         remaining = self.remaining_ms if self.remaining_ms is not None else ttl
         if verb == "acquire":
@@ -73,6 +91,8 @@ class FakeGateway:
             if self.holder is None:
                 self.term += 1
                 self.holder = owner
+                self.value = None
+                self.revision += 1
         elif verb == "renew":
             if self.holder != owner:
                 return problem(409, "not-holder", holder=self.holder, term=self.term)
@@ -80,6 +100,7 @@ class FakeGateway:
             if self.holder != owner:
                 return problem(409, "not-holder")
             self.holder = None
+            self.revision += 1
             return httpx.Response(204)
         return httpx.Response(
             200,

@@ -393,3 +393,30 @@ def test_settings_that_cannot_be_safe_are_refused(settings: Any, message: str) -
         elector(FakeGateway(), **settings)
     with pytest.raises(ValueError, match="owner"):
         Elector("jobs", owner="a#b")
+
+
+def test_a_leaders_value_is_watched_and_a_zombie_cannot_set_one() -> None:
+    async def main() -> None:
+        fake = FakeGateway()
+        control = ControlClient(transport=fake.transport())
+        changes = control.watch_lease("jobs", wait_ms=200)
+        assert (await changes.__anext__())["revision"] == 0  # nobody acquired it yet
+        e = elector(fake)
+        events = e.events()
+        e.start()
+        await next_event(events)
+        held = await asyncio.wait_for(changes.__anext__(), 2)
+        assert (held["term"], held["value"]) == (1, None)
+        await e.set_value({"addr": "10.0.0.5:8080"})
+        changed = await asyncio.wait_for(changes.__anext__(), 2)
+        assert changed["value"] == {"addr": "10.0.0.5:8080"} and changed["revision"] > held["revision"]
+        # The store moved on: the old holder's value is refused, and it is told it does not lead.
+        fake.holder, fake.term = "node-b#x-0", 2
+        with pytest.raises(NotLeader):
+            await e.set_value({"addr": "stale"})
+        assert fake.value == {"addr": "10.0.0.5:8080"}
+        await changes.aclose()
+        await control.aclose()
+        await e.shutdown()
+
+    run(main())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional
 from urllib.parse import quote
 
 import httpx
@@ -178,17 +178,43 @@ class ControlClient:
     async def release(self, key: str, owner: str, *, timeout_s: Optional[float] = None) -> None:
         await self._call("POST", f"/v1/leases/{_segment(key)}/release", {"owner": owner}, timeout_s, expect=204)
 
-    async def lease(self, key: str, *, timeout_s: Optional[float] = None) -> Optional[Dict[str, Any]]:
-        """The lease as ``GET`` shows it (holder, term, value, revision), or ``None`` (404)."""
+    async def lease(
+        self, key: str, *, after: Optional[int] = None, wait_ms: int = 0, timeout_s: Optional[float] = None
+    ) -> Dict[str, Any]:
+        """The lease as ``GET`` shows it (``owner``, ``term``, ``remaining_ms``, ``value``,
+        ``revision``); a key nobody acquired yet is ``{"key": key, "revision": 0}``. With
+        ``after``, waits up to ``wait_ms`` for a change since that revision (the watch)."""
+        params = None
+        if after is not None:
+            params = {"after": str(after), "wait": f"{max(wait_ms, 0)}ms"}
+        limit = timeout_s if timeout_s is not None else self.timeout_s + wait_ms / 1000
         try:
-            answer = await self._call("GET", f"/v1/leases/{_segment(key)}", None, timeout_s)
+            answer = await self._call("GET", f"/v1/leases/{_segment(key)}", None, limit, params=params)
         except ProblemError as error:
             if error.status == 404:
-                return None
+                return {"key": key, "revision": 0}
             raise
         if not isinstance(answer, dict):
             raise ProtocolError("lease: the answer is not a JSON object")
+        _int(answer, "revision")
         return answer
+
+    async def watch_lease(self, key: str, *, wait_ms: int = 30_000) -> AsyncIterator[Dict[str, Any]]:
+        """The lease now, then every change of it (a new term, holder, value, release, expiry),
+        each once: a watch that ends unanswered is asked again from the same revision."""
+        state = await self.lease(key)
+        yield state
+        while True:
+            revision = state["revision"]
+            state = await self.lease(key, after=revision, wait_ms=wait_ms)
+            if state["revision"] != revision:
+                yield state
+
+    async def set_value(self, key: str, owner: str, term: int, value: Any, *, timeout_s: Optional[float] = None) -> None:
+        """Sets the holder's value for ``term``: :class:`Conflict` (``not-holder``) unless that
+        owner holds the lease at that term."""
+        body = {"owner": owner, "term": term, "value": value}
+        await self._call("PUT", f"/v1/leases/{_segment(key)}/value", body, timeout_s)
 
     # Membership
 

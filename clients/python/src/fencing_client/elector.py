@@ -257,6 +257,18 @@ class Elector:
         period = self.leadership()
         return await period.run(send(period.term))
 
+    async def set_value(self, value: Any) -> None:
+        """Sets this leader's value (its address, its version) for the current term, for
+        followers to read with ``ControlClient.lease`` or ``watch_lease``: :class:`NotLeader`
+        when no period holds, or the store says this owner no longer holds that term."""
+        period = self.leadership()
+        limit = min(self.query_timeout_ms / 1000, period.remaining_s())
+        try:
+            await self._control.set_value(self.key, period.owner, period.term, value, timeout_s=limit)
+        except Conflict as error:
+            raise NotLeader(f"the store refused the value of term {period.term}: {error}") from error
+        self._value = value
+
     def step_down(self, reason: LossReason = LossReason.FENCED, term: Optional[int] = None) -> None:
         """Ends the current period (of ``term``, when given) locally: its work is cancelled, and
         the next leadership is a new period with a new term."""
