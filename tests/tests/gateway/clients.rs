@@ -206,3 +206,257 @@ async fn zombie_story(client: Client) {
     let lease = send(setup.gateway.control, Method::GET, "/v1/leases/ledger-writer", &[], "").await.unwrap();
     assert_eq!(lease.json()["remaining_ms"], 0, "{}", lease.json());
 }
+
+// Daemons across languages
+
+const CLUSTER: &str = "mixed";
+const DAEMONS: usize = 4;
+
+/// Node id -> the daemons active on it, once every daemon is active.
+async fn placement(client: &tokio_postgres::Client) -> Option<std::collections::BTreeMap<String, Vec<String>>> {
+    let states = fencing_schema::store::daemon_states(client, CLUSTER).await.unwrap();
+    if states.len() != DAEMONS || states.iter().any(|daemon| daemon.state != "active") {
+        return None;
+    }
+    let mut placement = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for daemon in states {
+        placement.entry(daemon.node_id.unwrap_or_default()).or_default().push(daemon.daemon);
+    }
+    Some(placement)
+}
+
+async fn wait_for_placement(
+    client: &tokio_postgres::Client,
+    what: &str,
+    wanted: impl Fn(&std::collections::BTreeMap<String, Vec<String>>) -> bool,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        if let Some(placement) = placement(client).await
+            && wanted(&placement)
+        {
+            return placement;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {what} within 40 s: {:#?}",
+            fencing_schema::store::daemon_states(client, CLUSTER).await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn rust_node(url: &str, id: &str) -> ElectorProcess {
+    let args: Vec<String> = [
+        ("--database-url", url),
+        ("--cluster", CLUSTER),
+        ("--key", "mixed-leader"),
+        ("--node-id", id),
+        ("--daemons", "4"),
+        ("--heartbeat-ms", "300"),
+        ("--registration-ttl-ms", "1500"),
+        ("--ttl-ms", "2000"),
+        ("--ack-ms", "1000"),
+        ("--drain-ms", "1000"),
+        ("--query-timeout-ms", "140"),
+        ("--tick-ms", "100"),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()])
+    .collect();
+    ElectorProcess::spawn_daemon_node(id, &args).unwrap()
+}
+
+fn python_node(setup: &Setup, id: &str) -> ElectorProcess {
+    let mut command = python("httpx");
+    command.arg(python_client().join("examples/daemon_node.py")).args([
+        "--control",
+        &format!("http://{}", setup.gateway.control),
+        "--proxy",
+        &format!("http://{}", setup.gateway.proxy),
+        "--cluster",
+        CLUSTER,
+        "--key",
+        "mixed-leader",
+        "--node-id",
+        id,
+        "--daemons",
+        "4",
+        "--heartbeat-ms",
+        "300",
+        "--registration-ttl-ms",
+        "1500",
+        "--ttl-ms",
+        "2000",
+        "--ack-ms",
+        "1000",
+        "--drain-ms",
+        "1000",
+    ]);
+    ElectorProcess::spawn_command(command, "examples/daemon_node.py", id, true).unwrap()
+}
+
+/// Daemons move between a Rust node (the library, straight on Postgres) and a Python node (the
+/// client, through the gateway) of one cluster, both candidates for its leader: they share the
+/// daemons; a killed Rust node's daemons move to the Python node; a new Rust node gets its share
+/// back (the Python node drains what was revoked and gives it back); the Python node's shutdown
+/// gives everything to the Rust node. The Python node starts only generations the store gave it,
+/// and its fenced ticks never go back to an older generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_move_between_a_rust_node_and_a_python_node_of_one_cluster() {
+    let mut setup = Setup::new().await;
+    let client = setup.db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
+             CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);",
+        )
+        .await
+        .unwrap();
+    let url = setup.db.url();
+    let r1 = rust_node(&url, "r1");
+    let mut p1 = python_node(&setup, "p1");
+    let shared = wait_for_placement(&client, "a 2-2 spread over r1 and p1", |p| {
+        p.get("r1").map(Vec::len) == Some(2) && p.get("p1").map(Vec::len) == Some(2)
+    })
+    .await;
+
+    r1.signal(Signal::SIGKILL).unwrap();
+    wait_for_placement(&client, "every daemon on p1 after r1 was killed", |p| {
+        p.get("p1").map(Vec::len) == Some(DAEMONS)
+    })
+    .await;
+
+    let mut r2 = rust_node(&url, "r2");
+    wait_for_placement(&client, "a 2-2 spread over p1 and r2", |p| {
+        p.get("r2").map(Vec::len) == Some(2) && p.get("p1").map(Vec::len) == Some(2)
+    })
+    .await;
+    r2.wait_for("r2 runs a daemon", |l| event(l) == "daemon_started").await.unwrap();
+
+    p1.send_line("shutdown").await.unwrap();
+    p1.wait_for("p1 stopped", |l| event(l) == "stopped").await.unwrap();
+    assert_eq!(p1.wait_exit().await.unwrap(), Some(0));
+    wait_for_placement(&client, "every daemon on r2 after p1 shut down", |p| {
+        p.get("r2").map(Vec::len) == Some(DAEMONS)
+    })
+    .await;
+
+    // What p1 ran, it was given: every generation it started is one the store assigned to p1,
+    // and it ran the daemons it had at the first spread, and those it took over from r1.
+    p1.drain();
+    let started: Vec<(String, i64)> = p1
+        .seen
+        .iter()
+        .filter(|l| event(l) == "daemon_started")
+        .map(|l| (l["daemon"].as_str().unwrap().to_owned(), int(l, "generation")))
+        .collect();
+    let given: std::collections::BTreeSet<(String, i64)> = client
+        .query(
+            "SELECT DISTINCT daemon, generation FROM fencing.daemon_history WHERE cluster = $1 AND node_id = 'p1'",
+            &[&CLUSTER],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    for run in &started {
+        assert!(given.contains(run), "p1 started {run:?}, which the store never gave it: {given:?}");
+    }
+    let ran: std::collections::BTreeSet<&str> = started.iter().map(|(daemon, _)| daemon.as_str()).collect();
+    assert_eq!(ran.len(), DAEMONS, "p1 ran every daemon at some point (its share, then r1's): {started:?}");
+    for daemon in &shared["p1"] {
+        assert!(ran.contains(daemon.as_str()));
+    }
+    let stopped = p1.seen.iter().filter(|l| event(l) == "daemon_stopped").count();
+    assert_eq!(stopped, started.len(), "every daemon p1 started, it stopped: {:?}", p1.seen);
+
+    // p1's fenced ticks, per daemon, never went back to an older generation at the upstream.
+    setup.upstream.collect(Duration::from_millis(300)).await;
+    let mut last: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut ticks = 0;
+    for request in &setup.upstream.log {
+        let (Some(resource), Some(token)) = (request["fencing_resource"].as_str(), request["fencing_token"].as_str())
+        else {
+            continue;
+        };
+        let token: i64 = token.parse().unwrap();
+        let previous = last.insert(resource.to_owned(), token).unwrap_or(0);
+        assert!(token >= previous, "{resource}: generation {token} after {previous}");
+        ticks += 1;
+    }
+    assert!(ticks > 0, "p1's daemons wrote through the gateway");
+    r2.signal(Signal::SIGTERM).unwrap();
+    r2.wait_exit().await.unwrap();
+}
+
+/// A Python daemon node paused (SIGSTOP) past its registration while it runs daemons: the leader
+/// gives them to the Rust node, and when the Python node resumes, its daemons stop at once, on
+/// the boot clock alone (the gateway is paused too, so no answer can tell the node that its
+/// daemons moved): at most the one tick that was in flight at the pause reaches the upstream
+/// with an old generation after the resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_python_daemon_node_stops_its_daemons_when_it_resumes() {
+    let mut setup = Setup::new().await;
+    let client = setup.db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
+             CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);",
+        )
+        .await
+        .unwrap();
+    let url = setup.db.url();
+    let mut r1 = rust_node(&url, "r1");
+    let mut p1 = python_node(&setup, "p1");
+    wait_for_placement(&client, "a 2-2 spread over r1 and p1", |p| {
+        p.get("r1").map(Vec::len) == Some(2) && p.get("p1").map(Vec::len) == Some(2)
+    })
+    .await;
+    let held: Vec<(String, i64)> = fencing_schema::store::daemon_states(&client, CLUSTER)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|daemon| daemon.node_id.as_deref() == Some("p1"))
+        .map(|daemon| (daemon.daemon, daemon.generation))
+        .collect();
+    assert_eq!(held.len(), 2);
+
+    p1.signal(Signal::SIGSTOP).unwrap();
+    wait_for_placement(&client, "every daemon on r1 while p1 is paused", |p| {
+        p.get("r1").map(Vec::len) == Some(DAEMONS)
+    })
+    .await;
+    setup.upstream.collect(Duration::from_millis(200)).await;
+    let before = setup.upstream.log.len();
+    setup.gateway.signal(Signal::SIGSTOP).unwrap();
+    p1.signal(Signal::SIGCONT).unwrap();
+    // Its registration ran out during the pause: the watchdog (every 50 ms at most) cancels the
+    // daemons with no answer from anyone. 3 s is far beyond that, and short of any answer.
+    let stops = async {
+        for (daemon, generation) in &held {
+            p1.wait_for(&format!("p1 stops {daemon} {generation}"), |l| {
+                event(l) == "daemon_stopped" && l["daemon"] == daemon.as_str() && int(l, "generation") == *generation
+            })
+            .await
+            .unwrap();
+        }
+    };
+    let stopped = tokio::time::timeout(Duration::from_secs(3), stops).await;
+    setup.gateway.signal(Signal::SIGCONT).unwrap();
+    assert!(stopped.is_ok(), "p1's daemons ran on after it resumed past its registration: {:?}", p1.seen);
+    setup.upstream.collect(Duration::from_millis(500)).await;
+    for (daemon, generation) in &held {
+        let prefix = format!("p1-{daemon}-{generation}-");
+        let late = setup.upstream.log[before..]
+            .iter()
+            .filter(|r| r["x_request_id"].as_str().is_some_and(|id| id.starts_with(&prefix)))
+            .count();
+        assert!(late <= 1, "{late} ticks of {daemon} generation {generation} reached the upstream after p1 resumed");
+    }
+    p1.send_line("shutdown").await.unwrap();
+    assert_eq!(p1.wait_exit().await.unwrap(), Some(0));
+    r1.signal(Signal::SIGTERM).unwrap();
+    r1.wait_exit().await.unwrap();
+}

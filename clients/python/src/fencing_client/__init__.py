@@ -2,7 +2,8 @@
 fencing-gateway's HTTP API, with the semantics of its Rust library (docs/CONTRACT.md)."""
 
 from ._clock import CLOCK_NAME
-from .control import ControlClient, Lease, Members, Node, Registration
+from .control import Assignment, ControlClient, Lease, Members, Node, Registration
+from .daemons import DaemonContext, Daemons
 from .elector import Elected, Elector, Leadership, LossReason, Lost
 from .errors import (
     Conflict,
@@ -19,6 +20,9 @@ from .membership import IdentityConflict, Membership, NodeJoined, NodeLeft
 from .sync import SyncElector
 
 __all__ = [
+    "Assignment",
+    "DaemonContext",
+    "Daemons",
     "CLOCK_NAME",
     "Conflict",
     "ControlClient",

@@ -278,6 +278,77 @@ class ControlClient:
         return Members(cluster=cluster, revision=_int(answer, "revision"), nodes=nodes)
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """One of a node's assignments: ``state`` is ``assigning``, ``active`` or ``revoking``;
+    ``remaining_ms`` runs to the acknowledge or drain deadline (``None`` while active)."""
+
+    daemon: str
+    generation: int
+    state: str
+    remaining_ms: Optional[int]
+
+
+class DaemonsApi:
+    """The daemon calls of the control API, on a :class:`ControlClient`."""
+
+    def __init__(self, control: ControlClient, cluster: str, node_id: str, incarnation: str) -> None:
+        self.control = control
+        self.base = f"/v1/clusters/{_segment(cluster)}/nodes/{_segment(node_id)}/assignments"
+        self.cluster = cluster
+        self.incarnation = incarnation
+
+    async def assignments(self, daemons: List[str], *, timeout_s: Optional[float] = None) -> List[Assignment]:
+        answer = await self.control._call(
+            "POST", self.base, {"incarnation": self.incarnation, "daemons": daemons}, timeout_s
+        )
+        if not isinstance(answer, dict) or not isinstance(answer.get("assignments"), list):
+            raise ProtocolError("assignments: the answer has no list of assignments")
+        out = []
+        for entry in answer["assignments"]:
+            if not isinstance(entry, dict):
+                raise ProtocolError("assignments: an assignment is not a JSON object")
+            state = _str(entry, "state")
+            if state not in ("assigning", "active", "revoking"):
+                raise ProtocolError(f"assignments: unknown state {state!r}")
+            remaining = entry.get("remaining_ms")
+            if remaining is not None:
+                remaining = _int(entry, "remaining_ms")
+            elif state != "active":
+                raise ProtocolError(f"assignments: {state} without remaining_ms")
+            out.append(Assignment(_str(entry, "daemon"), _int(entry, "generation", 1), state, remaining))
+        return out
+
+    async def ack(self, daemon: str, generation: int, *, timeout_s: Optional[float] = None) -> int:
+        """Acknowledges an assignment: the fencing token to start it with."""
+        body = {"incarnation": self.incarnation, "generation": generation}
+        answer = await self.control._call("POST", f"{self.base}/{_segment(daemon)}/ack", body, timeout_s)
+        if not isinstance(answer, dict) or answer.get("state") != "active":
+            raise ProtocolError("ack: the answer is not an active assignment")
+        if _str(answer, "daemon") != daemon or _int(answer, "generation", 1) != generation:
+            raise ProtocolError(f"ack: asked for {daemon} {generation}, answered {answer}")
+        return _int(answer, "fencing_token", 1)
+
+    async def stopped(self, daemon: str, generation: int, *, timeout_s: Optional[float] = None) -> None:
+        body = {"incarnation": self.incarnation, "generation": generation}
+        await self.control._call("POST", f"{self.base}/{_segment(daemon)}/stopped", body, timeout_s, expect=204)
+
+    async def reconcile(
+        self, lease: str, owner: str, term: int, ack_timeout_ms: int, drain_timeout_ms: int, *, timeout_s: Optional[float] = None
+    ) -> List[Dict[str, Any]]:
+        body = {
+            "lease": lease,
+            "owner": owner,
+            "term": term,
+            "ack_timeout_ms": ack_timeout_ms,
+            "drain_timeout_ms": drain_timeout_ms,
+        }
+        answer = await self.control._call("POST", f"/v1/clusters/{_segment(self.cluster)}/reconcile", body, timeout_s)
+        if not isinstance(answer, dict) or not isinstance(answer.get("changes"), list):
+            raise ProtocolError("reconcile: the answer has no list of changes")
+        return answer["changes"]
+
+
 def _read(method: str, path: str, response: httpx.Response, expect: int) -> Any:
     status = response.status_code
     body = response.content
