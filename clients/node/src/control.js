@@ -1,7 +1,7 @@
 // The gateway's control API (leases, membership): every call bounded, every answer checked.
 // An answer this client does not understand is a ProtocolError, never a grant.
 
-import { Conflict, ProblemError, ProtocolError, Unavailable } from "./errors.js";
+import { Conflict, FencingError, ProblemError, ProtocolError, Unavailable } from "./errors.js";
 import { anySignal } from "./signals.js";
 
 function int(body, name, minimum = 0) {
@@ -54,11 +54,18 @@ export class ControlClient {
     const bound = signal ? anySignal([timeout.signal, signal]) : timeout.signal;
     let response;
     let text;
+    let encoded;
+    try {
+      encoded = body === undefined ? undefined : JSON.stringify(body);
+    } catch (error) {
+      clearTimeout(timer);
+      throw new ProtocolError(`${method} ${path}: the body cannot be sent as JSON: ${error.message}`);
+    }
     try {
       response = await this.fetch(this.baseUrl + path, {
         method,
         headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body: encoded,
         redirect: "manual",
         signal: bound,
       });
@@ -69,7 +76,12 @@ export class ControlClient {
     } finally {
       clearTimeout(timer);
     }
-    return read(method, path, response, text, expect);
+    try {
+      return read(method, path, response, text, expect);
+    } catch (error) {
+      if (error instanceof FencingError) throw error;
+      throw new ProtocolError(`${method} ${path}: ${error?.name ?? "error"} reading the answer`, response.status);
+    }
   }
 
   // Leases
@@ -96,6 +108,9 @@ export class ControlClient {
       resignRequested: answer.resign_requested === true,
       value: answer.value ?? null,
     };
+    if (lease.ttlMs !== ttlMs || lease.remainingMs > ttlMs) {
+      throw new ProtocolError(`${verb}: asked for a ttl of ${ttlMs} ms, answered ${lease.ttlMs} ms with ${lease.remainingMs} ms left`);
+    }
     // With [[clients]], the gateway keeps owners as "<client>/<owner>": accept that spelling.
     if (lease.key !== key || !(lease.owner === owner || lease.owner.endsWith(`/${owner}`))) {
       throw new ProtocolError(`${verb}: asked for ${key} as ${owner}, answered ${lease.key} as ${lease.owner}`);
@@ -154,6 +169,9 @@ export class ControlClient {
       remainingMs: int(answer, "remaining_ms"),
       ttlMs: int(answer, "ttl_ms"),
     };
+    if (registration.remainingMs > ttlMs) {
+      throw new ProtocolError(`heartbeat: asked for a ttl of ${ttlMs} ms, answered ${registration.remainingMs} ms left`);
+    }
     if (registration.cluster !== cluster || registration.nodeId !== nodeId) {
       throw new ProtocolError(`heartbeat: asked for ${cluster}/${nodeId}, answered ${registration.cluster}/${registration.nodeId}`);
     }
@@ -182,6 +200,51 @@ export class ControlClient {
       };
     });
     return { cluster, revision: int(answer, "revision"), nodes };
+  }
+}
+
+/** The daemon calls of the control API, for one node incarnation. */
+export class DaemonsApi {
+  constructor(control, cluster, nodeId, incarnation) {
+    this.control = control;
+    this.cluster = cluster;
+    this.incarnation = incarnation;
+    this.base = `/v1/clusters/${segment(cluster)}/nodes/${segment(nodeId)}/assignments`;
+  }
+
+  async assignments(daemons, { timeoutMs } = {}) {
+    const answer = await this.control.call("POST", this.base, { incarnation: this.incarnation, daemons }, { timeoutMs });
+    if (!isObject(answer) || !Array.isArray(answer.assignments)) throw new ProtocolError("assignments: the answer has no list of assignments");
+    return answer.assignments.map((entry) => {
+      if (!isObject(entry)) throw new ProtocolError("assignments: an assignment is not a JSON object");
+      const state = str(entry, "state");
+      if (!["assigning", "active", "revoking"].includes(state)) throw new ProtocolError(`assignments: unknown state ${state}`);
+      let remainingMs = null;
+      if (entry.remaining_ms != null) remainingMs = int(entry, "remaining_ms");
+      else if (state !== "active") throw new ProtocolError(`assignments: ${state} without remaining_ms`);
+      return { daemon: str(entry, "daemon"), generation: int(entry, "generation", 1), state, remainingMs };
+    });
+  }
+
+  /** Acknowledges an assignment: the fencing token to start it with. */
+  async ack(daemon, generation, { timeoutMs } = {}) {
+    const answer = await this.control.call("POST", `${this.base}/${segment(daemon)}/ack`, { incarnation: this.incarnation, generation }, { timeoutMs });
+    if (!isObject(answer) || answer.state !== "active") throw new ProtocolError("ack: the answer is not an active assignment");
+    if (str(answer, "daemon") !== daemon || int(answer, "generation", 1) !== generation) {
+      throw new ProtocolError(`ack: asked for ${daemon} ${generation}, answered ${JSON.stringify(answer)}`);
+    }
+    return int(answer, "fencing_token", 1);
+  }
+
+  async stopped(daemon, generation, { timeoutMs } = {}) {
+    await this.control.call("POST", `${this.base}/${segment(daemon)}/stopped`, { incarnation: this.incarnation, generation }, { timeoutMs, expect: 204 });
+  }
+
+  async reconcile(lease, owner, term, ackTimeoutMs, drainTimeoutMs, { timeoutMs } = {}) {
+    const body = { lease, owner, term, ack_timeout_ms: ackTimeoutMs, drain_timeout_ms: drainTimeoutMs };
+    const answer = await this.control.call("POST", `/v1/clusters/${segment(this.cluster)}/reconcile`, body, { timeoutMs });
+    if (!isObject(answer) || !Array.isArray(answer.changes)) throw new ProtocolError("reconcile: the answer has no list of changes");
+    return answer.changes;
   }
 }
 

@@ -108,6 +108,13 @@ export class Leadership {
     this.check();
     const END = Symbol("ended");
     const work = Promise.resolve().then(() => fn(this.signal));
+    // One of the period's works: the elector releases the lease only once it has settled.
+    const settled = work.then(
+      () => {},
+      () => {},
+    );
+    this.works.add(settled);
+    settled.then(() => this.works.delete(settled));
     let outcome;
     try {
       outcome = await Promise.race([work, this.#endedPromise.then(() => END)]);
@@ -302,6 +309,19 @@ export class Elector extends EventEmitter {
   }
 
   async #run() {
+    try {
+      await this.#elect();
+    } finally {
+      // However the loop ends (shutdown, or a failure nobody expected), no period outlives it.
+      const period = this.#period;
+      if (period !== null) {
+        this._end(period, this.#stop.signal.aborted ? LossReason.SHUTDOWN : LossReason.RENEW_FAILED);
+        if (await this.#drain(period)) await this.#release(period.owner);
+      }
+    }
+  }
+
+  async #elect() {
     let backoffMs = 25;
     const stop = this.#stop.signal;
     while (!stop.aborted) {
@@ -323,13 +343,17 @@ export class Elector extends EventEmitter {
         }
         continue;
       }
-      backoffMs = 25;
       const deadline = sent + BigInt(lease.remainingMs - this.marginMs) * MS;
-      if (deadline <= nowNs()) {
-        this.#log("warn", `acquire of ${this.key} answered after its deadline: not leading`);
+      if (deadline <= nowNs() || (this.#lastTerm !== null && lease.term <= this.#lastTerm)) {
+        // Too late to act on, or a term this process already had (an answer replayed, a store
+        // gone back): a period it never starts. The next attempt is a new owner, after a pause.
+        this.#log("warn", `acquire of ${this.key} answered term ${lease.term} too late or not above ${this.#lastTerm}: not leading`);
         this.#periods += 1;
+        await sleep(Math.random() * backoffMs, stop);
+        backoffMs = Math.min(backoffMs * 2, this.retryMs);
         continue;
       }
+      backoffMs = 25;
       if (stop.aborted) {
         await this.#release(owner);
         break;
@@ -369,6 +393,8 @@ export class Elector extends EventEmitter {
         return error instanceof Conflict ? LossReason.RENEW_REFUSED : LossReason.RENEW_FAILED;
       }
       if (period.ended) return period.reason;
+      // Answered after the deadline: the period is over, never extended back into being.
+      if (nowNs() >= period.deadlineNs) return LossReason.DEADLINE;
       if (lease.term !== period.term) return LossReason.RENEW_FAILED;
       period._setDeadline(sent + BigInt(lease.remainingMs - this.marginMs) * MS);
       if (lease.resignRequested) return LossReason.RESIGNED;

@@ -9,6 +9,8 @@ import { anySignal } from "./signals.js";
 
 export const FENCE_REFUSALS = new Set(["stale-term", "not-leader", "future-term"]);
 const NULL_BODY = new Set([101, 204, 205, 304]);
+/** Errors that mean no byte of the request left this process. */
+const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH", "UND_ERR_CONNECT_TIMEOUT"]);
 
 export class FencedHttp {
   /**
@@ -74,7 +76,11 @@ export class FencedHttp {
     } catch (error) {
       if (error instanceof FencingError) throw error;
       if (timeout.signal.aborted) throw new OutcomeUnknown(`${method} ${path}: no answer within ${this.timeoutMs} ms`, { cause: error });
-      throw new Unavailable(`${method} ${path}: ${error?.message ?? error}`, { cause: error });
+      if (NOT_SENT.has(error?.cause?.code)) {
+        throw new Unavailable(`${method} ${path}: not sent: ${error.cause.code}`, { cause: error });
+      }
+      // Sent, or maybe sent: the gateway may have forwarded it.
+      throw new OutcomeUnknown(`${method} ${path}: ${error?.message ?? error}`, { cause: error });
     } finally {
       clearTimeout(timer);
     }

@@ -212,3 +212,44 @@ export declare class Membership extends EventEmitter {
   on(event: "joined", listener: (node: Node) => void): this;
   on(event: "left" | "identity-conflict", listener: (event: { nodeId: string }) => void): this;
 }
+
+/** AbortSignal.any where the runtime has it, else the same from listeners. */
+export declare function anySignal(signals: AbortSignal[]): AbortSignal;
+
+export declare class DaemonContext {
+  readonly name: string;
+  readonly generation: number;
+  /** The daemon's fencing token (its generation): present it on every write. */
+  readonly fencingToken: number;
+  /** Aborted when the daemon must stop at once (moved on, a deadline, the registration ran out). */
+  readonly signal: AbortSignal;
+  /** Aborted when the daemon should finish and return (revoked, shutdown), and on `signal`. */
+  readonly drainSignal: AbortSignal;
+  isDraining(): boolean;
+  /** True while this instance may act, read now. */
+  isValid(): boolean;
+}
+
+export interface DaemonsOptions {
+  controlUrl?: string;
+  token?: string;
+  nodeId?: string;
+  elector?: Elector;
+  intervalMs?: number;
+  ttlMs?: number;
+  ackTimeoutMs?: number;
+  drainTimeoutMs?: number;
+  control?: ControlClient;
+}
+
+export declare class Daemons {
+  constructor(cluster: string, daemons: Record<string, (ctx: DaemonContext) => Promise<unknown>>, options?: DaemonsOptions);
+  readonly cluster: string;
+  readonly nodeId: string;
+  readonly incarnation: string;
+  readonly elector: Elector;
+  start(): this;
+  running(): Array<[string, number]>;
+  isRegistered(): boolean;
+  shutdown(): Promise<void>;
+}

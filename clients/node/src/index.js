@@ -1,5 +1,6 @@
 export { CLOCK_NAME, nowNs } from "./clock.js";
-export { ControlClient } from "./control.js";
+export { ControlClient, DaemonsApi } from "./control.js";
+export { DaemonContext, Daemons } from "./daemons.js";
 export { Elector, Leadership, LossReason } from "./elector.js";
 export {
   Conflict,
@@ -13,3 +14,4 @@ export {
 } from "./errors.js";
 export { FENCE_REFUSALS, FencedHttp } from "./fenced.js";
 export { Membership } from "./membership.js";
+export { anySignal } from "./signals.js";

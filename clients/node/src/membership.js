@@ -103,6 +103,7 @@ export class Membership extends EventEmitter {
     let after = 0;
     while (!stop.aborted) {
       let members;
+      const asked = nowNs();
       try {
         members = await this.#control.members(this.cluster, { after, waitMs: 30_000, signal: stop });
       } catch (error) {
@@ -111,6 +112,10 @@ export class Membership extends EventEmitter {
         continue;
       }
       this.#apply(members.nodes);
+      if (members.revision === after && nowNs() - asked < 1000n * MS) {
+        // Unchanged, and answered at once instead of waiting: do not ask again at once.
+        await sleep(Math.min(this.intervalMs, 1000), stop);
+      }
       after = members.revision;
     }
   }

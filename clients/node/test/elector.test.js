@@ -139,6 +139,8 @@ for (const [name, answer] of [
   ["an array", () => json(200, [1, 2])],
   ["another owner", () => json(200, { key: "jobs", owner: "x", term: 1, remaining_ms: 500, ttl_ms: 600 })],
   ["another key", (body) => json(200, { key: "other", owner: body.owner, term: 1, remaining_ms: 500, ttl_ms: 600 })],
+  ["more time left than the ttl", (body) => json(200, { key: "jobs", owner: body.owner, term: 1, remaining_ms: 1e9, ttl_ms: 600 })],
+  ["another ttl", (body) => json(200, { key: "jobs", owner: body.owner, term: 1, remaining_ms: 500, ttl_ms: 1e9 })],
   ["no term", (body) => json(200, { key: "jobs", owner: body.owner, remaining_ms: 500, ttl_ms: 600 })],
   ["term 0", (body) => json(200, { key: "jobs", owner: body.owner, term: 0, remaining_ms: 500, ttl_ms: 600 })],
   ["a term as a string", (body) => json(200, { key: "jobs", owner: body.owner, term: "1", remaining_ms: 500, ttl_ms: 600 })],
@@ -147,12 +149,14 @@ for (const [name, answer] of [
   ["a redirect", () => new Response(null, { status: 302, headers: { location: "http://example.invalid/" } })],
   ["a broken problem", () => new Response("{", { status: 503, headers: { "content-type": "application/problem+json" } })],
   ["a slow answer", () => new Promise(() => {})],
+  // Answered after 1 s, within the test's wait: without the call's bound it would be a grant.
+  ["a late answer", (body) => sleep(1000).then(() => json(200, { key: "jobs", owner: body.owner, term: 1, remaining_ms: 600, ttl_ms: 600 }))],
 ]) {
   test(`an answer it does not understand is never leadership: ${name}`, async () => {
     const fake = new FakeGateway();
     fake.onAcquire = answer;
     const e = elector(fake);
-    const seen = eventsWithin(e, 500);
+    const seen = eventsWithin(e, name === "a late answer" ? 1500 : 500);
     e.start();
     assert.deepEqual(await seen, []);
     assert.ok(!e.isLeader());
@@ -229,11 +233,27 @@ test("a write in flight when the period ends is OutcomeUnknown, and its request 
   const elected = nextEvents(e);
   e.start();
   await elected;
-  fake.onWrite = () => new Promise(() => {});
+  const order = [];
+  // A send that takes a moment to stop once aborted.
+  const slowFetch = (url, init) =>
+    new Promise((resolve, reject) => {
+      fake.writes.push({ url, init, headers: new Headers(init.headers) });
+      init.signal.addEventListener("abort", () => setTimeout(() => {
+        order.push("write stopped");
+        reject(init.signal.reason);
+      }, 50), { once: true });
+    });
+  const lease = fake.lease.bind(fake);
+  fake.lease = (key, verb, body) => {
+    if (verb === "release") order.push("released");
+    return lease(key, verb, body);
+  };
   fake.holder = "someone-else"; // the next renewal is refused
-  const http = new FencedHttp(e, { fetch: fake.fetch });
+  const http = new FencedHttp(e, { fetch: slowFetch });
   await assert.rejects(http.post("/ledger/acct-1/entries", { body: "x" }), OutcomeUnknown);
   assert.ok(fake.writes.at(-1).init.signal.aborted, "the request's signal was aborted");
+  await sleep(150);
+  assert.deepEqual(order.slice(0, 2), ["write stopped", "released"], "no release under a write still going");
   await e.shutdown();
 });
 
@@ -269,21 +289,34 @@ test("shutdown waits for leader work before it releases, and keeps the lease whe
   finish();
 });
 
-test("a requested handover ends the period and releases", async () => {
+test("a requested handover ends the period, stops its work, releases and waits a ttl", async () => {
   const fake = new FakeGateway();
   const e = elector(fake);
+  const order = [];
+  e.spawnLeaderWork(async (leadership) => {
+    await new Promise((resolve) => leadership.signal.addEventListener("abort", resolve, { once: true }));
+    await sleep(50);
+    order.push("work stopped");
+  });
+  const lease = fake.lease.bind(fake);
+  fake.lease = (key, verb, body) => {
+    if (verb === "release") order.push("released");
+    return lease(key, verb, body);
+  };
   const elected = nextEvents(e);
   e.start();
   await elected;
   fake.onRenew = async (body) => {
-    const answer = await fake.lease("jobs", "renew", body).json();
+    const answer = await lease("jobs", "renew", body).json();
     return json(200, { ...answer, resign_requested: true });
   };
   const loss = await nextEvents(e);
   assert.equal(loss.reason, LossReason.RESIGNED);
-  await sleep(50);
+  const acquires = fake.verbs("acquire").length;
+  await sleep(400);
+  assert.deepEqual(order, ["work stopped", "released"]);
   assert.equal(fake.holder, null);
-  assert.equal(fake.verbs("release").length, 1);
+  assert.equal(fake.verbs("acquire").length, acquires, "it waits a ttl before it tries to lead again");
   await e.shutdown();
 });
 
@@ -324,5 +357,36 @@ test("a leader's value is watched, and a zombie cannot set one", async () => {
   assert.deepEqual(fake.value, { addr: "10.0.0.5:8080" });
   stop.abort();
   await changes.return();
+  await e.shutdown();
+});
+
+test("the deadline counts from the send, minus the margin", async () => {
+  const fake = new FakeGateway();
+  // Answered 30 ms after it was sent, with 600 ms left: at most 510 ms are left once answered.
+  fake.onAcquire = () => sleep(30).then(() => null);
+  fake.onRenew = () => new Promise(() => {}); // renewals never answer
+  const e = elector(fake);
+  const elected = nextEvents(e);
+  e.start();
+  await elected;
+  const left = e.leadership().remainingMs();
+  assert.ok(left <= 510, `${left} ms left: counted from the answer, or without the margin`);
+  await nextEvents(e); // lost
+  await e.shutdown();
+});
+
+test("a grant with a term it already had is not leadership", async () => {
+  const fake = new FakeGateway();
+  const e = elector(fake);
+  const elected = nextEvents(e);
+  e.start();
+  await elected;
+  const lost = nextEvents(e);
+  fake.holder = "someone-else";
+  await lost;
+  fake.holder = null;
+  fake.term = 0; // the store went back: the next grant is term 1 again
+  assert.deepEqual(await eventsWithin(e, 500), []);
+  assert.ok(!e.isLeader());
   await e.shutdown();
 });

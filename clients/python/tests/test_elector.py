@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any, List
 
@@ -161,7 +162,9 @@ def test_a_paused_process_is_not_leader_before_any_timer_runs() -> None:
         httpx.Response(200, content=b"{not json"),
         httpx.Response(200, json=[1, 2]),
         httpx.Response(200, json={"key": "jobs", "owner": "x", "term": 1, "remaining_ms": 500, "ttl_ms": 600}),
-        httpx.Response(200, json={"key": "other", "term": 1, "remaining_ms": 500, "ttl_ms": 600}),
+        "other-key",
+        "remaining-above-ttl",
+        "another-ttl",
         "missing-term",
         "zero-term",
         "bool-term",
@@ -178,7 +181,13 @@ def test_an_answer_it_does_not_understand_is_never_leadership(answer: Any) -> No
 
         async def respond(body: Any) -> Any:
             good = {"key": "jobs", "owner": body["owner"], "term": 1, "remaining_ms": 500, "ttl_ms": 600}
-            if answer == "missing-term":
+            if answer == "other-key":
+                good["key"] = "other"
+            elif answer == "remaining-above-ttl":
+                good["remaining_ms"] = 10**9
+            elif answer == "another-ttl":
+                good["ttl_ms"] = 10**9
+            elif answer == "missing-term":
                 del good["term"]
             elif answer == "zero-term":
                 good["term"] = 0
@@ -196,7 +205,8 @@ def test_an_answer_it_does_not_understand_is_never_leadership(answer: Any) -> No
         e = elector(fake)
         events = e.events()
         e.start()
-        seen = await collect(events, 0.5)
+        # Longer than the slow answer takes: without the call's bound it would be a grant.
+        seen = await collect(events, 1.5 if answer == "slow" else 0.5)
         assert seen == [] and not e.is_leader() and e.current_term() is None
         assert len(fake.verbs("acquire")) >= 1
         await e.shutdown()
@@ -285,14 +295,32 @@ def test_a_write_in_flight_when_the_period_ends_is_outcome_unknown() -> None:
         e.start()
         await next_event(events)
 
-        async def hang(request: Any) -> Any:
-            await asyncio.sleep(5)
+        order: List[str] = []
 
-        fake.on_write = hang
+        async def hang_until_cancelled(request: Any) -> Any:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.05)  # a send that takes a moment to stop
+                order.append("write cancelled")
+                raise
+
+        original = fake.lease
+
+        def lease(key: str, verb: str, body: Any) -> Any:
+            if verb == "release":
+                order.append("released")
+            return original(key, verb, body)
+
+        fake.lease = lease  # type: ignore[method-assign]
+        fake.on_write = hang_until_cancelled
         fake.holder = "someone-else"  # the next renewal is refused
         async with FencedHttp(e, transport=fake.transport()) as http:
             with pytest.raises(OutcomeUnknown):
                 await asyncio.wait_for(http.post("/ledger/acct-1/entries", content=b"x"), 3)
+        await asyncio.sleep(0.1)
+        # The write of the ended period was stopped before the lease was released under it.
+        assert order[:2] == ["write cancelled", "released"], order
         await e.shutdown()
 
     run(main())
@@ -364,13 +392,35 @@ def test_a_requested_handover_ends_the_period_and_releases() -> None:
 
         e = elector(fake)
         events = e.events()
+        order: List[str] = []
+
+        async def work(leadership: Any) -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.05)
+                order.append("work stopped")
+                raise
+
+        original = fake.lease
+
+        def lease(key: str, verb: str, body: Any) -> Any:
+            if verb == "release":
+                order.append("released")
+            return original(key, verb, body)
+
+        fake.lease = lease  # type: ignore[method-assign]
+        e.spawn_leader_work(work)
         e.start()
         await next_event(events)
         fake.on_renew = resign
         lost = await next_event(events)
         assert isinstance(lost, Lost) and lost.reason == LossReason.RESIGNED
-        await asyncio.sleep(0.05)
-        assert fake.holder is None and len(fake.verbs("release")) == 1
+        acquires = len(fake.verbs("acquire"))
+        await asyncio.sleep(0.4)
+        assert order == ["work stopped", "released"], order
+        assert fake.holder is None
+        assert len(fake.verbs("acquire")) == acquires, "it waits a ttl before it tries to lead again"
         await e.shutdown()
 
     run(main())
@@ -420,3 +470,91 @@ def test_a_leaders_value_is_watched_and_a_zombie_cannot_set_one() -> None:
         await e.shutdown()
 
     run(main())
+
+
+def test_the_deadline_counts_from_the_send_minus_the_margin() -> None:
+    async def main() -> None:
+        fake = FakeGateway()
+
+        # A grant answered 30 ms after it was sent, with 600 ms left: the deadline is the send
+        # plus 600 ms minus the 60 ms margin, so at most 510 ms are left once it is answered.
+        async def grant_late(body: Any) -> Any:
+            await asyncio.sleep(0.03)
+            return None
+
+        fake.on_acquire = grant_late
+        fake.on_renew = lambda body: asyncio.sleep(60)  # renewals never answer
+        e = elector(fake)
+        events = e.events()
+        e.start()
+        await next_event(events)
+        left = e.leadership().remaining_s()
+        assert left <= 0.51, f"{left} s left: counted from the answer, or without the margin"
+        lost = await next_event(events)
+        assert isinstance(lost, Lost)
+        await e.shutdown()
+
+    run(main())
+
+
+def test_a_failure_nobody_expected_ends_the_period_and_the_elector_leads_again() -> None:
+    async def main() -> None:
+        fake = FakeGateway()
+        e = elector(fake)
+        events = e.events()
+        cancelled = asyncio.Event()
+
+        async def work(leadership: Any) -> None:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        e.spawn_leader_work(work)
+        e.start()
+        await next_event(events)
+        deep = b"[" * 100_000 + b"]" * 100_000  # json.loads raises RecursionError
+        fake.on_renew = lambda body: httpx.Response(200, content=deep)
+        lost = await next_event(events)
+        assert isinstance(lost, Lost) and lost.reason == LossReason.RENEW_FAILED
+        await asyncio.wait_for(cancelled.wait(), 1)
+        fake.on_renew = None
+        fake.holder = None
+        again = await next_event(events)
+        assert isinstance(again, Elected) and again.term == 2
+        await e.shutdown()
+
+    run(main())
+
+
+def test_a_grant_with_a_term_it_already_had_is_not_leadership() -> None:
+    async def main() -> None:
+        fake = FakeGateway()
+        e = elector(fake)
+        events = e.events()
+        e.start()
+        await next_event(events)
+        fake.holder = "someone-else"
+        await next_event(events)  # lost
+        fake.holder = None
+        fake.term = 0  # the store went back: the next grant is term 1 again
+        assert await collect(events, 0.5) == []
+        assert not e.is_leader()
+        await e.shutdown()
+
+    run(main())
+
+
+def test_a_forked_child_is_another_owner() -> None:
+    e = Elector("jobs", owner="web", control=ControlClient(transport=FakeGateway().transport()))
+    parent = e.owner
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its owner and leave at once
+        os.write(write, e.owner.encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.waitpid(pid, 0)
+    assert child != parent and child.startswith("web#") and e.owner == parent

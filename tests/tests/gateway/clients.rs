@@ -296,6 +296,132 @@ fn python_node(setup: &Setup, id: &str) -> ElectorProcess {
     ElectorProcess::spawn_command(command, "examples/daemon_node.py", id, true).unwrap()
 }
 
+fn node_node(setup: &Setup, id: &str) -> ElectorProcess {
+    let mut command = node();
+    command.arg("examples/daemon_node.js").args([
+        "--control",
+        &format!("http://{}", setup.gateway.control),
+        "--proxy",
+        &format!("http://{}", setup.gateway.proxy),
+        "--cluster",
+        CLUSTER,
+        "--key",
+        "mixed-leader",
+        "--node-id",
+        id,
+        "--daemons",
+        "4",
+        "--heartbeat-ms",
+        "300",
+        "--registration-ttl-ms",
+        "1500",
+        "--ttl-ms",
+        "2000",
+        "--ack-ms",
+        "1000",
+        "--drain-ms",
+        "1000",
+    ]);
+    ElectorProcess::spawn_command(command, "examples/daemon_node.js", id, true).unwrap()
+}
+
+/// What `process` started: (daemon, generation) from its `daemon_started` lines.
+fn started_runs(process: &mut ElectorProcess) -> Vec<(String, i64)> {
+    process.drain();
+    process
+        .seen
+        .iter()
+        .filter(|l| event(l) == "daemon_started")
+        .map(|l| (l["daemon"].as_str().unwrap_or_default().to_owned(), int(l, "generation")))
+        .collect()
+}
+
+/// Every generation `node_id` started is one the store assigned to it.
+async fn assert_given(client: &tokio_postgres::Client, node_id: &str, started: &[(String, i64)]) {
+    let given: std::collections::BTreeSet<(String, i64)> = client
+        .query(
+            "SELECT DISTINCT daemon, generation FROM fencing.daemon_history WHERE cluster = $1 AND node_id = $2",
+            &[&CLUSTER, &node_id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    for run in started {
+        assert!(given.contains(run), "{node_id} started {run:?}, which the store never gave it: {given:?}");
+    }
+}
+
+/// Daemons move between a Python node and a Node node of one cluster, both through the gateway
+/// and both candidates for its leader: they share the daemons; the Python node killed, its
+/// daemons move to the Node node; a new Python node gets its share back (the Node node drains
+/// what was revoked); the Node node's shutdown gives everything to the Python node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_move_between_a_python_node_and_a_node_node_of_one_cluster() {
+    let mut setup = Setup::new().await;
+    let client = setup.db.connect().await;
+    let p1 = python_node(&setup, "p1");
+    let mut n1 = node_node(&setup, "n1");
+    wait_for_placement(&client, "a 2-2 spread over p1 and n1", |p| {
+        p.get("p1").map(Vec::len) == Some(2) && p.get("n1").map(Vec::len) == Some(2)
+    })
+    .await;
+    p1.signal(Signal::SIGKILL).unwrap();
+    wait_for_placement(&client, "every daemon on n1 after p1 was killed", |p| {
+        p.get("n1").map(Vec::len) == Some(DAEMONS)
+    })
+    .await;
+    let mut p2 = python_node(&setup, "p2");
+    wait_for_placement(&client, "a 2-2 spread over n1 and p2", |p| {
+        p.get("p2").map(Vec::len) == Some(2) && p.get("n1").map(Vec::len) == Some(2)
+    })
+    .await;
+    n1.send_line("shutdown").await.unwrap();
+    n1.wait_for("n1 stopped", |l| event(l) == "stopped").await.unwrap();
+    assert_eq!(n1.wait_exit().await.unwrap(), Some(0));
+    wait_for_placement(&client, "every daemon on p2 after n1 shut down", |p| {
+        p.get("p2").map(Vec::len) == Some(DAEMONS)
+    })
+    .await;
+
+    let n1_runs = started_runs(&mut n1);
+    assert_given(&client, "n1", &n1_runs).await;
+    let ran: std::collections::BTreeSet<&str> = n1_runs.iter().map(|(daemon, _)| daemon.as_str()).collect();
+    assert_eq!(ran.len(), DAEMONS, "n1 ran every daemon at some point: {n1_runs:?}");
+    let stopped = n1.seen.iter().filter(|l| event(l) == "daemon_stopped").count();
+    assert_eq!(stopped, n1_runs.len(), "every daemon n1 started, it stopped: {:?}", n1.seen);
+    let p2_runs = started_runs(&mut p2);
+    assert_given(&client, "p2", &p2_runs).await;
+    assert!(p2_runs.len() >= DAEMONS, "p2 runs every daemon: {p2_runs:?}");
+
+    // The ticks of both languages, per daemon, never went back to an older generation. (A new
+    // generation's first tick waits out the older one's forward deadline at the gateway, S5.)
+    for _ in 0..50 {
+        let log = setup.upstream.collect(Duration::from_millis(200)).await;
+        if log.iter().any(|r| r["x_request_id"].as_str().is_some_and(|id| id.starts_with("p2-"))) {
+            break;
+        }
+    }
+    let mut last: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut writers = std::collections::BTreeSet::new();
+    for request in &setup.upstream.log {
+        let (Some(resource), Some(token)) = (request["fencing_resource"].as_str(), request["fencing_token"].as_str())
+        else {
+            continue;
+        };
+        let token: i64 = token.parse().unwrap();
+        let previous = last.insert(resource.to_owned(), token).unwrap_or(0);
+        assert!(token >= previous, "{resource}: generation {token} after {previous}");
+        if let Some(id) = request["x_request_id"].as_str() {
+            writers.insert(id.split('-').next().unwrap_or_default().to_owned());
+        }
+    }
+    assert!(writers.contains("n1") && writers.contains("p2"), "both languages' daemons wrote: {writers:?}");
+    p2.send_line("shutdown").await.unwrap();
+    assert_eq!(p2.wait_exit().await.unwrap(), Some(0));
+}
+
 /// Daemons move between a Rust node (the library, straight on Postgres) and a Python node (the
 /// client, through the gateway) of one cluster, both candidates for its leader: they share the
 /// daemons; a killed Rust node's daemons move to the Python node; a new Rust node gets its share
@@ -391,13 +517,22 @@ async fn daemons_move_between_a_rust_node_and_a_python_node_of_one_cluster() {
     r2.wait_exit().await.unwrap();
 }
 
-/// A Python daemon node paused (SIGSTOP) past its registration while it runs daemons: the leader
-/// gives them to the Rust node, and when the Python node resumes, its daemons stop at once, on
+/// A daemon node of a client (Python, Node) paused (SIGSTOP) past its registration while it runs daemons: the leader
+/// gives them to the Rust node, and when it resumes, its daemons stop at once, on
 /// the boot clock alone (the gateway is paused too, so no answer can tell the node that its
 /// daemons moved): at most the one tick that was in flight at the pause reaches the upstream
 /// with an old generation after the resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_python_daemon_node_stops_its_daemons_when_it_resumes() {
+    paused_daemon_node(Client::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_daemon_node_stops_its_daemons_when_it_resumes() {
+    paused_daemon_node(Client::Node).await;
+}
+
+async fn paused_daemon_node(language: Client) {
     let mut setup = Setup::new().await;
     let client = setup.db.connect().await;
     client
@@ -409,7 +544,10 @@ async fn a_paused_python_daemon_node_stops_its_daemons_when_it_resumes() {
         .unwrap();
     let url = setup.db.url();
     let mut r1 = rust_node(&url, "r1");
-    let mut p1 = python_node(&setup, "p1");
+    let mut p1 = match language {
+        Client::Python => python_node(&setup, "p1"),
+        Client::Node => node_node(&setup, "p1"),
+    };
     wait_for_placement(&client, "a 2-2 spread over r1 and p1", |p| {
         p.get("r1").map(Vec::len) == Some(2) && p.get("p1").map(Vec::len) == Some(2)
     })
@@ -435,12 +573,19 @@ async fn a_paused_python_daemon_node_stops_its_daemons_when_it_resumes() {
     // Its registration ran out during the pause: the watchdog (every 50 ms at most) cancels the
     // daemons with no answer from anyone. 3 s is far beyond that, and short of any answer.
     let stops = async {
-        for (daemon, generation) in &held {
-            p1.wait_for(&format!("p1 stops {daemon} {generation}"), |l| {
-                event(l) == "daemon_stopped" && l["daemon"] == daemon.as_str() && int(l, "generation") == *generation
-            })
-            .await
-            .unwrap();
+        // In whatever order they stop.
+        loop {
+            let all_stopped = held.iter().all(|(daemon, generation)| {
+                p1.seen.iter().any(|l| {
+                    event(l) == "daemon_stopped"
+                        && l["daemon"] == daemon.as_str()
+                        && int(l, "generation") == *generation
+                })
+            });
+            if all_stopped {
+                break;
+            }
+            p1.wait_for("a daemon stopped", |l| event(l) == "daemon_stopped").await.unwrap();
         }
     };
     let stopped = tokio::time::timeout(Duration::from_secs(3), stops).await;

@@ -138,7 +138,14 @@ class ControlClient:
             raise Unavailable(f"{method} {path}: no answer within {limit:.3f} s") from error
         except httpx.HTTPError as error:
             raise Unavailable(f"{method} {path}: {type(error).__name__}: {error}") from error
-        return _read(method, path, response, expect)
+        except (TypeError, ValueError) as error:  # a body json cannot encode, a bad URL
+            raise ProtocolError(f"{method} {path}: {type(error).__name__}: {error}") from error
+        try:
+            return _read(method, path, response, expect)
+        except (ProblemError, ProtocolError):
+            raise
+        except Exception as error:  # noqa: BLE001: JSON nested too deep, anything else: not understood
+            raise ProtocolError(f"{method} {path}: {type(error).__name__} reading the answer", response.status_code) from error
 
     # Leases
 
@@ -170,6 +177,8 @@ class ControlClient:
             resign_requested=answer.get("resign_requested") is True,
             value=answer.get("value"),
         )
+        if lease.ttl_ms != ttl_ms or lease.remaining_ms > ttl_ms:
+            raise ProtocolError(f"{verb}: asked for a ttl of {ttl_ms} ms, answered {lease.ttl_ms} ms with {lease.remaining_ms} ms left")
         # With [[clients]], the gateway keeps owners as "<client>/<owner>": accept that spelling.
         if lease.key != key or not (lease.owner == owner or lease.owner.endswith("/" + owner)):
             raise ProtocolError(f"{verb}: asked for {key!r} as {owner!r}, answered {lease.key!r} as {lease.owner!r}")
@@ -242,6 +251,8 @@ class ControlClient:
             remaining_ms=_int(answer, "remaining_ms"),
             ttl_ms=_int(answer, "ttl_ms"),
         )
+        if registration.remaining_ms > ttl_ms:
+            raise ProtocolError(f"heartbeat: asked for a ttl of {ttl_ms} ms, answered {registration.remaining_ms} ms left")
         if registration.cluster != cluster or registration.node_id != node_id:
             raise ProtocolError(f"heartbeat: asked for {cluster}/{node_id}, answered {registration}")
         return registration

@@ -111,6 +111,7 @@ class Daemons:
         self._control = control if control is not None else ControlClient(control_url, token=token)
         self._own_control = control is None
         self.incarnation = secrets.token_hex(8)
+        self._pid = os.getpid()
         self._api = DaemonsApi(self._control, cluster, self.node_id, self.incarnation)
         self._daemons = dict(daemons)
         self.elector = (
@@ -129,6 +130,9 @@ class Daemons:
     # The public surface
 
     def start(self) -> "Daemons":
+        if os.getpid() != self._pid:  # built before a fork: this process is another incarnation
+            self._pid, self.incarnation = os.getpid(), secrets.token_hex(8)
+            self._api = DaemonsApi(self._control, self.cluster, self.node_id, self.incarnation)
         if not self._tasks:
             loop = asyncio.get_running_loop()
             self.elector.start()

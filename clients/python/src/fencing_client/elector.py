@@ -114,22 +114,31 @@ class Leadership:
 
     async def run(self, work: Awaitable[T]) -> T:
         """Runs ``work`` within this period: cancelled, with :class:`OutcomeUnknown`, when the
-        period ends first; :class:`NotLeader` (``work`` never started) when it already has."""
-        task = asyncio.ensure_future(work)
+        period ends first; :class:`NotLeader` (``work`` never started) when it already has.
+
+        ``work`` runs as one of the period's tasks: the period's end cancels it, and the elector
+        waits for it (as for leader work) before it releases the lease. However this call ends
+        (its caller cancelled, a timeout around it), the work is cancelled and awaited first, so
+        no send of an ended period goes on unseen."""
         try:
             self.check()
         except NotLeader:
-            task.cancel()
+            if asyncio.iscoroutine(work):
+                work.close()
             raise
+        task = self._elector._track(self, asyncio.ensure_future(work))
         ender = asyncio.ensure_future(self.wait_ended())
         try:
             done, _ = await asyncio.wait({task, ender}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done and not task.cancelled():
+                return task.result()
+            raise OutcomeUnknown(f"the period of term {self.term} ended while the work was in flight")
         finally:
             ender.cancel()
-        if task in done:
-            return task.result()
-        task.cancel()
-        raise OutcomeUnknown(f"the period of term {self.term} ended while the work was in flight")
+            if not task.done():
+                if not self.ended:  # the period's end has cancelled it already: once is enough
+                    task.cancel()
+                await asyncio.wait({task}, timeout=self._elector.shutdown_grace_ms / 1000)
 
 
 def default_owner() -> str:
@@ -170,7 +179,8 @@ class Elector:
         self.shutdown_grace_ms = shutdown_grace_ms if shutdown_grace_ms is not None else ttl_ms // 2
         prefix = owner if owner is not None else default_owner()
         _validate(self, key, prefix)
-        self.incarnation = secrets.token_hex(6)
+        self._pid = os.getpid()
+        self._incarnation = secrets.token_hex(6)
         self._prefix = prefix
         self._periods = 0
         self._value = value
@@ -188,6 +198,16 @@ class Elector:
         self._drained = True
 
     # The public surface
+
+    @property
+    def incarnation(self) -> str:
+        """Random per process: a child forked after this elector was built gets its own (and
+        starts counting its periods from 0), so two processes never share an owner (S2)."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._incarnation = secrets.token_hex(6)
+            self._periods = 0
+        return self._incarnation
 
     @property
     def owner(self) -> str:
@@ -286,8 +306,8 @@ class Elector:
                 await asyncio.wait_for(asyncio.shield(self._runner), (self.shutdown_grace_ms + self.query_timeout_ms) / 1000 + 1)
             except asyncio.TimeoutError:
                 self._runner.cancel()
-            except FencingError:
-                pass
+            except Exception as error:  # noqa: BLE001: the loop's own failure, logged; shutdown goes on
+                log.error("the elector of %s ended with %r", self.key, error)
         if self._own_control:
             await self._control.aclose()
 
@@ -297,6 +317,17 @@ class Elector:
         return f"{self._prefix}#{self.incarnation}-{self._periods}"
 
     async def _run(self) -> None:
+        try:
+            await self._elect()
+        finally:
+            # However the loop ends (shutdown, or a failure nobody expected), no period outlives it.
+            period = self._period
+            if period is not None:
+                self._end(period, LossReason.SHUTDOWN if self._stopping.is_set() else LossReason.RENEW_FAILED)
+                if await self._drain():
+                    await self._release(period.owner)
+
+    async def _elect(self) -> None:
         backoff_ms = 25
         while not self._stopping.is_set():
             owner = self._owner()
@@ -317,14 +348,17 @@ class Elector:
                 await self._sleep(random.uniform(0, backoff_ms))
                 backoff_ms = min(backoff_ms * 2, self.retry_ms)
                 continue
-            backoff_ms = 25
             deadline = sent + lease.remaining_ms * MS - self.margin_ms * MS
-            if deadline <= _clock.now_ns():
-                # Granted, but the answer came too late to act on: a period this process never
-                # started. The next attempt is a new period (a new owner).
-                log.warning("acquire of %s answered after its deadline: not leading", self.key)
+            if deadline <= _clock.now_ns() or (self._last_term is not None and lease.term <= self._last_term):
+                # Granted, but too late to act on, or with a term this process already had (an
+                # answer replayed, a store gone back): a period it never starts. The next attempt
+                # is a new period (a new owner), after a pause.
+                log.warning("acquire of %s answered term %d too late or not above %s: not leading", self.key, lease.term, self._last_term)
                 self._periods += 1
+                await self._sleep(random.uniform(0, backoff_ms))
+                backoff_ms = min(backoff_ms * 2, self.retry_ms)
                 continue
+            backoff_ms = 25
             if self._stopping.is_set():
                 await self._release(owner)
                 break
@@ -375,6 +409,10 @@ class Elector:
                 return LossReason.RENEW_FAILED
             if period.ended:
                 return period.reason or LossReason.DEADLINE
+            if _clock.now_ns() >= period._deadline_ns:
+                # The answer came after the deadline: the period is over (a reader may already
+                # have seen it so), and is never extended back into being.
+                return LossReason.DEADLINE
             if lease.term != period.term:
                 log.warning("renewal of %s answered term %d for term %d", self.key, lease.term, period.term)
                 return LossReason.RENEW_FAILED
@@ -412,6 +450,15 @@ class Elector:
         except FencingError as error:
             log.debug("release of %s as %s: %s", self.key, owner, error)
 
+    def _track(self, period: Leadership, task: "asyncio.Task[T]") -> "asyncio.Task[T]":
+        """Makes ``task`` one of ``period``'s: cancelled at its end, waited for before a release."""
+        task._fencing_period = period  # type: ignore[attr-defined]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if period.ended:
+            task.cancel()
+        return task
+
     def _start_work(self, period: Leadership, work: Callable[[Leadership], Awaitable[Any]]) -> None:
         async def guarded() -> None:
             try:
@@ -423,10 +470,7 @@ class Elector:
             except Exception:  # noqa: BLE001: leader work's own failure must not stop the elector
                 log.exception("leader work of %s term %d failed", self.key, period.term)
 
-        task = asyncio.get_running_loop().create_task(guarded())
-        task._fencing_period = period  # type: ignore[attr-defined]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._track(period, asyncio.get_running_loop().create_task(guarded()))
 
     def _emit(self, event: Event) -> None:
         for queue in self._subscribers:

@@ -44,6 +44,7 @@ class FencedHttp:
         if mode not in ("verify", "stamp"):
             raise ValueError("mode must be 'verify' or 'stamp'")
         headers = {} if token is None else {"authorization": f"Bearer {token}"}
+        self.timeout_s = timeout_s
         self.elector = elector
         self.mode = mode
         self._http = httpx.AsyncClient(
@@ -102,11 +103,17 @@ class FencedHttp:
             sent_headers.setdefault("content-type", "application/json")
         send = self._http.request(method, path, headers=sent_headers, content=content)
         try:
-            response = await (period.run(send) if period is not None else send)
+            if period is not None:
+                response = await period.run(send)
+            else:
+                response = await asyncio.wait_for(send, self.timeout_s)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as error:
+            raise Unavailable(f"{method} {path}: not sent: {type(error).__name__}: {error}") from error
         except httpx.HTTPError as error:
-            raise Unavailable(f"{method} {path}: {type(error).__name__}: {error}") from error
+            # Sent, or maybe sent: the gateway may have forwarded it.
+            raise OutcomeUnknown(f"{method} {path}: {type(error).__name__}: {error}") from error
         except asyncio.TimeoutError as error:
-            raise OutcomeUnknown(f"{method} {path}: no answer in time") from error
+            raise OutcomeUnknown(f"{method} {path}: no answer within {self.timeout_s} s") from error
         if response.status_code == 409 and response.headers.get("content-type", "").startswith(
             "application/problem+json"
         ):

@@ -79,6 +79,7 @@ class Membership:
         if not 0 < len(cluster) <= 200 or not 0 < len(self.node_id) <= 200:
             raise ValueError("cluster and node_id must be 1 to 200 characters")
         self.incarnation = secrets.token_hex(8)
+        self._pid = os.getpid()
         self._control = control if control is not None else ControlClient(control_url, token=token)
         self._own_control = control is None
         self._registered_until_ns: Optional[int] = None
@@ -89,6 +90,8 @@ class Membership:
         self._tasks: List["asyncio.Task[None]"] = []
 
     def start(self) -> "Membership":
+        if os.getpid() != self._pid:  # built before a fork: this process is another incarnation
+            self._pid, self.incarnation = os.getpid(), secrets.token_hex(8)
         if not self._tasks:
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._heartbeats()), loop.create_task(self._watch())]
@@ -159,6 +162,7 @@ class Membership:
     async def _watch(self) -> None:
         after = 0
         while not self._stopping.is_set():
+            asked = _clock.now_ns()
             try:
                 members = await self._control.members(self.cluster, after=after, wait_ms=30_000)
             except FencingError as error:
@@ -166,6 +170,9 @@ class Membership:
                 await asyncio.sleep(min(self.interval_ms, 1000) / 1000)
                 continue
             self._apply(members.nodes)
+            if members.revision == after and _clock.now_ns() - asked < 1000 * _clock.NANOS_PER_MS:
+                # Unchanged, and answered at once instead of waiting: do not ask again at once.
+                await asyncio.sleep(min(self.interval_ms, 1000) / 1000)
             after = members.revision
 
     def _apply(self, nodes: List[Node]) -> None:

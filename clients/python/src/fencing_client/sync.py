@@ -7,13 +7,14 @@ the same question at the moment it acts as an async one does.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from typing import Any, Optional
 
 import httpx
 
 from .elector import Elector, Leadership
-from .errors import NotLeader, Unavailable
+from .errors import NotLeader, OutcomeUnknown
 from .fenced import FencedHttp
 
 
@@ -46,9 +47,9 @@ class SyncElector:
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return future.result(timeout_s)
-        except TimeoutError as error:  # concurrent.futures.TimeoutError is TimeoutError on 3.11+
+        except concurrent.futures.TimeoutError as error:  # not TimeoutError before Python 3.11
             future.cancel()
-            raise Unavailable(f"no answer within {timeout_s} s") from error
+            raise OutcomeUnknown(f"no answer within {timeout_s} s") from error
 
     def __enter__(self) -> "SyncElector":
         return self
@@ -60,14 +61,21 @@ class SyncElector:
         return self.elector.is_leader()
 
     def check(self) -> int:
-        """The current term, read now, or :class:`NotLeader`."""
-        return self.elector.leadership().term
+        """The current term, read now, or :class:`NotLeader`. Only reads, in this thread: a
+        period found past its deadline is ended on the elector's own loop."""
+        period = self.leadership()
+        if period is None:
+            raise NotLeader(f"not leader of {self._key}")
+        return period.term
 
     def leadership(self) -> Optional[Leadership]:
-        try:
-            return self.elector.leadership()
-        except NotLeader:
+        period = self.elector._period
+        if period is None:
             return None
+        if not period.is_valid():
+            self._loop.call_soon_threadsafe(period.check_silently)
+            return None
+        return period
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A fenced write (see :meth:`FencedHttp.request`), waited for at most its period."""
