@@ -233,7 +233,9 @@ export class DaemonsApi {
     if (str(answer, "daemon") !== daemon || int(answer, "generation", 1) !== generation) {
       throw new ProtocolError(`ack: asked for ${daemon} ${generation}, answered ${JSON.stringify(answer)}`);
     }
-    return int(answer, "fencing_token", 1);
+    const token = int(answer, "fencing_token", 1);
+    if (token !== generation) throw new ProtocolError(`ack: ${daemon} generation ${generation} answered the token ${token}`);
+    return token;
   }
 
   async stopped(daemon, generation, { timeoutMs } = {}) {

@@ -55,7 +55,7 @@ export class DaemonContext {
     if (this.#cancel.signal.aborted) return false;
     const now = nowNs();
     if (this.drainDeadlineNs !== null && now >= this.drainDeadlineNs) return false;
-    return this.#runner._registered(now);
+    return this.#runner._registered(now + (BigInt(this.#runner.intervalMs) * MS) / 2n);
   }
 
   _drain() {
@@ -75,7 +75,9 @@ export class Daemons {
   #registeredUntil = null;
   #firstUnanswered = null;
   #stopping = false;
+  #closing = false;
   #tasks = [];
+  #pending = new Set();
 
   constructor(cluster, daemons, options = {}) {
     this.cluster = cluster;
@@ -84,6 +86,10 @@ export class Daemons {
     this.ttlMs = options.ttlMs ?? this.intervalMs * 6;
     this.ackTimeoutMs = options.ackTimeoutMs ?? 30_000;
     this.drainTimeoutMs = options.drainTimeoutMs ?? 60_000;
+    for (const [name, value] of [["intervalMs", this.intervalMs], ["ttlMs", this.ttlMs], ["ackTimeoutMs", this.ackTimeoutMs], ["drainTimeoutMs", this.drainTimeoutMs]]) {
+      if (!Number.isSafeInteger(value)) throw new RangeError(`${name} must be an integer number of milliseconds`);
+    }
+    this.logger = options.logger ?? null;
     const names = Object.keys(daemons);
     if (names.length === 0 || names.length > 100 || names.some((name) => name.length === 0 || name.length > 200)) {
       throw new RangeError("daemons: 1 to 100 names of 1 to 200 characters");
@@ -96,7 +102,7 @@ export class Daemons {
         throw new RangeError(`${name} must be at least two heartbeat intervals, and 1 s to 1 h`);
       }
     }
-    this.daemons = { ...daemons };
+    this.daemons = Object.assign(Object.create(null), daemons);
     this.#control = options.control ?? new ControlClient({ baseUrl: options.controlUrl, token: options.token });
     this.incarnation = randomBytes(8).toString("hex");
     this.#api = new DaemonsApi(this.#control, cluster, this.nodeId, this.incarnation);
@@ -108,7 +114,11 @@ export class Daemons {
   start() {
     if (this.#tasks.length === 0) {
       this.elector.start();
-      this.#tasks = [this.#loop(), this.#watchdog()];
+      this.#tasks = [
+        this.#guard("heartbeats", this.#heartbeats()),
+        this.#guard("loop", this.#loop()),
+        this.#guard("watchdog", this.#watchdog()),
+      ];
     }
     return this;
   }
@@ -126,19 +136,37 @@ export class Daemons {
     return this.#registeredUntil !== null && now < this.#registeredUntil;
   }
 
-  /** Releases the lease, drains the daemons (at most the drain timeout), gives them back, leaves. */
+  /** Releases the lease, drains the daemons (at most the drain timeout, then aborts their
+   * signals), gives back the ones that returned, and leaves once none runs. Heartbeats and the
+   * watchdog go on until then, so a daemon draining here is never given to another node
+   * meanwhile, and one that overruns its deadlines still has its signal aborted. */
   async shutdown() {
-    this.#stopping = true;
-    await this.elector.shutdown();
-    await Promise.allSettled(this.#tasks);
+    this.#closing = true; // no more acknowledgements, starts or leader passes
+    try {
+      await this.elector.shutdown();
+    } catch {
+      // shutdown goes on
+    }
     const runs = [...this.#running.values()];
     for (const running of runs) running.ctx._drain();
-    let timer;
-    const drained = Promise.allSettled(runs.map((r) => r.done));
-    await Promise.race([drained, new Promise((resolve) => (timer = setTimeout(resolve, this.drainTimeoutMs)))]);
-    clearTimeout(timer);
-    for (const running of runs) running.ctx._cancel();
-    for (const [name, running] of [...this.#running]) await this.#giveBack(name, running);
+    if (!(await this.#settled(runs, this.drainTimeoutMs))) {
+      for (const running of runs) running.ctx._cancel();
+      await this.#settled(runs, this.drainTimeoutMs);
+    }
+    this.#stopping = true;
+    await Promise.allSettled(this.#tasks);
+    await Promise.allSettled([...this.#pending]);
+    const still = [];
+    for (const [name, running] of [...this.#running]) {
+      if (running.settled) await this.#giveBack(name, running);
+      else still.push(name);
+    }
+    if (still.length > 0) {
+      // Never given back and never left while running: the registration runs out at its ttl
+      // (their isValid() turns false then), and only then may another node run them.
+      this.#log("error", `daemons ${still.join(", ")} of ${this.cluster} ignored their signals: not leaving`);
+      return;
+    }
     try {
       await this.#control.leave(this.cluster, this.nodeId, this.incarnation, { timeoutMs: this.intervalMs });
     } catch {
@@ -147,21 +175,59 @@ export class Daemons {
     this.#registeredUntil = null;
   }
 
-  async #loop() {
+  async #settled(runs, ms) {
+    let timer;
+    const all = Promise.allSettled(runs.map((r) => r.done)).then(() => true);
+    const late = new Promise((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+    const result = await Promise.race([all, late]);
+    clearTimeout(timer);
+    return result;
+  }
+
+  #log(level, message) {
+    this.logger?.[level]?.(message);
+  }
+
+  /** The node's registration, on its own schedule: a slow pass never delays it. */
+  async #heartbeats() {
     while (!this.#stopping) {
-      const limit = this.intervalMs;
       const sent = nowNs();
       try {
-        const registration = await this.#control.heartbeat(this.cluster, this.nodeId, this.incarnation, this.ttlMs, { timeoutMs: limit });
+        const registration = await this.#control.heartbeat(this.cluster, this.nodeId, this.incarnation, this.ttlMs, {
+          timeoutMs: this.intervalMs,
+        });
         this.#registeredUntil = sent + BigInt(registration.remainingMs) * MS;
       } catch (error) {
         if (!(error instanceof FencingError)) throw error;
       }
-      await this.#leaderPass(limit);
-      await this.#readAssignments(limit);
-      if (this.#stopping) break;
-      await sleep(this.intervalMs * (0.8 + Math.random() * 0.2));
+      await sleep(Math.round(this.intervalMs * (0.8 + Math.random() * 0.2)));
     }
+  }
+
+  async #loop() {
+    while (!this.#stopping) {
+      const started = nowNs();
+      if (!this.#closing) await this.#leaderPass(this.intervalMs);
+      await this.#readAssignments(this.intervalMs);
+      const spent = Number((nowNs() - started) / MS);
+      await sleep(Math.max(0, Math.round(this.intervalMs * (0.8 + Math.random() * 0.2)) - spent));
+    }
+  }
+
+  /** Runs one of the runner's loops; if it fails, the node gives up rather than run daemons
+   * without it: it steps down and aborts every daemon. */
+  #guard(what, loop) {
+    return loop.catch((error) => {
+      this.#log("error", `the daemons' ${what} of ${this.cluster} failed: ${error?.stack ?? error}`);
+      this.#closing = true;
+      this.#registeredUntil = null;
+      try {
+        this.elector.stepDown("renew_failed");
+      } catch {
+        // nothing more to end
+      }
+      for (const running of this.#running.values()) running.ctx._cancel();
+    });
   }
 
   async #leaderPass(limit) {
@@ -172,9 +238,12 @@ export class Daemons {
       return;
     }
     try {
-      await this.#api.reconcile(this.elector.key, period.owner, period.term, this.ackTimeoutMs, this.drainTimeoutMs, {
-        timeoutMs: Math.min(limit, period.remainingMs()),
-      });
+      // Work of the period: settled before its lease is released.
+      await period.run(() =>
+        this.#api.reconcile(this.elector.key, period.owner, period.term, this.ackTimeoutMs, this.drainTimeoutMs, {
+          timeoutMs: Math.min(limit, period.remainingMs()),
+        }),
+      );
     } catch (error) {
       if (!(error instanceof FencingError)) throw error;
     }
@@ -206,7 +275,7 @@ export class Daemons {
   async #act({ daemon: name, generation, state, remainingMs }, countedFrom, limit) {
     const running = this.#running.get(name);
     const mine = running !== undefined && running.ctx.generation === generation;
-    if (state === "assigning" && running === undefined && name in this.daemons) {
+    if (state === "assigning" && running === undefined && Object.hasOwn(this.daemons, name) && !this.#closing) {
       let token;
       try {
         token = await this.#api.ack(name, generation, { timeoutMs: limit });
@@ -214,7 +283,7 @@ export class Daemons {
         if (!(error instanceof FencingError)) throw error;
         return; // refused, or no answer: not started
       }
-      if (this.#stopping || !this.isRegistered()) return; // read as active next time and given back
+      if (this.#closing || !this.isRegistered()) return; // read as active next time and given back
       this.#start(name, generation, token);
     } else if (state === "active" && running === undefined) {
       await this.#stopped(name, generation, limit);
@@ -233,14 +302,17 @@ export class Daemons {
 
   #start(name, generation, token) {
     const ctx = new DaemonContext(name, generation, token, this);
-    const running = { ctx, revoked: false, stoppedSent: false, done: null };
+    const running = { ctx, revoked: false, stoppedSent: false, settled: false, done: null };
     running.done = Promise.resolve()
       .then(() => this.daemons[name](ctx))
-      .catch(() => {}) // a daemon's failure ends that daemon only
+      .catch((error) => this.#log("error", `daemon ${name} generation ${generation} failed: ${error?.message ?? error}`))
       .then(() => {
+        running.settled = true;
         ctx._cancel();
-        if (!this.#stopping && this.#running.get(name) === running) return this.#giveBack(name, running);
-        return undefined;
+        if (this.#stopping || this.#running.get(name) !== running) return;
+        const giving = this.#giveBack(name, running);
+        this.#pending.add(giving);
+        giving.finally(() => this.#pending.delete(giving));
       });
     this.#running.set(name, running);
   }

@@ -156,6 +156,9 @@ export class Leadership {
 }
 
 function validate(s, key, owner) {
+  for (const name of ["ttlMs", "renewMs", "retryMs", "marginMs", "queryTimeoutMs", "shutdownGraceMs"]) {
+    if (!Number.isSafeInteger(s[name])) throw new RangeError(`${name} must be an integer number of milliseconds`);
+  }
   const checks = [
     [s.ttlMs >= 100 && s.ttlMs <= 3_600_000, "ttlMs must be 100 ms to 1 h"],
     [key.length > 0 && key.length <= 200, "key must be 1 to 200 characters"],
@@ -300,8 +303,14 @@ export class Elector extends EventEmitter {
   }
 
   #emit(event) {
-    this.emit(event.type, event);
-    this.emit("event", event);
+    // A listener that throws must not stop the elector (or end a period's timer halfway).
+    for (const name of [event.type, "event"]) {
+      try {
+        this.emit(name, event);
+      } catch (error) {
+        this.#log("error", `a listener of ${name} threw: ${error?.message ?? error}`);
+      }
+    }
   }
 
   #log(level, message) {
@@ -348,6 +357,7 @@ export class Elector extends EventEmitter {
         // Too late to act on, or a term this process already had (an answer replayed, a store
         // gone back): a period it never starts. The next attempt is a new owner, after a pause.
         this.#log("warn", `acquire of ${this.key} answered term ${lease.term} too late or not above ${this.#lastTerm}: not leading`);
+        await this.#release(owner); // held for nobody otherwise, until it expires
         this.#periods += 1;
         await sleep(Math.random() * backoffMs, stop);
         backoffMs = Math.min(backoffMs * 2, this.retryMs);

@@ -42,6 +42,9 @@ export class Membership extends EventEmitter {
     this.intervalMs = options.intervalMs ?? 15_000;
     this.ttlMs = options.ttlMs ?? this.intervalMs * 6;
     this.marginMs = options.marginMs ?? Math.max(50, Math.floor(this.ttlMs / 10));
+    for (const [name, value] of [["intervalMs", this.intervalMs], ["ttlMs", this.ttlMs], ["marginMs", this.marginMs]]) {
+      if (!Number.isSafeInteger(value)) throw new RangeError(`${name} must be an integer number of milliseconds`);
+    }
     if (this.intervalMs < 10) throw new RangeError("intervalMs must be at least 10 ms");
     if (this.ttlMs < 3 * this.intervalMs) throw new RangeError("ttlMs must be at least three heartbeat intervals");
     if (this.ttlMs < 1000) throw new RangeError("ttlMs must be at least 1 s over HTTP");

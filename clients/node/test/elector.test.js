@@ -329,6 +329,8 @@ test("settings that cannot be safe are refused", () => {
     [{ renewMs: 400, queryTimeoutMs: 200 }, /two thirds/],
     [{ retryMs: 5000 }, /retryMs/],
     [{ shutdownGraceMs: 0 }, /shutdownGraceMs/],
+    [{ ttlMs: Number.NaN }, /ttlMs/],
+    [{ renewMs: 100.5 }, /renewMs/],
   ]) {
     assert.throws(() => elector(new FakeGateway(), settings), message);
   }
@@ -384,9 +386,27 @@ test("a grant with a term it already had is not leadership", async () => {
   const lost = nextEvents(e);
   fake.holder = "someone-else";
   await lost;
-  fake.holder = null;
-  fake.term = 0; // the store went back: the next grant is term 1 again
+  // The store went back: every grant is term 1 again.
+  fake.onAcquire = (body) => json(200, { key: "jobs", owner: body.owner, term: 1, remaining_ms: 600, ttl_ms: 600 });
+  const releases = fake.verbs("release").length;
   assert.deepEqual(await eventsWithin(e, 500), []);
   assert.ok(!e.isLeader());
+  assert.ok(fake.verbs("release").length > releases, "the grant it will not use is released");
   await e.shutdown();
+});
+
+test("a listener that throws does not stop the elector", async () => {
+  const fake = new FakeGateway();
+  const e = elector(fake);
+  e.on("elected", () => {
+    throw new Error("a listener's bug");
+  });
+  const elected = nextEvents(e);
+  e.start();
+  await elected;
+  await sleep(300);
+  assert.ok(e.isLeader());
+  assert.ok(fake.verbs("renew").length >= 2, "it goes on renewing");
+  await e.shutdown();
+  assert.equal(fake.holder, null);
 });

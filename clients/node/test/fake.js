@@ -26,6 +26,8 @@ export class FakeGateway {
     this.onWrite = null;
     this.value = null;
     this.nodes = new Map();
+    this.assignments = [];
+    this.onAck = null;
     this.revision = 1;
     this.fetch = (url, init = {}) => this.handle(new URL(url), init);
   }
@@ -125,7 +127,28 @@ export class FakeGateway {
       }));
       return json(200, { cluster, nodes, revision: this.revision });
     }
+    if (parts.length === 5 && parts[4] === "reconcile") {
+      this.calls.push({ verb: "reconcile", ...body });
+      return json(200, { cluster, term: body.term, changes: [] });
+    }
     const [node, verb] = [parts[5], parts[6]];
+    if (verb === "assignments" && parts.length === 7) {
+      this.calls.push({ verb: "read-assignments", node });
+      return json(200, { cluster, node_id: node, assignments: this.assignments.map((a) => ({ ...a })) });
+    }
+    if (verb === "assignments" && parts.length === 9) {
+      const [daemon, step] = [parts[7], parts[8]];
+      this.calls.push({ verb: step, daemon, ...body });
+      if (step === "ack") {
+        if (this.onAck) return this.onAck(daemon, body);
+        for (const a of this.assignments) {
+          if (a.daemon === daemon && a.generation === body.generation) Object.assign(a, { state: "active", remaining_ms: null });
+        }
+        return json(200, { daemon, generation: body.generation, state: "active", fencing_token: body.generation, waited_ms: 0 });
+      }
+      this.assignments = this.assignments.filter((a) => !(a.daemon === daemon && a.generation === body.generation));
+      return new Response(null, { status: 204 });
+    }
     this.calls.push({ verb, node, ...body });
     if (verb === "heartbeat") {
       const known = this.nodes.get(node);

@@ -29,6 +29,8 @@ class FakeGateway:
         self.on_write: Optional[Callable[[httpx.Request], Any]] = None
         self.value: Any = None
         self.nodes: Dict[str, Dict[str, Any]] = {}
+        self.assignments: List[Dict[str, Any]] = []
+        self.on_ack: Optional[Callable[[str, Dict[str, Any]], httpx.Response]] = None
         self.revision = 1
 
     def transport(self) -> httpx.MockTransport:
@@ -125,6 +127,9 @@ class FakeGateway:
                 for n, v in self.nodes.items()
             ]
             return httpx.Response(200, json={"cluster": cluster, "nodes": nodes, "revision": self.revision})
+        if len(parts) == 5 and parts[4] == "reconcile":
+            self.calls.append({"verb": "reconcile", **body})
+            return httpx.Response(200, json={"cluster": cluster, "term": body.get("term"), "changes": []})
         node, verb = parts[5], parts[6]
         self.calls.append({"verb": verb, "node": node, **body})
         if verb == "heartbeat":
@@ -145,6 +150,27 @@ class FakeGateway:
                     "ttl_ms": body["ttl_ms"],
                 },
             )
+        if verb == "assignments" and len(parts) == 7:
+            self.calls.append({"verb": "read-assignments", "node": node})
+            return httpx.Response(200, json={"cluster": cluster, "node_id": node, "assignments": list(self.assignments)})
+        if len(parts) == 9 and parts[6] == "assignments":
+            daemon, step = parts[7], parts[8]
+            self.calls.append({"verb": step, "daemon": daemon, **body})
+            if step == "ack":
+                if self.on_ack is not None:
+                    return self.on_ack(daemon, body)
+                for a in self.assignments:  # as the store: acknowledged is active
+                    if a["daemon"] == daemon and a["generation"] == body["generation"]:
+                        a.update(state="active", remaining_ms=None)
+                return httpx.Response(
+                    200,
+                    json={"daemon": daemon, "generation": body["generation"], "state": "active",
+                          "fencing_token": body["generation"], "waited_ms": 0},
+                )
+            self.assignments = [  # as the store: given back is gone
+                a for a in self.assignments if not (a["daemon"] == daemon and a["generation"] == body["generation"])
+            ]
+            return httpx.Response(204)
         if verb == "leave":
             self.nodes.pop(node, None)
             self.revision += 1

@@ -537,10 +537,14 @@ def test_a_grant_with_a_term_it_already_had_is_not_leadership() -> None:
         await next_event(events)
         fake.holder = "someone-else"
         await next_event(events)  # lost
-        fake.holder = None
-        fake.term = 0  # the store went back: the next grant is term 1 again
+        # The store went back: every grant is term 1 again.
+        fake.on_acquire = lambda body: httpx.Response(
+            200, json={"key": "jobs", "owner": body["owner"], "term": 1, "remaining_ms": 600, "ttl_ms": 600}
+        )
+        releases = len(fake.verbs("release"))
         assert await collect(events, 0.5) == []
         assert not e.is_leader()
+        assert len(fake.verbs("release")) > releases, "the grant it will not use is released"
         await e.shutdown()
 
     run(main())

@@ -338,7 +338,10 @@ class DaemonsApi:
             raise ProtocolError("ack: the answer is not an active assignment")
         if _str(answer, "daemon") != daemon or _int(answer, "generation", 1) != generation:
             raise ProtocolError(f"ack: asked for {daemon} {generation}, answered {answer}")
-        return _int(answer, "fencing_token", 1)
+        token = _int(answer, "fencing_token", 1)
+        if token != generation:
+            raise ProtocolError(f"ack: {daemon} generation {generation} answered the token {token}")
+        return token
 
     async def stopped(self, daemon: str, generation: int, *, timeout_s: Optional[float] = None) -> None:
         body = {"incarnation": self.incarnation, "generation": generation}

@@ -27,11 +27,11 @@ import random
 import secrets
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from . import _clock
 from .control import Assignment, ControlClient, DaemonsApi
-from .elector import Elector
+from .elector import Elector, LossReason
 from .errors import Conflict, FencingError
 
 log = logging.getLogger("fencing_client")
@@ -59,7 +59,7 @@ class DaemonContext:
         now = _clock.now_ns()
         if self._drain_deadline_ns is not None and now >= self._drain_deadline_ns:
             return False
-        return self._runner._registered(now)
+        return self._runner._registered(now + self._runner.interval_ms * MS // 2)
 
     def is_draining(self) -> bool:
         return self.draining.is_set()
@@ -101,6 +101,9 @@ class Daemons:
         self.ttl_ms = ttl_ms if ttl_ms is not None else interval_ms * 6
         self.ack_timeout_ms = ack_timeout_ms
         self.drain_timeout_ms = drain_timeout_ms
+        for name, value in (("interval_ms", interval_ms), ("ttl_ms", self.ttl_ms), ("ack_timeout_ms", ack_timeout_ms), ("drain_timeout_ms", drain_timeout_ms)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer number of milliseconds")
         if not daemons or len(daemons) > 100 or any(not 0 < len(name) <= 200 for name in daemons):
             raise ValueError("daemons: 1 to 100 names of 1 to 200 characters")
         if interval_ms < 10 or self.ttl_ms < 3 * interval_ms or self.ttl_ms < 1000:
@@ -125,7 +128,9 @@ class Daemons:
         self._running: Dict[str, _Running] = {}
         self._first_unanswered_ns: Optional[int] = None
         self._stopping = asyncio.Event()
+        self._closing = False
         self._tasks: List["asyncio.Task[None]"] = []
+        self._pending: Set["asyncio.Task[None]"] = set()
 
     # The public surface
 
@@ -136,7 +141,11 @@ class Daemons:
         if not self._tasks:
             loop = asyncio.get_running_loop()
             self.elector.start()
-            self._tasks = [loop.create_task(self._loop()), loop.create_task(self._watchdog())]
+            self._tasks = [
+                loop.create_task(self._guard("heartbeats", self._heartbeats())),
+                loop.create_task(self._guard("loop", self._loop())),
+                loop.create_task(self._guard("watchdog", self._watchdog())),
+            ]
         return self
 
     async def __aenter__(self) -> "Daemons":
@@ -153,30 +162,45 @@ class Daemons:
         return self._registered(_clock.now_ns())
 
     async def shutdown(self) -> None:
-        """Releases the lease, drains the daemons (at most the drain timeout), gives them back,
-        and leaves the cluster."""
+        """Releases the lease, drains the daemons (at most the drain timeout, then cancels them),
+        gives back the ones that returned, and leaves the cluster once none runs. Heartbeats and
+        the watchdog go on until then, so a daemon draining here is never given to another node
+        meanwhile, and one that overruns its deadlines is still cancelled."""
+        self._closing = True  # no more acknowledgements, starts or leader passes
+        try:
+            await self.elector.shutdown()
+        except Exception as error:  # noqa: BLE001: shutdown goes on
+            log.error("the elector of %s ended with %r", self.cluster, error)
+        for running in self._running.values():
+            running.ctx.draining.set()
+        tasks = [r.task for r in self._running.values() if not r.task.done()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_ms / 1000)
+            for running in list(self._running.values()):
+                if running.task in pending:
+                    self._cancel(running)
+            if pending:
+                await asyncio.wait(pending, timeout=self.drain_timeout_ms / 1000)
+        still = [name for name, r in self._running.items() if not r.task.done()]
         self._stopping.set()
-        await self.elector.shutdown()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for running in self._running.values():
-            running.ctx.draining.set()
-        tasks = [r.task for r in self._running.values()]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.drain_timeout_ms / 1000)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=self.interval_ms / 1000)
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=self.interval_ms / 1000)
         for name, running in list(self._running.items()):
             if running.task.done():
                 await self._give_back(name, running)
-        try:
-            await self._control.leave(self.cluster, self.node_id, self.incarnation, timeout_s=self.interval_ms / 1000)
-        except FencingError as error:
-            log.debug("leave of %s/%s: %s", self.cluster, self.node_id, error)
-        self._registered_until_ns = None
+        if still:
+            # Never given back and never left while running: the registration runs out at its ttl
+            # (their is_valid() turns false then), and only then may another node run them.
+            log.error("daemons %s of %s ignored their cancellation: not leaving", still, self.cluster)
+        else:
+            try:
+                await self._control.leave(self.cluster, self.node_id, self.incarnation, timeout_s=self.interval_ms / 1000)
+            except FencingError as error:
+                log.debug("leave of %s/%s: %s", self.cluster, self.node_id, error)
+            self._registered_until_ns = None
         if self._own_control:
             await self._control.aclose()
 
@@ -186,35 +210,60 @@ class Daemons:
         until = self._registered_until_ns
         return until is not None and now_ns < until
 
-    async def _loop(self) -> None:
+    async def _heartbeats(self) -> None:
+        """The node's registration, on its own schedule: a slow leader pass or a batch of
+        acknowledgements never delays it."""
         while not self._stopping.is_set():
-            limit = self.interval_ms / 1000
             sent = _clock.now_ns()
             try:
                 registration = await self._control.heartbeat(
-                    self.cluster, self.node_id, self.incarnation, self.ttl_ms, timeout_s=limit
+                    self.cluster, self.node_id, self.incarnation, self.ttl_ms, timeout_s=self.interval_ms / 1000
                 )
                 self._registered_until_ns = sent + registration.remaining_ms * MS
             except FencingError as error:
                 log.warning("heartbeat of %s/%s: %s", self.cluster, self.node_id, error)
-            await self._leader_pass(limit)
-            await self._read_assignments(limit)
             await asyncio.sleep(self.interval_ms * random.uniform(0.8, 1.0) / 1000)
+
+    async def _loop(self) -> None:
+        while not self._stopping.is_set():
+            started = _clock.now_ns()
+            limit = self.interval_ms / 1000
+            if not self._closing:
+                await self._leader_pass(limit)
+            await self._read_assignments(limit)
+            spent = (_clock.now_ns() - started) / 1e9
+            await asyncio.sleep(max(0.0, self.interval_ms * random.uniform(0.8, 1.0) / 1000 - spent))
+
+    async def _guard(self, what: str, loop: Awaitable[None]) -> None:
+        """Runs one of the runner's loops; if it fails (nobody expected it to), the node gives up
+        rather than run daemons without it: it steps down and cancels every daemon."""
+        try:
+            await loop
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001
+            log.exception("the daemons' %s of %s failed: cancelling every daemon", what, self.cluster)
+            self._closing = True
+            self.elector.step_down(LossReason.RENEW_FAILED)
+            self._registered_until_ns = None
+            for running in list(self._running.values()):
+                self._cancel(running)
 
     async def _leader_pass(self, limit: float) -> None:
         try:
             period = self.elector.leadership()
         except FencingError:
             return
+        call = self._api.reconcile(
+            self.elector.key,
+            period.owner,
+            period.term,
+            self.ack_timeout_ms,
+            self.drain_timeout_ms,
+            timeout_s=min(limit, period.remaining_s()),
+        )
         try:
-            await self._api.reconcile(
-                self.elector.key,
-                period.owner,
-                period.term,
-                self.ack_timeout_ms,
-                self.drain_timeout_ms,
-                timeout_s=min(limit, period.remaining_s()),
-            )
+            await period.run(call)  # work of the period: gone before its lease is released
         except FencingError as error:
             log.warning("the leader's pass of %s: %s", self.cluster, error)
 
@@ -244,13 +293,13 @@ class Daemons:
         name, generation = assignment.daemon, assignment.generation
         running = self._running.get(name)
         mine = running is not None and running.ctx.generation == generation
-        if assignment.state == "assigning" and running is None and name in self._daemons:
+        if assignment.state == "assigning" and running is None and name in self._daemons and not self._closing:
             try:
                 token = await self._api.ack(name, generation, timeout_s=limit)
             except FencingError as error:
                 log.warning("ack of %s generation %d: %s: not started", name, generation, error)
                 return
-            if self._stopping.is_set() or not self.is_registered():
+            if self._closing or not self.is_registered():
                 return  # read as active next time, not run: given back then
             self._start(name, generation, token)
         elif assignment.state == "active" and not mine and running is None:
@@ -280,11 +329,20 @@ class Daemons:
         task = asyncio.get_running_loop().create_task(run(), name=f"daemon {name}")
         running = _Running(ctx, task)
         self._running[name] = running
-        task.add_done_callback(lambda _: asyncio.ensure_future(self._finished(name, running)))
+        task.add_done_callback(lambda _: self._track(self._finished(name, running)))
         log.info("daemon %s generation %d started", name, generation)
 
+    def _track(self, coroutine: Awaitable[None]) -> None:
+        if self._stopping.is_set():
+            if asyncio.iscoroutine(coroutine):
+                coroutine.close()  # shutdown gives back what is left itself
+            return
+        task = asyncio.ensure_future(coroutine)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
     async def _finished(self, name: str, running: _Running) -> None:
-        if self._running.get(name) is not running or self._stopping.is_set():
+        if self._running.get(name) is not running:
             return
         await self._give_back(name, running)
 

@@ -125,6 +125,8 @@ class Leadership:
         except NotLeader:
             if asyncio.iscoroutine(work):
                 work.close()
+            elif asyncio.isfuture(work):
+                work.cancel()
             raise
         task = self._elector._track(self, asyncio.ensure_future(work))
         ender = asyncio.ensure_future(self.wait_ended())
@@ -354,6 +356,7 @@ class Elector:
                 # answer replayed, a store gone back): a period it never starts. The next attempt
                 # is a new period (a new owner), after a pause.
                 log.warning("acquire of %s answered term %d too late or not above %s: not leading", self.key, lease.term, self._last_term)
+                await self._release(owner)  # held for nobody otherwise, until it expires
                 self._periods += 1
                 await self._sleep(random.uniform(0, backoff_ms))
                 backoff_ms = min(backoff_ms * 2, self.retry_ms)
