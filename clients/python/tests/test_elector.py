@@ -47,6 +47,18 @@ async def collect(events: Any, seconds: float) -> List[Any]:
         return seen
 
 
+def record_releases(fake: FakeGateway, order: List[str]) -> None:
+    """Appends "released" to ``order`` at each release the fake gateway receives."""
+    original = fake.lease
+
+    def lease(key: str, verb: str, body: Any) -> Any:
+        if verb == "release":
+            order.append("released")
+        return original(key, verb, body)
+
+    fake.lease = lease  # type: ignore[method-assign]
+
+
 def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
@@ -305,14 +317,7 @@ def test_a_write_in_flight_when_the_period_ends_is_outcome_unknown() -> None:
                 order.append("write cancelled")
                 raise
 
-        original = fake.lease
-
-        def lease(key: str, verb: str, body: Any) -> Any:
-            if verb == "release":
-                order.append("released")
-            return original(key, verb, body)
-
-        fake.lease = lease  # type: ignore[method-assign]
+        record_releases(fake, order)
         fake.on_write = hang_until_cancelled
         fake.holder = "someone-else"  # the next renewal is refused
         async with FencedHttp(e, transport=fake.transport()) as http:
@@ -344,14 +349,7 @@ def test_shutdown_drains_leader_work_before_it_releases_and_keeps_the_lease_when
         e.spawn_leader_work(polite)
         e.start()
         await next_event(events)
-        original = fake.lease
-
-        def lease(key: str, verb: str, body: Any) -> Any:
-            if verb == "release":
-                order.append("released")
-            return original(key, verb, body)
-
-        fake.lease = lease  # type: ignore[method-assign]
+        record_releases(fake, order)
         await e.shutdown()
         assert order == ["work stopped", "released"]
 
@@ -402,14 +400,7 @@ def test_a_requested_handover_ends_the_period_and_releases() -> None:
                 order.append("work stopped")
                 raise
 
-        original = fake.lease
-
-        def lease(key: str, verb: str, body: Any) -> Any:
-            if verb == "release":
-                order.append("released")
-            return original(key, verb, body)
-
-        fake.lease = lease  # type: ignore[method-assign]
+        record_releases(fake, order)
         e.spawn_leader_work(work)
         e.start()
         await next_event(events)

@@ -267,64 +267,48 @@ fn rust_node(url: &str, id: &str) -> ElectorProcess {
     ElectorProcess::spawn_daemon_node(id, &args).unwrap()
 }
 
-fn python_node(setup: &Setup, id: &str, extra: &[&str]) -> ElectorProcess {
-    let mut command = python("httpx");
-    command.arg(python_client().join("examples/daemon_node.py")).args([
-        "--control",
-        &format!("http://{}", setup.gateway.control),
-        "--proxy",
-        &format!("http://{}", setup.gateway.proxy),
-        "--cluster",
-        CLUSTER,
-        "--key",
-        "mixed-leader",
-        "--node-id",
-        id,
-        "--daemons",
-        "4",
-        "--heartbeat-ms",
-        "300",
-        "--registration-ttl-ms",
-        "1500",
-        "--ttl-ms",
-        "2000",
-        "--ack-ms",
-        "1000",
-        "--drain-ms",
-        "4000",
-    ]);
+/// A client's daemon node (`examples/daemon_node.py` or `.js`) in the test cluster, with the
+/// same timing as [`rust_node`], and `extra` arguments.
+fn client_node(setup: &Setup, language: Client, id: &str, extra: &[&str]) -> ElectorProcess {
+    let (mut command, example) = match language {
+        Client::Python => {
+            let mut command = python("httpx");
+            command.arg(python_client().join("examples/daemon_node.py"));
+            (command, "examples/daemon_node.py")
+        }
+        Client::Node => {
+            let mut command = node();
+            command.arg("examples/daemon_node.js");
+            (command, "examples/daemon_node.js")
+        }
+    };
+    let control = format!("http://{}", setup.gateway.control);
+    let proxy = format!("http://{}", setup.gateway.proxy);
+    for (flag, value) in [
+        ("--control", control.as_str()),
+        ("--proxy", proxy.as_str()),
+        ("--cluster", CLUSTER),
+        ("--key", "mixed-leader"),
+        ("--node-id", id),
+        ("--daemons", "4"),
+        ("--heartbeat-ms", "300"),
+        ("--registration-ttl-ms", "1500"),
+        ("--ttl-ms", "2000"),
+        ("--ack-ms", "1000"),
+        ("--drain-ms", "4000"),
+    ] {
+        command.args([flag, value]);
+    }
     command.args(extra);
-    ElectorProcess::spawn_command(command, "examples/daemon_node.py", id, true).unwrap()
+    ElectorProcess::spawn_command(command, example, id, true).unwrap()
+}
+
+fn python_node(setup: &Setup, id: &str, extra: &[&str]) -> ElectorProcess {
+    client_node(setup, Client::Python, id, extra)
 }
 
 fn node_node(setup: &Setup, id: &str, extra: &[&str]) -> ElectorProcess {
-    let mut command = node();
-    command.arg("examples/daemon_node.js").args([
-        "--control",
-        &format!("http://{}", setup.gateway.control),
-        "--proxy",
-        &format!("http://{}", setup.gateway.proxy),
-        "--cluster",
-        CLUSTER,
-        "--key",
-        "mixed-leader",
-        "--node-id",
-        id,
-        "--daemons",
-        "4",
-        "--heartbeat-ms",
-        "300",
-        "--registration-ttl-ms",
-        "1500",
-        "--ttl-ms",
-        "2000",
-        "--ack-ms",
-        "1000",
-        "--drain-ms",
-        "4000",
-    ]);
-    command.args(extra);
-    ElectorProcess::spawn_command(command, "examples/daemon_node.js", id, true).unwrap()
+    client_node(setup, Client::Node, id, extra)
 }
 
 /// What `process` started: (daemon, generation) from its `daemon_started` lines.
@@ -571,10 +555,7 @@ async fn paused_daemon_node(language: Client) {
         .unwrap();
     let url = setup.db.url();
     let mut r1 = rust_node(&url, "r1");
-    let mut p1 = match language {
-        Client::Python => python_node(&setup, "p1", &["--no-validity-check"]),
-        Client::Node => node_node(&setup, "p1", &["--no-validity-check"]),
-    };
+    let mut p1 = client_node(&setup, language, "p1", &["--no-validity-check"]);
     wait_for_placement(&client, "a 2-2 spread over r1 and p1", |p| {
         p.get("r1").map(Vec::len) == Some(2) && p.get("p1").map(Vec::len) == Some(2)
     })

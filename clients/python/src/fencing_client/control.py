@@ -77,6 +77,30 @@ def _str(body: Mapping[str, Any], name: str) -> str:
     return value
 
 
+def http_client(
+    base_url: str,
+    token: Optional[str],
+    timeout_s: float,
+    transport: Optional[httpx.AsyncBaseTransport],
+    verify: Any,
+    headers: Optional[Dict[str, str]] = None,
+) -> httpx.AsyncClient:
+    """An HTTP client to one of the gateway's listeners: the bearer token only in
+    ``Authorization``, no proxy from the environment, no redirect followed."""
+    sent = dict(headers or {})
+    if token is not None:
+        sent["authorization"] = f"Bearer {token}"
+    return httpx.AsyncClient(
+        base_url=base_url.rstrip("/"),
+        headers=sent,
+        timeout=timeout_s,
+        follow_redirects=False,
+        trust_env=False,
+        transport=transport,
+        verify=verify,
+    )
+
+
 def _segment(value: str) -> str:
     return quote(value, safe="")
 
@@ -98,19 +122,8 @@ class ControlClient:
         transport: Optional[httpx.AsyncBaseTransport] = None,
         verify: Any = True,
     ) -> None:
-        headers = {"accept": "application/json"}
-        if token is not None:
-            headers["authorization"] = f"Bearer {token}"
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=timeout_s,
-            follow_redirects=False,
-            trust_env=False,
-            transport=transport,
-            verify=verify,
-        )
+        self._http = http_client(base_url, token, timeout_s, transport, verify, {"accept": "application/json"})
 
     async def aclose(self) -> None:
         await self._http.aclose()

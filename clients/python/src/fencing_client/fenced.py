@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 
 import httpx
 
+from .control import http_client
 from .elector import Elector, LossReason
 from .errors import NotLeader, OutcomeUnknown, StaleLeader, Unavailable, problem_kind
 
@@ -43,19 +44,10 @@ class FencedHttp:
     ) -> None:
         if mode not in ("verify", "stamp"):
             raise ValueError("mode must be 'verify' or 'stamp'")
-        headers = {} if token is None else {"authorization": f"Bearer {token}"}
         self.timeout_s = timeout_s
         self.elector = elector
         self.mode = mode
-        self._http = httpx.AsyncClient(
-            base_url=proxy_url.rstrip("/"),
-            headers=headers,
-            timeout=timeout_s,
-            follow_redirects=False,
-            trust_env=False,
-            transport=transport,
-            verify=verify,
-        )
+        self._http = http_client(proxy_url, token, timeout_s, transport, verify)
 
     async def aclose(self) -> None:
         await self._http.aclose()
