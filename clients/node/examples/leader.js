@@ -4,6 +4,7 @@
 //   node examples/leader.js --key ledger-writer --owner a
 //   {"cmd": "write", "id": "a-1", "path": "/ledger/acct-1/entries"}
 //   {"cmd": "write", "id": "a-2", "path": "/ledger/acct-1/entries", "force": true, "mode": "stamp"}
+//   {"cmd": "request_resign", "successor": "b"}     (ask the holder to hand over)
 //   {"cmd": "shutdown"}
 //
 // `force` sends with the last term even when not leading (to show the fence refuses a zombie).
@@ -11,7 +12,7 @@
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
 
-import { CLOCK_NAME, Elector, FencedHttp, FencingError, ProblemError } from "../src/index.js";
+import { CLOCK_NAME, ControlClient, Elector, FencedHttp, FencingError, ProblemError } from "../src/index.js";
 
 const { values: args } = parseArgs({
   options: {
@@ -36,6 +37,7 @@ const elector = new Elector(args.key, {
   marginMs: number(args["margin-ms"]),
   queryTimeoutMs: number(args["query-timeout-ms"]),
 });
+const control = new ControlClient({ baseUrl: args.control });
 const verify = new FencedHttp(elector, { proxyUrl: args.proxy });
 const stamp = new FencedHttp(elector, { proxyUrl: args.proxy, mode: "stamp" });
 elector.on("event", (event) => say({ event: event.type, term: event.term, owner: event.owner, reason: event.reason }));
@@ -45,6 +47,17 @@ elector.start();
 for await (const raw of createInterface({ input: process.stdin })) {
   const command = JSON.parse(raw);
   if (command.cmd === "shutdown") break;
+  if (command.cmd === "request_resign") {
+    // Any process may ask the holder to hand over (an operator, a deploy, the successor).
+    try {
+      const answer = await control.requestResign(args.key, "handover test", { successor: command.successor });
+      say({ event: "resign_request", outcome: answer.outcome, term: answer.term });
+    } catch (error) {
+      if (!(error instanceof FencingError)) throw error;
+      say({ event: "resign_request", error: error.name, detail: error.message });
+    }
+    continue;
+  }
   if (command.cmd !== "write") continue;
   // Asked at the moment of acting, before anything is sent.
   const line = { event: "write", id: command.id, is_leader_before: elector.isLeader() };

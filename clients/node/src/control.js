@@ -146,6 +146,22 @@ export class ControlClient {
     }
   }
 
+  /** Asks the holder of `key` to hand over (to `successor`, an owner as given to its elector):
+   * {key, term, successor, outcome}, outcome "requested", or with `forceAfterMs` "stepped_down"
+   * or "forced". Conflict (not-held) when nobody holds it. */
+  async requestResign(key, reason, { successor, forceAfterMs, timeoutMs } = {}) {
+    const body = { reason };
+    if (successor != null) body.successor = successor;
+    if (forceAfterMs != null) body.force_after_ms = forceAfterMs;
+    const answer = await this.call("POST", `/v1/leases/${segment(key)}/resign-request`, body, {
+      timeoutMs: timeoutMs ?? this.timeoutMs + (forceAfterMs ?? 0),
+      expect: forceAfterMs == null ? 202 : 200,
+    });
+    if (!isObject(answer)) throw new ProtocolError("resign-request: the answer is not a JSON object");
+    str(answer, "outcome");
+    return answer;
+  }
+
   /** Sets the holder's value for `term`: Conflict (not-holder) unless that owner holds it. */
   async setValue(key, owner, term, value, { timeoutMs } = {}) {
     await this.call("PUT", `/v1/leases/${segment(key)}/value`, { owner, term, value }, { timeoutMs });

@@ -81,6 +81,11 @@ export declare class ControlClient {
   getLease(key: string, options?: CallOptions & { after?: number; waitMs?: number }): Promise<LeaseState>;
   watchLease(key: string, options?: { waitMs?: number; signal?: AbortSignal }): AsyncIterable<LeaseState>;
   setValue(key: string, owner: string, term: number, value: unknown, options?: { timeoutMs?: number }): Promise<void>;
+  requestResign(
+    key: string,
+    reason: string,
+    options?: { successor?: string; forceAfterMs?: number; timeoutMs?: number },
+  ): Promise<{ key: string; term: number; successor: string | null; outcome: "requested" | "stepped_down" | "forced" }>;
   heartbeat(
     cluster: string,
     nodeId: string,

@@ -4,6 +4,7 @@ through the gateway when told to on stdin (one JSON object per line).
     python3 examples/leader.py --key ledger-writer --owner a
     {"cmd": "write", "id": "a-1", "path": "/ledger/acct-1/entries"}           # a fenced write
     {"cmd": "write", "id": "a-2", "path": "/ledger/acct-1/entries", "force": true, "mode": "stamp"}
+    {"cmd": "request_resign", "successor": "b"}                              # ask the holder to hand over
     {"cmd": "shutdown"}
 
 ``force`` sends with the last term even when not leading (to show the fence refuses a zombie).
@@ -18,7 +19,7 @@ import json
 import sys
 from typing import Any, Dict
 
-from fencing_client import CLOCK_NAME, Elected, Elector, FencedHttp, FencingError, ProblemError
+from fencing_client import CLOCK_NAME, ControlClient, Elected, Elector, FencedHttp, FencingError, ProblemError
 
 
 def say(**line: Any) -> None:
@@ -46,6 +47,7 @@ async def main() -> None:
         margin_ms=args.margin_ms,
         query_timeout_ms=args.query_timeout_ms,
     )
+    control = ControlClient(args.control)
     verify = FencedHttp(elector, args.proxy)
     stamp = FencedHttp(elector, args.proxy, mode="stamp")
     events = elector.events()
@@ -71,6 +73,14 @@ async def main() -> None:
         command: Dict[str, Any] = json.loads(raw)
         if command.get("cmd") == "shutdown":
             break
+        if command.get("cmd") == "request_resign":
+            # Any process may ask the holder to hand over (an operator, a deploy, the successor).
+            try:
+                answer = await control.request_resign(args.key, "handover test", successor=command.get("successor"))
+                say(event="resign_request", outcome=answer.get("outcome"), term=answer.get("term"))
+            except FencingError as error:
+                say(event="resign_request", error=type(error).__name__, detail=str(error))
+            continue
         if command.get("cmd") == "write":
             # Asked at the moment of acting, before anything is sent.
             leading = elector.is_leader()
@@ -89,6 +99,7 @@ async def main() -> None:
     await elector.shutdown()
     await verify.aclose()
     await stamp.aclose()
+    await control.aclose()
     reporter.cancel()
     say(event="stopped")
 

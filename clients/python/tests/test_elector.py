@@ -13,6 +13,7 @@ import pytest
 
 from fake import FakeGateway, problem
 from fencing_client import (
+    Conflict,
     ControlClient,
     Elected,
     Elector,
@@ -553,3 +554,24 @@ def test_a_forked_child_is_another_owner() -> None:
     child = os.read(read, 200).decode()
     os.waitpid(pid, 0)
     assert child != parent and child.startswith("web#") and e.owner == parent
+
+
+def test_a_handover_request_says_what_was_asked_and_a_refusal_is_a_conflict() -> None:
+    async def main() -> None:
+        seen: List[Any] = []
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            seen.append(json.loads(request.content))
+            if len(seen) == 1:
+                return httpx.Response(202, json={"key": "jobs", "term": 3, "successor": "b", "outcome": "requested"})
+            return problem(409, "not-held")
+
+        control = ControlClient(transport=httpx.MockTransport(handle))
+        answer = await control.request_resign("jobs", "deploy", successor="b")
+        assert answer["outcome"] == "requested" and seen[0] == {"reason": "deploy", "successor": "b"}
+        with pytest.raises(Conflict) as refused:
+            await control.request_resign("jobs", "deploy")
+        assert refused.value.kind == "not-held"
+        await control.aclose()
+
+    run(main())

@@ -141,6 +141,43 @@ async fn a_node_leader_paused_past_its_lease_is_not_leader_when_it_resumes_and_i
     zombie_story(Client::Node).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_leader_hands_over_when_asked_and_its_successor_leads_next() {
+    handover_story(Client::Python).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_leader_hands_over_when_asked_and_its_successor_leads_next() {
+    handover_story(Client::Node).await;
+}
+
+/// Leader A leads; B asks for a handover to itself through the client's API; A steps down
+/// (`resigned`: its work stopped, then released), and B leads with the next term; A's old term
+/// is refused.
+async fn handover_story(client: Client) {
+    let mut setup = Setup::new().await;
+    let mut a = leader(&setup, client, "a").await;
+    let term_a = int(&a.wait_for("a elected", |l| event(l) == "elected").await.unwrap(), "term");
+    let mut b = leader(&setup, client, "b").await;
+    b.wait_for("b started", |l| event(l) == "started").await.unwrap();
+    b.send_line(r#"{"cmd":"request_resign","successor":"b"}"#).await.unwrap();
+    let asked = b.wait_for("the request's answer", |l| event(l) == "resign_request").await.unwrap();
+    assert_eq!((asked["outcome"].as_str(), int(&asked, "term")), (Some("requested"), term_a), "{asked}");
+    let lost = a.wait_for("a steps down", |l| event(l) == "lost").await.unwrap();
+    assert_eq!((lost["reason"].as_str(), int(&lost, "term")), (Some("resigned"), term_a), "{lost}");
+    let term_b = int(&b.wait_for("b elected", |l| event(l) == "elected").await.unwrap(), "term");
+    assert_eq!(term_b, term_a + 1, "the successor leads next");
+    let zombie = write(&mut a, "a-after-handover", true, "verify").await;
+    assert_eq!(zombie["status"], 409, "{zombie}");
+    assert_eq!(write(&mut b, "b-after-handover", false, "verify").await["status"], 200);
+    setup.upstream.collect(Duration::from_millis(300)).await;
+    assert!(!setup.upstream.received("a-after-handover"));
+    for process in [&mut a, &mut b] {
+        process.send_line(r#"{"cmd":"shutdown"}"#).await.unwrap();
+        assert_eq!(process.wait_exit().await.unwrap(), Some(0));
+    }
+}
+
 /// Leader A (a real process in `client`'s language) writes, is paused with SIGSTOP past its
 /// lease, B takes over with a higher term and writes; A resumes: `is_leader()` is false before
 /// any write, and the writes it forces anyway, in either mode, get 409 and never reach the

@@ -232,6 +232,31 @@ class ControlClient:
             if state["revision"] != revision:
                 yield state
 
+    async def request_resign(
+        self,
+        key: str,
+        reason: str,
+        *,
+        successor: Optional[str] = None,
+        force_after_ms: Optional[int] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """Asks the holder of ``key`` to hand over (to ``successor``, an owner as given to its
+        elector): ``{"key", "term", "successor", "outcome"}``, ``outcome`` ``requested``, or with
+        ``force_after_ms`` ``stepped_down`` or ``forced``. :class:`Conflict` (``not-held``) when
+        nobody holds it."""
+        body: Dict[str, Any] = {"reason": reason}
+        if successor is not None:
+            body["successor"] = successor
+        if force_after_ms is not None:
+            body["force_after_ms"] = force_after_ms
+        limit = timeout_s if timeout_s is not None else self.timeout_s + (force_after_ms or 0) / 1000
+        answer = await self._call("POST", f"/v1/leases/{_segment(key)}/resign-request", body, limit, expect=202 if force_after_ms is None else 200)
+        if not isinstance(answer, dict):
+            raise ProtocolError("resign-request: the answer is not a JSON object")
+        _str(answer, "outcome")
+        return answer
+
     async def set_value(self, key: str, owner: str, term: int, value: Any, *, timeout_s: Optional[float] = None) -> None:
         """Sets the holder's value for ``term``: :class:`Conflict` (``not-holder``) unless that
         owner holds the lease at that term."""
