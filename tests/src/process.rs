@@ -14,6 +14,12 @@ use tokio::sync::mpsc;
 
 use crate::workspace_example;
 
+/// The tables the daemon node example (`election/examples/daemon_node.rs`) writes its runs and
+/// fenced ticks to: create them before starting one.
+pub const DAEMON_NODE_TABLES: &str =
+    "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
+     CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);";
+
 /// How long any wait for a line may take before the test fails: generous, because a wait that
 /// ends early on the awaited line costs nothing, and CI machines are slow at times.
 pub const LINE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use fencing_schema::store;
 use fencing_tests::pg::TestDb;
-use fencing_tests::process::{ElectorProcess, event};
+use fencing_tests::process::{DAEMON_NODE_TABLES, ElectorProcess, event};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tokio_postgres::Client;
@@ -29,13 +29,7 @@ const SLACK_MS: u64 = 1000;
 const WAIT: Duration = Duration::from_secs(40);
 
 async fn prepare(client: &Client) {
-    client
-        .batch_execute(
-            "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
-             CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);",
-        )
-        .await
-        .unwrap();
+    client.batch_execute(DAEMON_NODE_TABLES).await.unwrap();
 }
 
 fn node(url: &str, id: &str, extra: &[&str]) -> ElectorProcess {

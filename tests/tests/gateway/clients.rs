@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fencing_tests::gateway::send;
-use fencing_tests::process::{ElectorProcess, event, int};
+use fencing_tests::process::{DAEMON_NODE_TABLES, ElectorProcess, event, int};
 use http::{Method, StatusCode};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
@@ -489,13 +489,7 @@ async fn daemons_move_between_a_python_node_and_a_node_node_of_one_cluster() {
 async fn daemons_move_between_a_rust_node_and_a_python_node_of_one_cluster() {
     let mut setup = Setup::new().await;
     let client = setup.db.connect().await;
-    client
-        .batch_execute(
-            "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
-             CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);",
-        )
-        .await
-        .unwrap();
+    client.batch_execute(DAEMON_NODE_TABLES).await.unwrap();
     let url = setup.db.url();
     let r1 = rust_node(&url, "r1");
     let mut p1 = python_node(&setup, "p1", &[]);
@@ -583,13 +577,7 @@ async fn a_paused_node_daemon_node_stops_its_daemons_when_it_resumes() {
 async fn paused_daemon_node(language: Client) {
     let mut setup = Setup::new().await;
     let client = setup.db.connect().await;
-    client
-        .batch_execute(
-            "CREATE TABLE daemon_runs (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);
-             CREATE TABLE daemon_ticks (id bigserial PRIMARY KEY, daemon text, generation bigint, node_id text, at timestamptz);",
-        )
-        .await
-        .unwrap();
+    client.batch_execute(DAEMON_NODE_TABLES).await.unwrap();
     let url = setup.db.url();
     let mut r1 = rust_node(&url, "r1");
     let mut p1 = client_node(&setup, language, "p1", &["--no-validity-check"]);
